@@ -1,0 +1,336 @@
+"""A channel: one copy of a topic's stream, shared by its subscribers.
+
+The channel owns its queued messages (memory, then backend), the messages in
+flight to its consumers and the deferred ones. It hands a message to a
+consumer as soon as one has RDY capacity, spreading messages round-robin
+across consumers. It never touches sockets or the reactor: time and
+scheduling come from the ``ctx`` (the NSQD) it was made with.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from typing import TYPE_CHECKING, Protocol
+
+from nsqd_tw.message import Message
+from nsqd_tw.pqueue import TimeoutQueue
+from nsqd_tw.wire import is_ephemeral
+
+if TYPE_CHECKING:
+    from nsqd_tw.nsqd import NSQD
+
+
+class ChannelError(Exception):
+    """A refused channel operation; ``str()`` is Go's text."""
+
+
+class Consumer(Protocol):
+    """What a channel needs of a subscribed client (the V2 protocol)."""
+
+    id: int
+    ready_count: int
+    in_flight_count: int
+    msg_timeout: float
+    sample_rate: int
+
+    def send_message(self, msg: Message) -> None: ...
+    def timed_out_message(self) -> None: ...
+    def empty(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class Channel:
+    def __init__(self, topic_name: str, name: str, ctx: NSQD) -> None:
+        self.topic_name = topic_name
+        self.name = name
+        self.ctx = ctx
+        self.ephemeral = is_ephemeral(name)
+        self.paused = False
+        self.exiting = False
+
+        opts = ctx.opts
+        self._mem_size = opts.mem_queue_size
+        # with --mem-queue-size=0 every message goes through the backend, as
+        # in Go; ephemeral channels have no backend, so they use memory
+        self._direct = self._mem_size > 0 or self.ephemeral
+        self.memory: deque[Message] = deque()
+        self.backend = ctx.new_backend(f"{topic_name}:{name}", self.ephemeral)
+        self.in_flight = TimeoutQueue()
+        self.deferred = TimeoutQueue()
+
+        self.clients: dict[int, Consumer] = {}
+        self._consumers: list[Consumer] = []
+        self._rr = 0
+        self._take_backend = False
+
+        self.message_count = 0
+        self.requeue_count = 0
+        self.timeout_count = 0
+
+    def __repr__(self) -> str:
+        return f"<Channel {self.topic_name}:{self.name}>"
+
+    # -- queueing --------------------------------------------------------
+
+    def depth(self) -> int:
+        return len(self.memory) + self.backend.depth()
+
+    def put_message(self, msg: Message) -> None:
+        self.put_messages((msg,))
+
+    def put_messages(self, msgs: list[Message] | tuple[Message, ...]) -> None:
+        """Queue messages copied from the topic (deferred ones by their delay)."""
+        if self.exiting:
+            raise ChannelError("exiting")
+        put = self._put
+        now = None
+        for msg in msgs:
+            if msg.deferred:
+                if now is None:
+                    now = self.ctx.now()
+                if msg.id not in self.deferred:
+                    self.deferred.push(msg, now + msg.deferred)
+            else:
+                put(msg)
+        self.message_count += len(msgs)
+        self._dispatch()
+
+    def _put(self, msg: Message) -> None:
+        memory = self.memory
+        if self._direct and len(memory) < self._mem_size:
+            memory.append(msg)
+            return
+        if self.ephemeral:
+            # Go hands an ephemeral message straight to a waiting consumer even
+            # when its memory queue is full (or 0), and drops it otherwise
+            if len(memory) < self._spare_capacity():
+                memory.append(msg)
+            return
+        try:
+            self.backend.put(msg.encode())
+        except Exception as e:
+            # keep it rather than lose it; health tells the operator
+            self.ctx.set_health(e)
+            self.ctx.log.error("CHANNEL({name}): failed to write message to backend - {err}", name=self.name, err=e)
+            memory.append(msg)
+        else:
+            if self.ctx.health_error is not None:
+                self.ctx.set_health(None)
+
+    def _spare_capacity(self) -> int:
+        if self.paused:
+            return 0
+        return sum(max(0, c.ready_count - c.in_flight_count) for c in self._consumers)
+
+    def _pop(self) -> Message | None:
+        """The next queued message: memory and backend take turns, like Go's select."""
+        self._take_backend = not self._take_backend
+        if self._take_backend or not self.memory:
+            while True:
+                data = self.backend.get()
+                if data is None:
+                    break
+                try:
+                    return Message.decode(data)
+                except ValueError as e:
+                    self.ctx.log.error("failed to decode message - {err}", err=e)
+        if self.memory:
+            return self.memory.popleft()
+        return None
+
+    def _dispatch(self) -> None:
+        """Send queued messages to consumers with RDY capacity, round-robin."""
+        consumers = self._consumers
+        if self.paused or not consumers:
+            return
+        memory = self.memory
+        backend = self.backend
+        if not memory and not backend.depth():
+            return
+        n = len(consumers)
+        i = self._rr
+        misses = 0
+        now = self.ctx.now()
+        push = self.in_flight.push
+        pop = self._pop
+        while misses < n:
+            c = consumers[i % n]
+            i += 1
+            if c.in_flight_count >= c.ready_count:
+                misses += 1
+                continue
+            msg = pop()
+            if msg is None:
+                break
+            misses = 0
+            if c.sample_rate and random.randrange(100) > c.sample_rate:
+                continue
+            msg.attempts += 1
+            msg.client_id = c.id
+            msg.delivery_ts = now
+            push(msg, now + c.msg_timeout)
+            c.send_message(msg)
+        self._rr = i % n
+
+    def kick(self) -> None:
+        """A consumer may have gained capacity (RDY, FIN, REQ, unpause)."""
+        if self.memory or self.backend.depth():
+            self._dispatch()
+
+    # -- consumers -------------------------------------------------------
+
+    def add_client(self, client: Consumer) -> None:
+        if self.exiting:
+            raise ChannelError("exiting")
+        if client.id in self.clients:
+            return
+        limit = self.ctx.opts.max_channel_consumers
+        if limit and len(self.clients) >= limit:
+            raise ChannelError(f"consumers for {self.topic_name}:{self.name} exceeds limit of {limit}")
+        self.clients[client.id] = client
+        self._consumers.append(client)
+
+    def remove_client(self, client_id: int) -> None:
+        if self.exiting:
+            return
+        client = self.clients.pop(client_id, None)
+        if client is None:
+            return
+        self._consumers.remove(client)
+        # Beyond Go: what this consumer held comes back now, not at its timeout.
+        mine = [m for m in self.in_flight.values() if m.client_id == client_id]
+        for msg in mine:
+            self.in_flight.remove(msg.id)
+            self.requeue_count += 1
+            self._put(msg)
+        if not self.clients and self.ephemeral:
+            self.ctx.channel_emptied(self)
+        elif mine:
+            self._dispatch()
+
+    # -- in-flight and deferred -----------------------------------------
+
+    def _pop_in_flight(self, client_id: int, msg_id: bytes) -> Message:
+        msg = self.in_flight.get(msg_id)
+        if msg is None:
+            raise ChannelError("ID not in flight")
+        if msg.client_id != client_id:
+            raise ChannelError("client does not own message")
+        self.in_flight.remove(msg_id)
+        return msg
+
+    def finish_message(self, client_id: int, msg_id: bytes) -> Message:
+        return self._pop_in_flight(client_id, msg_id)
+
+    def requeue_message(self, client_id: int, msg_id: bytes, delay: float) -> None:
+        """REQ: back to the queue now, or after ``delay`` seconds."""
+        msg = self._pop_in_flight(client_id, msg_id)
+        self.requeue_count += 1
+        if delay <= 0:
+            if self.exiting:
+                raise ChannelError("exiting")
+            self._put(msg)
+            return
+        if msg.id not in self.deferred:
+            self.deferred.push(msg, self.ctx.now() + delay)
+
+    def touch_message(self, client_id: int, msg_id: bytes, timeout: float) -> None:
+        msg = self._pop_in_flight(client_id, msg_id)
+        due = self.ctx.now() + timeout
+        max_timeout = self.ctx.opts.max_msg_timeout
+        if due - msg.delivery_ts >= max_timeout:
+            due = msg.delivery_ts + max_timeout
+        self.in_flight.push(msg, due)
+
+    def process_in_flight(self, now: float) -> bool:
+        """Requeue messages whose consumer did not answer in time."""
+        if self.exiting:
+            return False
+        dirty = False
+        for msg in self.in_flight.pop_due(now):
+            dirty = True
+            self.timeout_count += 1
+            client = self.clients.get(msg.client_id)
+            if client is not None:
+                client.timed_out_message()
+            self._put(msg)
+        return dirty
+
+    def process_deferred(self, now: float) -> bool:
+        """Queue deferred messages whose time has come."""
+        if self.exiting:
+            return False
+        dirty = False
+        for msg in self.deferred.pop_due(now):
+            dirty = True
+            msg.deferred = 0.0
+            self._put(msg)
+        return dirty
+
+    def process_queues(self, now: float) -> bool:
+        """One queue-scan visit; True if there was work (the channel is dirty)."""
+        dirty = self.process_in_flight(now)
+        if self.process_deferred(now):
+            dirty = True
+        if dirty:
+            self._dispatch()
+        return dirty
+
+    # -- lifecycle -------------------------------------------------------
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def unpause(self) -> None:
+        self.paused = False
+        self._dispatch()
+
+    def empty(self) -> None:
+        """Drop every queued, in-flight and deferred message."""
+        self.in_flight.clear()
+        self.deferred.clear()
+        for client in self._consumers:
+            client.empty()
+        self.memory.clear()
+        self.backend.empty()
+
+    def delete(self) -> None:
+        """Close consumers, drop everything, delete the backend."""
+        self.exiting = True
+        self.ctx.log.info("CHANNEL({name}): deleting", name=self.name)
+        self._close_clients()
+        self.empty()
+        self.backend.delete()
+
+    def close(self) -> None:
+        """Close consumers and hand everything still held to the backend."""
+        self.exiting = True
+        self.ctx.log.info("CHANNEL({name}): closing", name=self.name)
+        self._close_clients()
+        self._flush()
+        self.backend.close()
+
+    def _close_clients(self) -> None:
+        for client in list(self._consumers):
+            client.close()
+
+    def _flush(self) -> None:
+        n_mem, n_inf, n_def = len(self.memory), len(self.in_flight), len(self.deferred)
+        if n_mem or n_inf or n_def:
+            self.ctx.log.info(
+                "CHANNEL({name}): flushing {m} memory {i} in-flight {d} deferred messages to backend",
+                name=self.name,
+                m=n_mem,
+                i=n_inf,
+                d=n_def,
+            )
+        msgs = list(self.memory)
+        self.memory.clear()
+        msgs += self.in_flight.clear()
+        msgs += self.deferred.clear()
+        for msg in msgs:
+            try:
+                self.backend.put(msg.encode())
+            except Exception as e:
+                self.ctx.log.error("failed to write message to backend - {err}", err=e)

@@ -1,0 +1,293 @@
+"""A small Twisted NSQ client: a producer and a consumer.
+
+Used by the tests, the bench tools and the docs' examples::
+
+    conn = yield connect(reactor, "127.0.0.1", 4150)
+    yield conn.pub("events", b"hello")
+
+    def handle(msg):
+        print(msg.body)           # returning normally FINs the message
+
+    consumer = yield Consumer.connect(reactor, "127.0.0.1", 4150, "events", "archive", handle)
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet import defer, endpoints, protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from nsqd_tw.wire import (
+    FRAME_TYPE_ERROR,
+    FRAME_TYPE_MESSAGE,
+    FRAME_TYPE_RESPONSE,
+    HEARTBEAT,
+    MAGIC_V2,
+    encode_command,
+    encode_mpub,
+)
+
+log = Logger(namespace="nsqd_tw.client")
+
+_FRAME_HEADER = struct.Struct(">ii")
+_MSG_HEADER = struct.Struct(">qH")
+# errors nsqd sends for FIN/REQ/TOUCH, which have no response of their own
+_ASYNC_ERRORS = (b"E_FIN_FAILED", b"E_REQ_FAILED", b"E_TOUCH_FAILED")
+
+
+class NSQError(Exception):
+    """An error frame from nsqd: ``code`` (``E_INVALID``...) and its text."""
+
+    def __init__(self, data: bytes) -> None:
+        text = data.decode("utf-8", "replace")
+        code, _, rest = text.partition(" ")
+        super().__init__(text)
+        self.code = code
+        self.text = rest
+
+
+class ReceivedMessage:
+    """A message delivered to a consumer, answerable once."""
+
+    def __init__(self, conn: NSQClientProtocol, msg_id: bytes, body: bytes, timestamp: int, attempts: int) -> None:
+        self.conn = conn
+        self.id = msg_id
+        self.body = body
+        self.timestamp = timestamp
+        self.attempts = attempts
+        self.responded = False
+        self.auto_respond = True
+
+    def finish(self) -> None:
+        if not self.responded:
+            self.responded = True
+            self.conn.fin(self.id)
+
+    def requeue(self, delay_ms: int = 0) -> None:
+        if not self.responded:
+            self.responded = True
+            self.conn.req(self.id, delay_ms)
+
+    def touch(self) -> None:
+        if not self.responded:
+            self.conn.touch(self.id)
+
+
+class NSQClientProtocol(protocol.Protocol):
+    """One V2 connection. Commands with a response return a Deferred."""
+
+    transport: Any
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._pending: deque[defer.Deferred[bytes]] = deque()
+        self.on_message: Callable[[ReceivedMessage], Any] | None = None
+        self.on_error: Callable[[NSQError], Any] | None = None
+        self.identify_response: dict[str, Any] | None = None
+        self.connected_d: defer.Deferred[NSQClientProtocol] = defer.Deferred()
+        self.closed_d: defer.Deferred[None] = defer.Deferred()
+        self.closed = False
+
+    # -- transport -------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        if hasattr(self.transport, "setTcpNoDelay"):
+            self.transport.setTcpNoDelay(True)
+        self.transport.write(MAGIC_V2)
+        self.connected_d.callback(self)
+
+    def dataReceived(self, data: bytes) -> None:
+        buf = self._buf + data if self._buf else data
+        pos = 0
+        end = len(buf)
+        unpack = _FRAME_HEADER.unpack_from
+        while end - pos >= 8:
+            size, frame_type = unpack(buf, pos)
+            if end - pos - 4 < size:
+                break
+            payload = buf[pos + 8 : pos + 4 + size]
+            pos += 4 + size
+            if frame_type == FRAME_TYPE_MESSAGE:
+                self._message(payload)
+            elif frame_type == FRAME_TYPE_RESPONSE:
+                if payload == HEARTBEAT:
+                    self.transport.write(b"NOP\n")
+                elif self._pending:
+                    self._pending.popleft().callback(payload)
+            elif frame_type == FRAME_TYPE_ERROR:
+                err = NSQError(payload)
+                if not payload.startswith(_ASYNC_ERRORS) and self._pending:
+                    self._pending.popleft().errback(err)
+                elif self.on_error is not None:
+                    self.on_error(err)
+                else:
+                    log.warn("nsqd error: {err}", err=err)
+        self._buf = buf[pos:]
+
+    def _message(self, payload: bytes) -> None:
+        timestamp, attempts = _MSG_HEADER.unpack_from(payload)
+        msg = ReceivedMessage(self, payload[10:26], payload[26:], timestamp, attempts)
+        if self.on_message is not None:
+            self.on_message(msg)
+
+    def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
+        self.closed = True
+        pending, self._pending = self._pending, deque()
+        for d in pending:
+            d.errback(reason)
+        self.closed_d.callback(None)
+
+    # -- commands -----------------------------------------------------------------
+
+    def _request(self, data: bytes) -> defer.Deferred[bytes]:
+        d: defer.Deferred[bytes] = defer.Deferred()
+        if self.closed:
+            d.errback(ConnectionError("connection closed"))
+            return d
+        self._pending.append(d)
+        self.transport.write(data)
+        return d
+
+    def identify(self, **data: Any) -> defer.Deferred[bytes]:
+        body = json.dumps(data).encode()
+        d = self._request(encode_command(b"IDENTIFY", body=body))
+
+        def parsed(resp: bytes) -> bytes:
+            if resp.startswith(b"{"):
+                self.identify_response = json.loads(resp)
+            return resp
+
+        return d.addCallback(parsed)
+
+    def sub(self, topic: str, channel: str) -> defer.Deferred[bytes]:
+        return self._request(encode_command(b"SUB", topic, channel))
+
+    def pub(self, topic: str, body: bytes) -> defer.Deferred[bytes]:
+        return self._request(encode_command(b"PUB", topic, body=body))
+
+    def mpub(self, topic: str, bodies: list[bytes]) -> defer.Deferred[bytes]:
+        return self._request(encode_mpub(topic, bodies))
+
+    def dpub(self, topic: str, delay_ms: int, body: bytes) -> defer.Deferred[bytes]:
+        return self._request(encode_command(b"DPUB", topic, str(delay_ms), body=body))
+
+    def cls(self) -> defer.Deferred[bytes]:
+        return self._request(b"CLS\n")
+
+    def rdy(self, count: int) -> None:
+        self.transport.write(b"RDY %d\n" % count)
+
+    def fin(self, msg_id: bytes) -> None:
+        self.transport.write(b"FIN " + msg_id + b"\n")
+
+    def req(self, msg_id: bytes, delay_ms: int = 0) -> None:
+        self.transport.write(b"REQ " + msg_id + b" %d\n" % delay_ms)
+
+    def touch(self, msg_id: bytes) -> None:
+        self.transport.write(b"TOUCH " + msg_id + b"\n")
+
+    def nop(self) -> None:
+        self.transport.write(b"NOP\n")
+
+    def close(self) -> None:
+        self.transport.loseConnection()
+
+
+def _client_endpoint(reactor: Any, host: str, port: int) -> Any:
+    return endpoints.HostnameEndpoint(reactor, host, port, timeout=5)
+
+
+@defer.inlineCallbacks
+def connect(reactor: Any, host: str, port: int, **identify: Any) -> Any:
+    """Connect and IDENTIFY; fires with the :class:`NSQClientProtocol`."""
+    factory = protocol.Factory.forProtocol(NSQClientProtocol)
+    factory.noisy = False
+    conn = yield _client_endpoint(reactor, host, port).connect(factory)
+    data = {
+        "client_id": socket.gethostname().split(".")[0],
+        "hostname": socket.gethostname(),
+        "user_agent": "nsq-tw-client/1.3.0",
+        "feature_negotiation": True,
+    }
+    data.update(identify)
+    yield conn.identify(**data)
+    return conn
+
+
+class Consumer:
+    """Subscribe on one nsqd and hand each message to ``handler``.
+
+    The handler may return a Deferred. A message is FINed when the handler
+    succeeds and REQueued when it fails, unless the handler answered it or
+    cleared ``msg.auto_respond``. RDY is kept at ``max_in_flight``.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        handler: Callable[[ReceivedMessage], Any],
+        max_in_flight: int = 1,
+        requeue_delay_ms: int = 0,
+    ) -> None:
+        self.topic = topic
+        self.channel = channel
+        self.handler = handler
+        self.max_in_flight = max_in_flight
+        self.requeue_delay_ms = requeue_delay_ms
+        self.conn: NSQClientProtocol | None = None
+
+    @classmethod
+    @defer.inlineCallbacks
+    def connect(
+        cls,
+        reactor: Any,
+        host: str,
+        port: int,
+        topic: str,
+        channel: str,
+        handler: Callable[[ReceivedMessage], Any],
+        max_in_flight: int = 1,
+        **identify: Any,
+    ) -> Any:
+        consumer = cls(topic, channel, handler, max_in_flight)
+        conn = yield connect(reactor, host, port, **identify)
+        consumer.conn = conn
+        conn.on_message = consumer._handle
+        yield conn.sub(topic, channel)
+        conn.rdy(max_in_flight)
+        return consumer
+
+    def _handle(self, msg: ReceivedMessage) -> None:
+        d = defer.maybeDeferred(self.handler, msg)
+
+        def ok(_: Any) -> None:
+            if msg.auto_respond:
+                msg.finish()
+
+        def failed(f: Failure) -> None:
+            log.failure("handler failed for message {id}", f, id=msg.id)
+            if msg.auto_respond:
+                msg.requeue(self.requeue_delay_ms)
+
+        d.addCallbacks(ok, failed)
+
+    @defer.inlineCallbacks
+    def close(self) -> Any:
+        """CLS, then close the connection."""
+        conn = self.conn
+        if conn is None or conn.closed:
+            return
+        try:
+            yield conn.cls()
+        except Exception:
+            pass
+        conn.close()
+        yield conn.closed_d

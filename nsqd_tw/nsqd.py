@@ -1,0 +1,249 @@
+"""NSQD: the topics, the clients, health and the queue scan.
+
+One reactor thread owns all of it. Time and scheduling come from the injected
+reactor (any ``IReactorTime``), so tests drive it with ``task.Clock``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from twisted.application import service
+from twisted.internet.interfaces import IReactorTime
+
+from nsqd_tw.backend import DummyBackendQueue, IBackendQueue, MemoryBackendQueue
+from nsqd_tw.channel import Channel
+from nsqd_tw.guid import GUIDFactory
+from nsqd_tw.log import Logger
+from nsqd_tw.options import VERSION, NSQDOptions
+from nsqd_tw.topic import Topic, TopicError
+
+if TYPE_CHECKING:
+    from nsqd_tw.protocol_v2 import V2Protocol
+
+BackendFactory = Callable[[str, bool], IBackendQueue]
+
+
+def memory_backend_factory(name: str, ephemeral: bool) -> IBackendQueue:
+    """TEMPORARY: overflow kept in memory until the disk queue lands."""
+    if ephemeral:
+        return DummyBackendQueue(name)
+    return MemoryBackendQueue(name)
+
+
+class NSQD(service.Service):
+    """The core nsqd service. Its parent starts it first and stops it last."""
+
+    name = "nsqd"
+    log = Logger(namespace="nsqd_tw.nsqd")
+
+    def __init__(
+        self,
+        opts: NSQDOptions,
+        reactor: IReactorTime | None = None,
+        backend_factory: BackendFactory | None = None,
+    ) -> None:
+        if reactor is None:
+            from twisted.internet import reactor as _reactor
+
+            reactor = _reactor  # type: ignore[assignment]
+        self.opts = opts
+        self.reactor: Any = reactor
+        self.backend_factory = backend_factory or memory_backend_factory
+        self.guid = GUIDFactory(opts.node_id, self.now_ns)
+        self.topics: dict[str, Topic] = {}
+        self.clients: dict[int, V2Protocol] = {}
+        self._client_seq = 0
+        self.health_error: BaseException | None = None
+        self.start_time = self.now()
+        self.loading = False
+
+        # addresses actually bound (set by the listening services)
+        self.tcp_address: tuple[str, int] | None = None
+        self.http_address: tuple[str, int] | None = None
+        self.https_address: tuple[str, int] | None = None
+
+        self._scan_channels: list[Channel] | None = None
+        self._scan_refresh_at = 0.0
+        self._flush_queue: list[V2Protocol] = []
+        self._flush_call: Any = None
+
+        # observers of topic/channel changes (lookupd registration, metadata)
+        self.change_observers: list[Callable[[str, Topic | Channel], None]] = []
+
+    # -- time and scheduling --------------------------------------------
+
+    def now(self) -> float:
+        return float(self.reactor.seconds())
+
+    def now_ns(self) -> int:
+        return int(self.reactor.seconds() * 1_000_000_000)
+
+    def schedule(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the next reactor turn."""
+        self.reactor.callLater(0, fn)
+
+    def want_flush(self, client: V2Protocol) -> None:
+        """Flush ``client``'s buffered frames at the end of this reactor turn."""
+        self._flush_queue.append(client)
+        if self._flush_call is None:
+            self._flush_call = self.reactor.callLater(0, self._flush_clients)
+
+    def _flush_clients(self) -> None:
+        self._flush_call = None
+        queue, self._flush_queue = self._flush_queue, []
+        for client in queue:
+            client.flush()
+
+    # -- health -----------------------------------------------------------
+
+    def set_health(self, err: BaseException | None) -> None:
+        self.health_error = err
+
+    def is_healthy(self) -> bool:
+        return self.health_error is None
+
+    def get_health(self) -> str:
+        if self.health_error is not None:
+            return f"NOK - {self.health_error}"
+        return "OK"
+
+    # -- clients ----------------------------------------------------------
+
+    def add_client(self, client: V2Protocol) -> int:
+        self._client_seq += 1
+        self.clients[self._client_seq] = client
+        return self._client_seq
+
+    def remove_client(self, client_id: int) -> None:
+        self.clients.pop(client_id, None)
+
+    # -- topics and channels ----------------------------------------------
+
+    def new_backend(self, name: str, ephemeral: bool) -> IBackendQueue:
+        return self.backend_factory(name, ephemeral)
+
+    def get_topic(self, name: str) -> Topic:
+        """The topic, created (and started) if it does not exist."""
+        topic = self.topics.get(name)
+        if topic is not None:
+            return topic
+        topic = Topic(name, self)
+        self.topics[name] = topic
+        self.log.info("TOPIC({name}): created", name=name)
+        self._changed("topic_created", topic)
+        if not self.loading:
+            topic.start()
+        return topic
+
+    def get_existing_topic(self, name: str) -> Topic:
+        topic = self.topics.get(name)
+        if topic is None:
+            raise TopicError("topic does not exist")
+        return topic
+
+    def delete_existing_topic(self, name: str) -> None:
+        topic = self.topics.get(name)
+        if topic is None:
+            raise TopicError("topic does not exist")
+        topic.delete()
+        del self.topics[name]
+        self._scan_channels = None
+        self._changed("topic_deleted", topic)
+
+    def channels(self) -> list[Channel]:
+        return [c for t in self.topics.values() for c in t.channels.values()]
+
+    # callbacks from topics and channels
+    def channel_created(self, channel: Channel) -> None:
+        self._scan_channels = None
+        self._changed("channel_created", channel)
+
+    def channel_deleted(self, channel: Channel) -> None:
+        self._scan_channels = None
+        self._changed("channel_deleted", channel)
+
+    def channel_emptied(self, channel: Channel) -> None:
+        """An ephemeral channel lost its last consumer: delete it."""
+        topic = self.topics.get(channel.topic_name)
+        if topic is not None and topic.channels.get(channel.name) is channel:
+            topic.delete_existing_channel(channel.name)
+
+    def topic_emptied(self, topic: Topic) -> None:
+        """An ephemeral topic lost its last channel: delete it."""
+        if self.topics.get(topic.name) is topic:
+            self.delete_existing_topic(topic.name)
+
+    def _changed(self, what: str, obj: Topic | Channel) -> None:
+        for observer in self.change_observers:
+            try:
+                observer(what, obj)
+            except Exception:
+                self.log.failure("change observer failed for {what}", what=what)
+
+    # -- queue scan -------------------------------------------------------
+
+    def queue_scan(self) -> None:
+        """One tick of the probabilistic scan of in-flight and deferred queues.
+
+        Like Redis's key expiry (and Go nsqd): look at a random sample of
+        ``--queue-scan-selection-count`` channels from a list refreshed every
+        ``queue_scan_refresh_interval``; a channel with expired in-flight or due
+        deferred messages is dirty; if more than ``queue_scan_dirty_percent``
+        of the sample was dirty, sample again at once instead of sleeping.
+        """
+        try:
+            now = self.now()
+            channels = self._scan_channels
+            if channels is None or now >= self._scan_refresh_at:
+                channels = self._scan_channels = self.channels()
+                self._scan_refresh_at = now + self.opts.queue_scan_refresh_interval
+            if not channels:
+                return
+            num = min(self.opts.queue_scan_selection_count, len(channels))
+            if num <= 0:
+                return
+            while True:
+                dirty = 0
+                for channel in random.sample(channels, num):
+                    if channel.process_queues(now):
+                        dirty += 1
+                if dirty / num <= self.opts.queue_scan_dirty_percent:
+                    break
+        except Exception:
+            self.log.failure("QUEUESCAN: failed")
+
+    # -- service ----------------------------------------------------------
+
+    def privilegedStartService(self) -> None:
+        # runs before the listeners bind, as Go's nsqd.New()
+        self.log.info("nsqd v{version} (built w/{python})", version=VERSION, python=python_version())
+        self.log.info("ID: {id}", id=self.opts.node_id)
+        service.Service.privilegedStartService(self)
+
+    def startService(self) -> None:
+        self.start_time = self.now()
+        service.Service.startService(self)
+
+    def stopService(self) -> None:
+        service.Service.stopService(self)
+        for client in list(self.clients.values()):
+            client.shutdown()
+        self.log.info("NSQ: closing topics")
+        for topic in list(self.topics.values()):
+            try:
+                topic.close()
+            except Exception:
+                self.log.failure("failed to close topic {name}", name=topic.name)
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+            self._flush_clients()
+        self.log.info("NSQ: bye")
+
+
+def python_version() -> str:
+    import platform
+
+    return "python" + platform.python_version()

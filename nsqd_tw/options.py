@@ -1,0 +1,741 @@
+"""Options: one table, three front ends.
+
+:class:`NSQDOptions` is the table: each field carries its Go flag name, its
+``--config`` (TOML) key, its kind and help text. From it come the ``nsqd``
+command's parser (Go's flag syntax, via argparse), the ``twistd nsqd``
+usage.Options, and the TOML loader. Durations are float seconds.
+
+The machinery (kinds, :func:`build_argparser`, :func:`resolve`,
+:func:`usage_options`) is shared with ``lookupd_tw``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import re
+import socket
+import ssl
+import tomllib
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from twisted.python import usage
+
+VERSION = "1.3.0"
+
+
+class ConfigError(Exception):
+    """A bad option value; ``str()`` is the message Go prints."""
+
+
+# -- Go's time.ParseDuration ---------------------------------------------
+
+_UNITS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+_DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+def parse_duration(text: str) -> float:
+    """Parse a Go duration ("1h2m", "250ms", "0") into seconds."""
+    orig = text
+    sign = 1.0
+    if text[:1] in "+-" and text:
+        sign = -1.0 if text[0] == "-" else 1.0
+        text = text[1:]
+    if text == "0":
+        return 0.0
+    if not text:
+        raise ConfigError(f'time: invalid duration "{orig}"')
+    total = 0.0
+    pos = 0
+    while pos < len(text):
+        m = _DURATION_PART.match(text, pos)
+        if m is None:
+            if _DURATION_PART.match(text + "s", pos) is not None or text[pos:].replace(".", "").isdigit():
+                raise ConfigError(f'time: missing unit in duration "{orig}"')
+            raise ConfigError(f'time: invalid duration "{orig}"')
+        total += float(m.group(1)) * _UNITS[m.group(2)]
+        pos = m.end()
+    return sign * total
+
+
+def format_duration(seconds: float) -> str:
+    """Go's Duration.String() for the values used as defaults."""
+    if seconds == 0:
+        return "0s"
+    ns = round(seconds * 1e9)
+    if ns < 1_000_000_000:
+        for unit, scale in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
+            if ns >= scale:
+                return f"{ns / scale:g}{unit}"
+    h, rem = divmod(ns, 3_600_000_000_000)
+    m, rem = divmod(rem, 60_000_000_000)
+    s = rem / 1e9
+    out = ""
+    if h:
+        out += f"{h}h"
+    if h or m:
+        out += f"{m}m"
+    return out + f"{s:g}s"
+
+
+def _parse_bool(text: str) -> bool:
+    """Go's strconv.ParseBool."""
+    if text in ("1", "t", "T", "TRUE", "true", "True"):
+        return True
+    if text in ("0", "f", "F", "FALSE", "false", "False"):
+        return False
+    raise ConfigError(f'strconv.ParseBool: parsing "{text}": invalid syntax')
+
+
+def _parse_int(text: str) -> int:
+    try:
+        return int(text, 0) if text.lower().startswith(("0x", "0o", "0b")) else int(text, 10)
+    except ValueError:
+        raise ConfigError(f'strconv.ParseInt: parsing "{text}": invalid syntax') from None
+
+
+def _parse_float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f'strconv.ParseFloat: parsing "{text}": invalid syntax') from None
+
+
+# -- kinds -----------------------------------------------------------------
+
+
+class Kind:
+    """How one option's value is read from a flag and from the config file."""
+
+    is_bool = False
+    is_list = False
+
+    def from_flag(self, text: str) -> Any:
+        raise NotImplementedError
+
+    def from_cfg(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.from_flag(value)
+        raise ConfigError(f"invalid value type {type(value).__name__}")
+
+    def show(self, value: Any) -> str:
+        return str(value)
+
+    def finalize(self, value: Any) -> Any:
+        """Applied to a value given on the command line."""
+        return value
+
+
+class _String(Kind):
+    def from_flag(self, text: str) -> str:
+        return text
+
+    def from_cfg(self, value: Any) -> str:
+        return value if isinstance(value, str) else str(value)
+
+
+class _Int(Kind):
+    def from_flag(self, text: str) -> int:
+        return _parse_int(text)
+
+    def from_cfg(self, value: Any) -> int:
+        if isinstance(value, bool):
+            raise ConfigError("invalid int64 value type bool")
+        if isinstance(value, int):
+            return value
+        return super().from_cfg(value)
+
+
+class _Float(Kind):
+    def from_flag(self, text: str) -> float:
+        return _parse_float(text)
+
+    def from_cfg(self, value: Any) -> float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        return super().from_cfg(value)
+
+
+class _Bool(Kind):
+    is_bool = True
+
+    def from_flag(self, text: str) -> bool:
+        return _parse_bool(text)
+
+    def from_cfg(self, value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        return super().from_cfg(value)
+
+    def show(self, value: Any) -> str:
+        return "true" if value else "false"
+
+
+class _Duration(Kind):
+    def from_flag(self, text: str) -> float:
+        return parse_duration(text)
+
+    def from_cfg(self, value: Any) -> float:
+        # go-options reads a bare number in a config file as milliseconds
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value / 1000.0
+        return super().from_cfg(value)
+
+    def show(self, value: Any) -> str:
+        return format_duration(value)
+
+
+class _StringList(Kind):
+    is_list = True
+
+    def from_flag(self, text: str) -> list[str]:
+        return [text]
+
+    def from_cfg(self, value: Any) -> list[str]:
+        if isinstance(value, str):
+            return value.split(",")
+        if isinstance(value, list):
+            return [str(v) for v in value]
+        raise ConfigError(f"invalid value type {type(value).__name__}")
+
+    def show(self, value: Any) -> str:
+        return ",".join(value)
+
+
+class _FloatList(Kind):
+    """Go's FloatArray: comma separated, repeatable, kept sorted descending."""
+
+    is_list = True
+
+    def from_flag(self, text: str) -> list[float]:
+        return [_parse_float(s) for s in text.split(",")]
+
+    def from_cfg(self, value: Any) -> list[float]:
+        if isinstance(value, str):
+            return [_parse_float(s.strip()) for s in value.split(",")]
+        if isinstance(value, list):
+            return [float(v) for v in value]
+        raise ConfigError(f"invalid value type {type(value).__name__}")
+
+    def show(self, value: Any) -> str:
+        return ",".join(f"{v:f}" for v in value)
+
+    def finalize(self, value: Any) -> Any:
+        return sorted(value, reverse=True)
+
+
+TLS_NOT_REQUIRED, TLS_REQUIRED_EXCEPT_HTTP, TLS_REQUIRED = 0, 1, 2
+
+
+class _TLSRequired(Kind):
+    """true, false or tcp-https; a bare ``--tls-required`` means true."""
+
+    is_bool = True
+
+    def from_flag(self, text: str) -> int:
+        text = text.lower()
+        if text == "tcp-https":
+            return TLS_REQUIRED_EXCEPT_HTTP
+        return TLS_REQUIRED if _parse_bool(text) else TLS_NOT_REQUIRED
+
+    def from_cfg(self, value: Any) -> int:
+        if isinstance(value, bool):
+            return TLS_REQUIRED if value else TLS_NOT_REQUIRED
+        if isinstance(value, int):
+            return value
+        try:
+            return self.from_flag(str(value))
+        except ConfigError:
+            raise ConfigError(f"failed parsing tls_required {value}") from None
+
+
+TLS_VERSIONS = {
+    "tls1.0": ssl.TLSVersion.TLSv1,
+    "tls1.1": ssl.TLSVersion.TLSv1_1,
+    "tls1.2": ssl.TLSVersion.TLSv1_2,
+    "tls1.3": ssl.TLSVersion.TLSv1_3,
+}
+
+
+class _TLSMinVersion(Kind):
+    def from_flag(self, text: str) -> str:
+        text = text.lower()
+        if text == "":
+            return "tls1.0"
+        if text not in TLS_VERSIONS:
+            raise ConfigError(f'unknown tlsVersionOption "{text}"')
+        return text
+
+    def from_cfg(self, value: Any) -> str:
+        try:
+            return self.from_flag(str(value))
+        except ConfigError:
+            raise ConfigError(f"failed parsing tls_min_version {value}") from None
+
+
+LOG_LEVELS = ("debug", "info", "warn", "error", "fatal")
+
+
+class _LogLevel(Kind):
+    def from_flag(self, text: str) -> str:
+        level = text.lower()
+        if level not in LOG_LEVELS:
+            raise ConfigError(f"invalid log level '{text}' (debug, info, warn, error, fatal)")
+        return level
+
+    def from_cfg(self, value: Any) -> str:
+        try:
+            return self.from_flag(str(value))
+        except ConfigError:
+            raise ConfigError(f"failed parsing log_level {value}") from None
+
+
+STRING = _String()
+INT = _Int()
+FLOAT = _Float()
+BOOL = _Bool()
+DURATION = _Duration()
+STRING_LIST = _StringList()
+FLOAT_LIST = _FloatList()
+TLS_REQUIRED_KIND = _TLSRequired()
+TLS_MIN_VERSION = _TLSMinVersion()
+LOG_LEVEL = _LogLevel()
+
+
+def opt(
+    flag: str | None,
+    kind: Kind,
+    default: Any,
+    help: str,
+    cfg: str | None = None,
+) -> Any:
+    """A table row: a dataclass field with its flag, config key and kind."""
+    meta = {"flag": flag, "kind": kind, "help": help, "cfg": cfg or (flag or "").replace("-", "_")}
+    if callable(default):
+        return field(default_factory=default, metadata=meta)
+    if isinstance(default, list):
+        return field(default_factory=_list_factory(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _list_factory(items: list[Any]) -> Callable[[], list[Any]]:
+    return lambda: list(items)
+
+
+def hostname() -> str:
+    return socket.gethostname()
+
+
+def default_node_id() -> int:
+    """Go's default: crc32(md5(hostname)) % 1024."""
+    return zlib.crc32(hashlib.md5(hostname().encode()).digest()) % 1024
+
+
+@dataclass
+class NSQDOptions:
+    node_id: int = opt(
+        "node-id",
+        INT,
+        default_node_id,
+        "unique part for message IDs, (int) in range [0,1024) (default is hash of hostname)",
+        cfg="id",
+    )
+    log_level: str = opt("log-level", LOG_LEVEL, "info", "set log verbosity: debug, info, warn, error, or fatal")
+    log_prefix: str = opt("log-prefix", STRING, "[nsqd] ", "log message prefix")
+
+    https_address: str = opt("https-address", STRING, "0.0.0.0:4152", "<addr>:<port> to listen on for HTTPS clients")
+    http_address: str = opt(
+        "http-address",
+        STRING,
+        "0.0.0.0:4151",
+        "address to listen on for HTTP clients (<addr>:<port> for TCP/IP or <path> for unix socket)",
+    )
+    tcp_address: str = opt(
+        "tcp-address",
+        STRING,
+        "0.0.0.0:4150",
+        "address to listen on for TCP clients (<addr>:<port> for TCP/IP or <path> for unix socket)",
+    )
+    auth_http_addresses: list[str] = opt(
+        "auth-http-address",
+        STRING_LIST,
+        [],
+        "<addr>:<port> or a full url to query auth server (may be given multiple times)",
+        cfg="auth_http_addresses",
+    )
+    broadcast_address: str = opt(
+        "broadcast-address",
+        STRING,
+        hostname,
+        "address that will be registered with lookupd (defaults to the OS hostname)",
+    )
+    broadcast_tcp_port: int = opt(
+        "broadcast-tcp-port",
+        INT,
+        0,
+        "TCP port that will be registered with lookupd (defaults to the TCP port that this nsqd is listening on)",
+    )
+    broadcast_http_port: int = opt(
+        "broadcast-http-port",
+        INT,
+        0,
+        "HTTP port that will be registered with lookupd (defaults to the HTTP port that this nsqd is listening on)",
+    )
+    lookupd_tcp_addresses: list[str] = opt(
+        "lookupd-tcp-address",
+        STRING_LIST,
+        [],
+        "lookupd TCP address (may be given multiple times)",
+        cfg="nsqlookupd_tcp_addresses",
+    )
+    http_client_connect_timeout: float = opt("http-client-connect-timeout", DURATION, 2.0, "timeout for HTTP connect")
+    http_client_request_timeout: float = opt("http-client-request-timeout", DURATION, 5.0, "timeout for HTTP request")
+
+    data_path: str = opt("data-path", STRING, "", "path to store disk-backed messages")
+    mem_queue_size: int = opt("mem-queue-size", INT, 10000, "number of messages to keep in memory (per topic/channel)")
+    max_bytes_per_file: int = opt(
+        "max-bytes-per-file", INT, 100 * 1024 * 1024, "number of bytes per diskqueue file before rolling"
+    )
+    sync_every: int = opt("sync-every", INT, 2500, "number of messages per diskqueue fsync")
+    sync_timeout: float = opt("sync-timeout", DURATION, 2.0, "duration of time per diskqueue fsync")
+
+    queue_scan_worker_pool_max: int = opt(
+        "queue-scan-worker-pool-max",
+        INT,
+        4,
+        "max concurrency for checking in-flight and deferred message timeouts",
+    )
+    queue_scan_selection_count: int = opt(
+        "queue-scan-selection-count",
+        INT,
+        20,
+        "number of channels to check per cycle (every 100ms) for in-flight and deferred timeouts",
+    )
+    queue_scan_interval: float = opt(None, DURATION, 0.1, "")
+    queue_scan_refresh_interval: float = opt(None, DURATION, 5.0, "")
+    queue_scan_dirty_percent: float = opt(None, FLOAT, 0.25, "")
+
+    msg_timeout: float = opt("msg-timeout", DURATION, 60.0, "default duration to wait before auto-requeing a message")
+    max_msg_timeout: float = opt("max-msg-timeout", DURATION, 900.0, "maximum duration before a message will timeout")
+    max_msg_size: int = opt("max-msg-size", INT, 1024 * 1024, "maximum size of a single message in bytes")
+    max_req_timeout: float = opt("max-req-timeout", DURATION, 3600.0, "maximum requeuing timeout for a message")
+    max_body_size: int = opt("max-body-size", INT, 5 * 1024 * 1024, "maximum size of a single command body")
+    client_timeout: float = opt(None, DURATION, 60.0, "")
+
+    max_heartbeat_interval: float = opt(
+        "max-heartbeat-interval",
+        DURATION,
+        60.0,
+        "maximum client configurable duration of time between client heartbeats",
+    )
+    max_rdy_count: int = opt("max-rdy-count", INT, 2500, "maximum RDY count for a client")
+    max_output_buffer_size: int = opt(
+        "max-output-buffer-size",
+        INT,
+        65536,
+        "maximum client configurable size (in bytes) for a client output buffer",
+    )
+    max_output_buffer_timeout: float = opt(
+        "max-output-buffer-timeout",
+        DURATION,
+        30.0,
+        "maximum client configurable duration of time between flushing to a client",
+    )
+    min_output_buffer_timeout: float = opt(
+        "min-output-buffer-timeout",
+        DURATION,
+        0.025,
+        "minimum client configurable duration of time between flushing to a client",
+    )
+    output_buffer_timeout: float = opt(
+        "output-buffer-timeout", DURATION, 0.25, "default duration of time between flushing data to clients"
+    )
+    max_channel_consumers: int = opt(
+        "max-channel-consumers",
+        INT,
+        0,
+        "maximum channel consumer connection count per nsqd instance (default 0, i.e., unlimited)",
+    )
+
+    statsd_address: str = opt("statsd-address", STRING, "", "UDP <addr>:<port> of a statsd daemon for pushing stats")
+    statsd_interval: float = opt("statsd-interval", DURATION, 60.0, "duration between pushing to statsd")
+    statsd_mem_stats: bool = opt("statsd-mem-stats", BOOL, True, "toggle sending memory and GC stats to statsd")
+    statsd_prefix: str = opt(
+        "statsd-prefix", STRING, "nsq.%s", "prefix used for keys sent to statsd (%s for host replacement)"
+    )
+    statsd_udp_packet_size: int = opt("statsd-udp-packet-size", INT, 508, "the size in bytes of statsd UDP packets")
+    statsd_exclude_ephemeral: bool = opt(
+        "statsd-exclude-ephemeral",
+        BOOL,
+        False,
+        "Skip ephemeral topics and channels when sending stats to statsd",
+    )
+
+    e2e_processing_latency_percentiles: list[float] = opt(
+        "e2e-processing-latency-percentile",
+        FLOAT_LIST,
+        [],
+        "message processing time percentiles (as float (0, 1.0]) to track (can be specified multiple times "
+        "or comma separated '1.0,0.99,0.95', default none)",
+        cfg="e2e_processing_latency_percentiles",
+    )
+    e2e_processing_latency_window_time: float = opt(
+        "e2e-processing-latency-window-time",
+        DURATION,
+        600.0,
+        "calculate end to end latency quantiles for this duration of time "
+        "(ie: 60s would only show quantile calculations from the past 60 seconds)",
+    )
+
+    tls_cert: str = opt("tls-cert", STRING, "", "path to certificate file")
+    tls_key: str = opt("tls-key", STRING, "", "path to key file")
+    tls_client_auth_policy: str = opt(
+        "tls-client-auth-policy", STRING, "", "client certificate auth policy ('require' or 'require-verify')"
+    )
+    tls_root_ca_file: str = opt("tls-root-ca-file", STRING, "", "path to certificate authority file")
+    tls_required: int = opt(
+        "tls-required",
+        TLS_REQUIRED_KIND,
+        TLS_NOT_REQUIRED,
+        "require TLS for client connections (true, false, tcp-https)",
+    )
+    tls_min_version: str = opt(
+        "tls-min-version",
+        TLS_MIN_VERSION,
+        "tls1.0",
+        "minimum SSL/TLS version acceptable ('ssl3.0', 'tls1.0', 'tls1.1', 'tls1.2' or 'tls1.3')",
+    )
+
+    deflate: bool = opt("deflate", BOOL, True, "enable deflate feature negotiation (client compression)")
+    max_deflate_level: int = opt(
+        "max-deflate-level",
+        INT,
+        6,
+        "max deflate compression level a client can negotiate (> values == > nsqd CPU usage)",
+    )
+    snappy: bool = opt("snappy", BOOL, True, "enable snappy feature negotiation (client compression)")
+
+    def validate(self) -> None:
+        """Go's checks in nsqd.New(), with its texts."""
+        if not 1 <= self.max_deflate_level <= 9:
+            raise ConfigError("--max-deflate-level must be [1,9]")
+        if not 0 <= self.node_id < 1024:
+            raise ConfigError("--node-id must be [0,1024)")
+        if self.tls_client_auth_policy and self.tls_required == TLS_NOT_REQUIRED:
+            self.tls_required = TLS_REQUIRED
+        if self.tls_required != TLS_NOT_REQUIRED and not (self.tls_cert and self.tls_key):
+            raise ConfigError("cannot require TLS client connections without TLS key and cert")
+        for p in self.e2e_processing_latency_percentiles:
+            if p <= 0 or p > 1:
+                raise ConfigError(f"invalid E2E processing latency percentile: {p:g}")
+
+
+NSQD_DEPRECATED_FLAGS = {
+    "verbose": "[deprecated] has no effect, use --log-level",
+    "worker-id": "[deprecated] use --node-id",
+}
+
+
+# -- the front ends --------------------------------------------------------
+
+T = TypeVar("T")
+
+
+def option_fields(cls: type) -> list[dataclasses.Field[Any]]:
+    return list(dataclasses.fields(cls))
+
+
+def flag_fields(cls: type) -> list[dataclasses.Field[Any]]:
+    return [f for f in dataclasses.fields(cls) if f.metadata.get("flag")]
+
+
+class _GoArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:
+        self.print_usage()
+        self.exit(2, f"{message}\n")
+
+
+def _kind_type(kind: Kind, flag: str) -> Any:
+    def convert(text: str) -> Any:
+        try:
+            return kind.from_flag(text)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(f'invalid value "{text}" for flag -{flag}: {e}') from None
+
+    convert.__name__ = flag
+    return convert
+
+
+class _ListAppend(argparse.Action):
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        current = getattr(namespace, self.dest, None) or []
+        setattr(namespace, self.dest, current + list(values))
+
+
+def build_argparser(prog: str, cls: type, deprecated: dict[str, str] | None = None) -> argparse.ArgumentParser:
+    """A parser accepting Go's flag syntax: ``-flag``/``--flag``, ``=value`` or a
+    separate value, bare booleans, repeatable list flags."""
+    parser = _GoArgumentParser(prog=prog, allow_abbrev=False, add_help=False)
+    parser.add_argument("-h", "-help", "--help", action="help", help="show this help message and exit")
+    parser.add_argument("-version", "--version", action="store_true", default=False, help="print version string")
+    parser.add_argument("-config", "--config", default="", help="path to config file")
+    defaults = cls()
+    for f in flag_fields(cls):
+        flag = f.metadata["flag"]
+        kind: Kind = f.metadata["kind"]
+        names = [f"-{flag}", f"--{flag}"]
+        conv = _kind_type(kind, flag)
+        help_text = f.metadata["help"]
+        default_shown = kind.show(getattr(defaults, f.name))
+        if default_shown and default_shown not in ("0", "false", "0s"):
+            help_text += f" (default {default_shown})"
+        if kind.is_bool:
+            parser.add_argument(
+                *names, dest=f.name, nargs="?", const=conv("true"), type=conv, default=argparse.SUPPRESS, help=help_text
+            )
+        elif kind.is_list:
+            parser.add_argument(
+                *names, dest=f.name, action=_ListAppend, type=conv, default=argparse.SUPPRESS, help=help_text
+            )
+        else:
+            parser.add_argument(*names, dest=f.name, type=conv, default=argparse.SUPPRESS, help=help_text)
+    for flag, help_text in (deprecated or {}).items():
+        parser.add_argument(
+            f"-{flag}",
+            f"--{flag}",
+            dest="_deprecated_" + flag.replace("-", "_"),
+            nargs="?",
+            const="true",
+            default=argparse.SUPPRESS,
+            help=help_text,
+        )
+    return parser
+
+
+def load_config(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"failed to load config file {path} - {e}") from None
+
+
+def resolve(cls: type[T], flags: dict[str, Any], cfg: dict[str, Any] | None = None) -> T:
+    """Flag given on the command line, else config file value, else default."""
+    cfg = cfg or {}
+    values: dict[str, Any] = {}
+    for f in option_fields(cls):
+        if f.name in flags:
+            values[f.name] = f.metadata["kind"].finalize(flags[f.name])
+            continue
+        key = f.metadata["cfg"]
+        if f.metadata.get("flag") and key in cfg:
+            kind: Kind = f.metadata["kind"]
+            try:
+                values[f.name] = kind.from_cfg(cfg[key])
+            except ConfigError as e:
+                raise ConfigError(f"Resolve failed to coerce value {cfg[key]!r} for field {key} - {e}") from None
+    return cls(**values)
+
+
+def parse_command_line(
+    prog: str, cls: type[T], argv: Sequence[str], deprecated: dict[str, str] | None = None
+) -> tuple[T | None, argparse.Namespace]:
+    """Parse ``argv``; return (options or None if --version, namespace)."""
+    parser = build_argparser(prog, cls, deprecated)
+    ns = parser.parse_args(list(argv))
+    if ns.version:
+        return None, ns
+    cfg = load_config(ns.config) if ns.config else {}
+    flags = {k: v for k, v in vars(ns).items() if not k.startswith("_") and k not in ("version", "config")}
+    return resolve(cls, flags, cfg), ns
+
+
+def usage_options(cls: type, description: str) -> type[usage.Options]:
+    """A twistd usage.Options class built from the same table.
+
+    Every option is ``--flag VALUE`` (booleans take true/false, or no value for
+    true); list options may be repeated; ``--config`` reads the TOML file.
+    """
+    defaults = cls()
+    parameters = []
+    flags: list[list[Any]] = []
+    namespace: dict[str, Any] = {}
+    for f in flag_fields(cls):
+        flag = f.metadata["flag"]
+        kind: Kind = f.metadata["kind"]
+        if kind.is_bool:
+            # --flag (true) and --no-flag, since usage.Options flags take no value
+            namespace["opt_" + flag.replace("-", "_")] = _usage_setter(f.name, True)
+            namespace["opt_no_" + flag.replace("-", "_")] = _usage_setter(f.name, False)
+            namespace["opt_" + flag.replace("-", "_")].__doc__ = f.metadata["help"]
+            namespace["opt_no_" + flag.replace("-", "_")].__doc__ = f"turn off --{flag}"
+        elif kind.is_list:
+            namespace["opt_" + flag.replace("-", "_")] = _usage_appender(f.name, kind, flag)
+            namespace["opt_" + flag.replace("-", "_")].__doc__ = f.metadata["help"]
+        else:
+            parameters.append(
+                [flag, None, None, f.metadata["help"] + f" (default {kind.show(getattr(defaults, f.name))})"]
+            )
+
+    def post_options(self: Any) -> None:
+        cfg = load_config(self["config"]) if self["config"] else {}
+        given: dict[str, Any] = dict(self._given)
+        for f in flag_fields(cls):
+            flag = f.metadata["flag"]
+            kind = f.metadata["kind"]
+            if not kind.is_bool and not kind.is_list and self[flag] is not None:
+                try:
+                    given[f.name] = kind.from_flag(self[flag])
+                except ConfigError as e:
+                    raise usage.UsageError(f"invalid value {self[flag]!r} for --{flag}: {e}") from None
+        try:
+            self.resolved = resolve(cls, given, cfg)
+        except ConfigError as e:
+            raise usage.UsageError(str(e)) from None
+
+    def init(self: Any) -> None:
+        self._given = {}
+        usage.Options.__init__(self)
+
+    namespace.update(
+        {
+            "__init__": init,
+            "optParameters": [["config", None, "", "path to config file"], *parameters],
+            "optFlags": flags,
+            "postOptions": post_options,
+            "longdesc": description,
+        }
+    )
+    return type(cls.__name__ + "Usage", (usage.Options,), namespace)
+
+
+def _usage_setter(name: str, value: bool) -> Any:
+    def setter(self: Any) -> None:
+        self._given[name] = value
+
+    return setter
+
+
+def _usage_appender(name: str, kind: Kind, flag: str) -> Any:
+    def append(self: Any, value: str) -> None:
+        try:
+            parsed = kind.from_flag(value)
+        except ConfigError as e:
+            raise usage.UsageError(f"invalid value {value!r} for --{flag}: {e}") from None
+        self._given[name] = self._given.get(name, []) + parsed
+
+    return append

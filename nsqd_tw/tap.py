@@ -1,0 +1,157 @@
+"""The service hierarchy, shared by ``twistd nsqd`` and the ``nsqd`` command.
+
+``makeService`` builds a MultiService: the NSQD core first (so it stops last,
+after the listeners, and can hand what it holds to its backends), then the
+TCP listener, HTTP, and the queue-scan timer.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from twisted.application import service
+from twisted.application.internet import TimerService
+from twisted.internet import endpoints
+from twisted.internet.interfaces import IListeningPort
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from nsqd_tw.log import set_log_level
+from nsqd_tw.nsqd import NSQD, python_version
+from nsqd_tw.options import VERSION, NSQDOptions, usage_options
+
+log = Logger(namespace="nsqd_tw.tap")
+
+_BaseOptions = usage_options(NSQDOptions, "NSQ daemon (nsqd): the V2 TCP protocol and the HTTP API.")
+
+
+class Options(_BaseOptions):  # type: ignore[misc,valid-type]
+    """``twistd nsqd`` options: the same table as the ``nsqd`` command."""
+
+    def opt_version(self) -> None:
+        """print version string"""
+        print(version_string())
+        sys.exit(0)
+
+
+def version_string(app: str = "nsqd") -> str:
+    return f"{app} v{VERSION} (built w/{python_version()})"
+
+
+def split_address(address: str) -> tuple[str, int] | None:
+    """``host:port`` (host may be empty or ``[v6]``) or None for a unix path."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def server_endpoint(reactor: Any, address: str) -> Any:
+    parsed = split_address(address)
+    if parsed is None:
+        return endpoints.UNIXServerEndpoint(reactor, address)
+    host, port = parsed
+    if host == "":
+        host = "::"
+    if ":" in host:
+        return endpoints.TCP6ServerEndpoint(reactor, port, interface=host)
+    return endpoints.TCP4ServerEndpoint(reactor, port, interface=host)
+
+
+class ListeningService(service.Service):
+    """Listen on an address at start; log Go's ``NAME: listening on ADDR``."""
+
+    def __init__(
+        self,
+        label: str,
+        reactor: Any,
+        address: str,
+        factory: Any,
+        bound: Callable[[Any], None] | None = None,
+    ) -> None:
+        self.label = label
+        self.reactor = reactor
+        self.address = address
+        self.factory = factory
+        self.bound = bound
+        self.port: IListeningPort | None = None
+        self.shown = address
+
+    def privilegedStartService(self) -> None:
+        result: list[Any] = []
+        server_endpoint(self.reactor, self.address).listen(self.factory).addBoth(result.append)
+        if not result:
+            raise RuntimeError(f"listen ({self.address}) did not complete")
+        if isinstance(result[0], Failure):
+            raise ListenError(f"listen ({self.address}) failed - {result[0].value}")
+        self.port = result[0]
+        host: Any = self.port.getHost()
+        self.shown = format_address(host.host, host.port) if hasattr(host, "port") else host.name
+        if self.bound is not None:
+            self.bound(host)
+        log.info("{label}: listening on {addr}", label=self.label, addr=self.shown)
+        service.Service.privilegedStartService(self)
+
+    def startService(self) -> None:
+        if self.port is None:
+            self.privilegedStartService()
+        service.Service.startService(self)
+
+    def stopService(self) -> Any:
+        service.Service.stopService(self)
+        if self.port is not None:
+            port, self.port = self.port, None
+            log.info("{label}: closing {addr}", label=self.label, addr=self.shown)
+            return port.stopListening()
+        return None
+
+
+class ListenError(Exception):
+    pass
+
+
+def makeService(config: Any, reactor: Any = None) -> service.MultiService:
+    """Build nsqd's services from NSQDOptions (or twistd's parsed Options)."""
+    opts: NSQDOptions = config if isinstance(config, NSQDOptions) else config.resolved
+    if reactor is None:
+        from twisted.internet import reactor as _reactor
+
+        reactor = _reactor
+    opts.validate()
+    set_log_level(opts.log_level)
+
+    from nsqd_tw.http_api import make_site
+    from nsqd_tw.protocol_v2 import V2Factory
+
+    top = service.MultiService()
+    nsqd = NSQD(opts, reactor)
+    nsqd.setServiceParent(top)
+
+    def tcp_bound(host: Any) -> None:
+        nsqd.tcp_address = (getattr(host, "host", ""), getattr(host, "port", 0))
+        if not opts.broadcast_tcp_port:
+            opts.broadcast_tcp_port = getattr(host, "port", 0)
+
+    def http_bound(host: Any) -> None:
+        nsqd.http_address = (getattr(host, "host", ""), getattr(host, "port", 0))
+        if not opts.broadcast_http_port:
+            opts.broadcast_http_port = getattr(host, "port", 0)
+
+    ListeningService("TCP", reactor, opts.tcp_address, V2Factory(nsqd), tcp_bound).setServiceParent(top)
+    if opts.http_address:
+        ListeningService("HTTP", reactor, opts.http_address, make_site(nsqd), http_bound).setServiceParent(top)
+
+    scan = TimerService(opts.queue_scan_interval, nsqd.queue_scan)
+    scan.clock = reactor
+    scan.setName("queue-scan")
+    scan.setServiceParent(top)
+    top.nsqd = nsqd  # type: ignore[attr-defined]
+    return top

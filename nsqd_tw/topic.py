@@ -1,0 +1,228 @@
+"""A topic: where producers publish; it copies each message to every channel.
+
+While a topic has no channel, is paused or is not yet started, it holds what
+is published (memory, then backend) and a pump hands the backlog to the
+channels later, a batch per reactor turn. Otherwise messages go straight to
+the channels.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from nsqd_tw.channel import Channel, ChannelError
+from nsqd_tw.message import Message
+from nsqd_tw.wire import is_ephemeral
+
+if TYPE_CHECKING:
+    from nsqd_tw.nsqd import NSQD
+
+PUMP_BATCH = 512
+
+
+class TopicError(Exception):
+    """A refused topic operation; ``str()`` is Go's text."""
+
+
+class Topic:
+    def __init__(self, name: str, ctx: NSQD) -> None:
+        self.name = name
+        self.ctx = ctx
+        self.ephemeral = is_ephemeral(name)
+        self.channels: dict[str, Channel] = {}
+        self.paused = False
+        self.exiting = False
+        self.started = False
+
+        self._mem_size = ctx.opts.mem_queue_size
+        self.memory: deque[Message] = deque()
+        self.backend = ctx.new_backend(name, self.ephemeral)
+        self._take_backend = False
+        self._pump_scheduled = False
+
+        self.message_count = 0
+        self.message_bytes = 0
+
+    def __repr__(self) -> str:
+        return f"<Topic {self.name}>"
+
+    def depth(self) -> int:
+        return len(self.memory) + self.backend.depth()
+
+    def generate_ids(self, n: int) -> list[bytes]:
+        return self.ctx.guid.new_ids(n)
+
+    # -- publishing ------------------------------------------------------
+
+    def _flowing(self) -> bool:
+        return self.started and not self.paused and bool(self.channels) and not self.memory and not self.backend.depth()
+
+    def put_message(self, msg: Message) -> None:
+        self.put_messages([msg])
+
+    def put_messages(self, msgs: list[Message]) -> None:
+        if self.exiting:
+            raise TopicError("exiting")
+        if self._flowing():
+            self._deliver(msgs)
+        else:
+            hold = self._hold
+            for i, msg in enumerate(msgs):
+                try:
+                    hold(msg)
+                except Exception:
+                    self._count(msgs[:i])
+                    raise
+            self._schedule_pump()
+        self._count(msgs)
+
+    def _count(self, msgs: list[Message]) -> None:
+        self.message_count += len(msgs)
+        self.message_bytes += sum(len(m.body) for m in msgs)
+
+    def _hold(self, msg: Message) -> None:
+        # deferred messages prefer memory: a backend record has no room for the delay
+        if len(self.memory) < self._mem_size or (msg.deferred and not self._mem_size):
+            self.memory.append(msg)
+            return
+        if self.ephemeral:
+            return  # an ephemeral topic drops what its memory can't hold, as in Go
+        try:
+            self.backend.put(msg.encode())
+        except Exception as e:
+            self.ctx.set_health(e)
+            self.ctx.log.error("TOPIC({name}) ERROR: failed to write message to backend - {err}", name=self.name, err=e)
+            raise
+        if self.ctx.health_error is not None:
+            self.ctx.set_health(None)
+
+    def _deliver(self, msgs: list[Message]) -> None:
+        """Copy messages to every channel (the first channel gets the originals)."""
+        first = True
+        for channel in list(self.channels.values()):
+            batch = msgs if first else [m.copy() for m in msgs]
+            first = False
+            try:
+                channel.put_messages(batch)
+            except ChannelError as e:
+                self.ctx.log.error(
+                    "TOPIC({name}) ERROR: failed to put msgs to channel({channel}) - {err}",
+                    name=self.name,
+                    channel=channel.name,
+                    err=e,
+                )
+
+    def _schedule_pump(self) -> None:
+        if self._pump_scheduled or not self.started or self.paused or not self.channels:
+            return
+        if not self.memory and not self.backend.depth():
+            return
+        self._pump_scheduled = True
+        self.ctx.schedule(self._pump)
+
+    def _pump(self) -> None:
+        """Hand one batch of the backlog to the channels."""
+        self._pump_scheduled = False
+        if self.exiting or self.paused or not self.channels:
+            return
+        batch: list[Message] = []
+        memory = self.memory
+        while len(batch) < PUMP_BATCH:
+            self._take_backend = not self._take_backend
+            msg = None
+            if self._take_backend or not memory:
+                data = self.backend.get()
+                if data is not None:
+                    try:
+                        msg = Message.decode(data)
+                    except ValueError as e:
+                        self.ctx.log.error("failed to decode message - {err}", err=e)
+                        continue
+            if msg is None:
+                if not memory:
+                    break
+                msg = memory.popleft()
+            batch.append(msg)
+        if batch:
+            self._deliver(batch)
+        self._schedule_pump()
+
+    # -- channels --------------------------------------------------------
+
+    def get_channel(self, name: str) -> Channel:
+        channel = self.channels.get(name)
+        if channel is None:
+            channel = Channel(self.name, name, self.ctx)
+            self.channels[name] = channel
+            self.ctx.log.info("TOPIC({topic}): new channel({channel})", topic=self.name, channel=name)
+            self.ctx.channel_created(channel)
+            self._schedule_pump()
+        return channel
+
+    def get_existing_channel(self, name: str) -> Channel:
+        channel = self.channels.get(name)
+        if channel is None:
+            raise TopicError("channel does not exist")
+        return channel
+
+    def delete_existing_channel(self, name: str) -> None:
+        channel = self.channels.get(name)
+        if channel is None:
+            raise TopicError("channel does not exist")
+        self.ctx.log.info("TOPIC({topic}): deleting channel {channel}", topic=self.name, channel=name)
+        channel.delete()
+        del self.channels[name]
+        self.ctx.channel_deleted(channel)
+        if not self.channels and self.ephemeral:
+            self.ctx.topic_emptied(self)
+
+    # -- lifecycle -------------------------------------------------------
+
+    def start(self) -> None:
+        """Let messages flow to channels (after lookupd channels are created)."""
+        self.started = True
+        self._schedule_pump()
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def unpause(self) -> None:
+        self.paused = False
+        self._schedule_pump()
+
+    def empty(self) -> None:
+        self.memory.clear()
+        self.backend.empty()
+
+    def delete(self) -> None:
+        """Delete every channel and drop everything held."""
+        self.exiting = True
+        self.ctx.log.info("TOPIC({name}): deleting", name=self.name)
+        for channel in list(self.channels.values()):
+            channel.delete()
+            self.ctx.channel_deleted(channel)
+        self.channels.clear()
+        self.empty()
+        self.backend.delete()
+
+    def close(self) -> None:
+        """Close every channel and hand what is held to the backend."""
+        self.exiting = True
+        self.ctx.log.info("TOPIC({name}): closing", name=self.name)
+        for channel in self.channels.values():
+            try:
+                channel.close()
+            except Exception as e:
+                self.ctx.log.error("channel({name}) close - {err}", name=channel.name, err=e)
+        if self.memory:
+            self.ctx.log.info(
+                "TOPIC({name}): flushing {n} memory messages to backend", name=self.name, n=len(self.memory)
+            )
+        while self.memory:
+            msg = self.memory.popleft()
+            try:
+                self.backend.put(msg.encode())
+            except Exception as e:
+                self.ctx.log.error("ERROR: failed to write message to backend - {err}", err=e)
+        self.backend.close()

@@ -1,0 +1,44 @@
+from setuptools import setup
+
+setup(
+    name="nsq-tw",
+    version="1.3.0",
+    description="NSQ (nsqd, nsqlookupd) rebuilt in Python on Twisted, drop-in for the Go binaries",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="MIT",
+    python_requires=">=3.11",
+    # twisted/plugins has no __init__.py: it is Twisted's plugin namespace, and
+    # listing it here ships our plugin modules into it
+    packages=["nsqd_tw", "lookupd_tw", "twisted.plugins"],
+    package_data={"twisted.plugins": ["nsqd_tw_plugin.py"]},
+    install_requires=[
+        "twisted>=24.7",
+        "klein>=24.8",
+        "treq>=24.9",
+        "pyopenssl>=24.0",
+        "service-identity>=24.1",
+    ],
+    extras_require={
+        "test": [
+            "pynsq>=0.9.1",
+        ],
+        "dev": [
+            "pynsq>=0.9.1",
+            "ruff",
+            "mypy",
+            "mypy-zope",
+            "py-spy",
+        ],
+    },
+    entry_points={
+        "console_scripts": [
+            "nsqd = nsqd_tw.cli:main",
+        ],
+    },
+    classifiers=[
+        "Framework :: Twisted",
+        "Programming Language :: Python :: 3",
+        "Topic :: System :: Distributed Computing",
+    ],
+)

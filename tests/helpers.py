@@ -1,0 +1,103 @@
+"""Small helpers shared by the tests (Go's mustStartNSQD/readValidate spirit)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+from twisted.internet.address import IPv4Address
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+
+from nsqd_tw.message import Message
+from nsqd_tw.nsqd import NSQD
+from nsqd_tw.options import NSQDOptions
+from nsqd_tw.protocol_v2 import V2Protocol
+from nsqd_tw.wire import FRAME_TYPE_MESSAGE, MAGIC_V2, encode_command, encode_mpub, unpack_frames
+
+START_TIME = 1_700_000_000.0
+
+
+def make_nsqd(**kwargs: Any) -> NSQD:
+    """An NSQD on a Clock that starts at a realistic time."""
+    kwargs.setdefault("node_id", 1)
+    clock = Clock()
+    clock.advance(START_TIME)
+    return NSQD(NSQDOptions(**kwargs), clock)
+
+
+class FakeClient:
+    """A V2Protocol on a StringTransport, driven like a real client would."""
+
+    _port = 50000
+
+    def __init__(self, nsqd: NSQD, magic: bool = True) -> None:
+        FakeClient._port += 1
+        self.nsqd = nsqd
+        self.clock: Clock = nsqd.reactor
+        self.proto = V2Protocol(nsqd)
+        self.transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", FakeClient._port))
+        self.proto.makeConnection(self.transport)
+        self._rest = b""
+        if magic:
+            self.send(MAGIC_V2)
+
+    def send(self, data: bytes) -> None:
+        self.proto.dataReceived(data)
+
+    def command(self, name: bytes, *params: bytes | str, body: bytes | None = None) -> None:
+        self.send(encode_command(name, *params, body=body))
+
+    def frames(self) -> list[tuple[int, bytes]]:
+        """Every frame written since the last call (after the end-of-turn flush)."""
+        self.clock.advance(0)
+        data = self._rest + self.transport.value()
+        self.transport.clear()
+        frames, self._rest = unpack_frames(data)
+        return frames
+
+    def frame(self) -> tuple[int, bytes]:
+        frames = self.frames()
+        assert len(frames) == 1, frames
+        return frames[0]
+
+    def messages(self) -> list[Message]:
+        return [Message.decode(data) for ft, data in self.frames() if ft == FRAME_TYPE_MESSAGE]
+
+    @property
+    def disconnected(self) -> bool:
+        return bool(self.transport.disconnecting)
+
+    def lose(self) -> None:
+        from twisted.internet.error import ConnectionDone
+        from twisted.python.failure import Failure
+
+        self.proto.connectionLost(Failure(ConnectionDone()))
+
+    # a few whole exchanges
+    def identify(self, **data: Any) -> tuple[int, bytes]:
+        self.command(b"IDENTIFY", body=json.dumps(data).encode())
+        return self.frame()
+
+    def sub(self, topic: str, channel: str, rdy: int | None = None) -> tuple[int, bytes]:
+        self.command(b"SUB", topic, channel)
+        frame = self.frame()
+        if rdy is not None:
+            self.command(b"RDY", str(rdy))
+        return frame
+
+    def pub(self, topic: str, body: bytes) -> tuple[int, bytes]:
+        self.command(b"PUB", topic, body=body)
+        return self.frame()
+
+    def mpub(self, topic: str, bodies: list[bytes]) -> tuple[int, bytes]:
+        self.send(encode_mpub(topic, bodies))
+        return self.frame()
+
+    def fin(self, msg_id: bytes) -> None:
+        self.send(b"FIN " + msg_id + b"\n")
+
+
+def size_prefixed(body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + body

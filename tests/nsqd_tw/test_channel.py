@@ -1,0 +1,195 @@
+from twisted.trial import unittest
+
+from nsqd_tw.channel import ChannelError
+from nsqd_tw.message import Message
+from tests.helpers import make_nsqd
+
+
+class FakeConsumer:
+    def __init__(self, cid: int, rdy: int = 0, msg_timeout: float = 60.0) -> None:
+        self.id = cid
+        self.ready_count = rdy
+        self.in_flight_count = 0
+        self.msg_timeout = msg_timeout
+        self.sample_rate = 0
+        self.got: list[Message] = []
+        self.closed = False
+
+    def send_message(self, msg: Message) -> None:
+        self.in_flight_count += 1
+        self.got.append(msg)
+
+    def timed_out_message(self) -> None:
+        self.in_flight_count -= 1
+
+    def empty(self) -> None:
+        self.in_flight_count = 0
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def new_msg(nsqd, body: bytes = b"x") -> Message:
+    return Message(nsqd.guid.new_id(), body, nsqd.now_ns())
+
+
+class ChannelTests(unittest.TestCase):
+    def setUp(self) -> None:
+        self.nsqd = make_nsqd(mem_queue_size=10)
+        self.clock = self.nsqd.reactor
+        self.channel = self.nsqd.get_topic("t").get_channel("c")
+
+    def put(self, n: int) -> list[Message]:
+        msgs = [new_msg(self.nsqd, b"%d" % i) for i in range(n)]
+        self.channel.put_messages(msgs)
+        return msgs
+
+    def test_queued_until_a_consumer_is_ready(self) -> None:
+        self.put(3)
+        c = FakeConsumer(1)
+        self.channel.add_client(c)
+        self.channel.kick()
+        self.assertEqual(c.got, [])
+        c.ready_count = 2
+        self.channel.kick()
+        self.assertEqual([m.body for m in c.got], [b"0", b"1"])
+        self.assertEqual(self.channel.depth(), 1)
+        self.assertEqual(len(self.channel.in_flight), 2)
+        self.assertEqual(c.got[0].attempts, 1)
+
+    def test_spread_round_robin(self) -> None:
+        a, b = FakeConsumer(1, rdy=10), FakeConsumer(2, rdy=10)
+        self.channel.add_client(a)
+        self.channel.add_client(b)
+        self.put(6)
+        self.assertEqual((len(a.got), len(b.got)), (3, 3))
+
+    def test_overflow_goes_to_backend_and_comes_back(self) -> None:
+        msgs = self.put(25)
+        self.assertEqual(len(self.channel.memory), 10)
+        self.assertEqual(self.channel.backend.depth(), 15)
+        c = FakeConsumer(1, rdy=100)
+        self.channel.add_client(c)
+        self.channel.kick()
+        self.assertEqual(sorted(m.id for m in c.got), sorted(m.id for m in msgs))
+
+    def test_finish_requires_owner(self) -> None:
+        a, b = FakeConsumer(1, rdy=1), FakeConsumer(2, rdy=1)
+        self.channel.add_client(a)
+        self.channel.add_client(b)
+        (m,) = self.put(1)
+        owner, other = (a, b) if a.got else (b, a)
+        e = self.assertRaises(ChannelError, self.channel.finish_message, other.id, m.id)
+        self.assertEqual(str(e), "client does not own message")
+        self.channel.finish_message(owner.id, m.id)
+        e = self.assertRaises(ChannelError, self.channel.finish_message, owner.id, m.id)
+        self.assertEqual(str(e), "ID not in flight")
+
+    def test_timeout_requeues(self) -> None:
+        c = FakeConsumer(1, rdy=1, msg_timeout=5)
+        self.channel.add_client(c)
+        self.put(1)
+        self.clock.advance(4.9)
+        self.assertFalse(self.channel.process_queues(self.nsqd.now()))
+        self.clock.advance(0.2)
+        self.assertTrue(self.channel.process_queues(self.nsqd.now()))
+        self.assertEqual(self.channel.timeout_count, 1)
+        self.assertEqual(len(c.got), 2)
+        self.assertEqual(c.got[1].attempts, 2)
+
+    def test_touch_extends_but_not_past_max(self) -> None:
+        self.nsqd.opts.max_msg_timeout = 8
+        c = FakeConsumer(1, rdy=1, msg_timeout=5)
+        self.channel.add_client(c)
+        (m,) = self.put(1)
+        self.clock.advance(4)
+        self.channel.touch_message(1, m.id, 5)
+        self.clock.advance(4)  # t=8: the max (delivery + 8) is reached
+        self.assertTrue(self.channel.process_queues(self.nsqd.now()))
+
+    def test_requeue_with_delay(self) -> None:
+        c = FakeConsumer(1, rdy=1)
+        self.channel.add_client(c)
+        (m,) = self.put(1)
+        self.channel.requeue_message(1, m.id, 2.0)
+        c.in_flight_count -= 1
+        self.assertEqual(len(self.channel.deferred), 1)
+        self.clock.advance(1.9)
+        self.channel.process_queues(self.nsqd.now())
+        self.assertEqual(len(c.got), 1)
+        self.clock.advance(0.2)
+        self.channel.process_queues(self.nsqd.now())
+        self.assertEqual(len(c.got), 2)
+        self.assertEqual(self.channel.requeue_count, 1)
+
+    def test_disconnect_requeues_in_flight_at_once(self) -> None:
+        a = FakeConsumer(1, rdy=5)
+        self.channel.add_client(a)
+        msgs = self.put(3)
+        b = FakeConsumer(2, rdy=5)
+        self.channel.add_client(b)
+        self.channel.remove_client(1)
+        self.assertEqual(sorted(m.id for m in b.got), sorted(m.id for m in msgs))
+        self.assertEqual(len(self.channel.in_flight), 3)
+
+    def test_pause(self) -> None:
+        c = FakeConsumer(1, rdy=5)
+        self.channel.add_client(c)
+        self.channel.pause()
+        self.put(2)
+        self.assertEqual(c.got, [])
+        self.channel.unpause()
+        self.assertEqual(len(c.got), 2)
+
+    def test_max_channel_consumers(self) -> None:
+        self.nsqd.opts.max_channel_consumers = 1
+        self.channel.add_client(FakeConsumer(1))
+        e = self.assertRaises(ChannelError, self.channel.add_client, FakeConsumer(2))
+        self.assertEqual(str(e), "consumers for t:c exceeds limit of 1")
+
+    def test_empty(self) -> None:
+        c = FakeConsumer(1, rdy=2)
+        self.channel.add_client(c)
+        self.put(15)
+        self.channel.empty()
+        self.assertEqual((self.channel.depth(), len(self.channel.in_flight), c.in_flight_count), (0, 0, 0))
+
+    def test_sample_rate_drops_the_rest(self) -> None:
+        c = FakeConsumer(1, rdy=1000)
+        c.sample_rate = 50
+        self.channel.add_client(c)
+        for _ in range(20):
+            self.put(10)
+        self.assertTrue(50 < len(c.got) < 150, len(c.got))
+        self.assertEqual(self.channel.depth(), 0)
+
+    def test_close_flushes_everything_to_backend(self) -> None:
+        c = FakeConsumer(1, rdy=2)
+        self.channel.add_client(c)
+        self.put(5)
+        m = c.got[0]
+        self.channel.requeue_message(1, m.id, 60)
+        backend = self.channel.backend
+        self.channel.close()
+        self.assertTrue(c.closed)
+        self.assertEqual(backend.depth(), 5)
+
+
+class EphemeralChannelTests(unittest.TestCase):
+    def test_deleted_with_last_client(self) -> None:
+        nsqd = make_nsqd()
+        topic = nsqd.get_topic("t")
+        ch = topic.get_channel("c#ephemeral")
+        ch.add_client(FakeConsumer(1))
+        ch.remove_client(1)
+        self.assertNotIn("c#ephemeral", topic.channels)
+        self.assertTrue(ch.exiting)
+
+    def test_zero_memory_still_feeds_a_waiting_consumer(self) -> None:
+        nsqd = make_nsqd(mem_queue_size=0)
+        ch = nsqd.get_topic("t").get_channel("c#ephemeral")
+        c = FakeConsumer(1, rdy=1)
+        ch.add_client(c)
+        ch.put_messages([new_msg(nsqd), new_msg(nsqd)])
+        self.assertEqual(len(c.got), 1)
+        self.assertEqual(ch.depth(), 0)

@@ -1,0 +1,34 @@
+from twisted.trial import unittest
+
+from nsqd_tw.guid import GUIDFactory
+
+
+class GUIDTests(unittest.TestCase):
+    def test_format(self) -> None:
+        f = GUIDFactory(5, lambda: 1_700_000_000_000_000_000)
+        i = f.new_id()
+        self.assertEqual(len(i), 16)
+        int(i, 16)
+        self.assertEqual((int(i, 16) >> 12) & 0x3FF, 5)
+
+    def test_same_layout_as_go(self) -> None:
+        now = 1_700_000_000_000_000_000
+        f = GUIDFactory(1023, lambda: now)
+        expected = (((now >> 20) - 1288834974288) << 22) | (1023 << 12) | 0
+        self.assertEqual(f.new_id(), b"%016x" % expected)
+
+    def test_unique_and_increasing_with_a_stuck_clock(self) -> None:
+        f = GUIDFactory(7, lambda: 1_700_000_000_000_000_000)
+        ids = [f.new_id() for _ in range(5000)] + f.new_ids(10000) + [f.new_id()]
+        self.assertEqual(len(set(ids)), len(ids))
+        self.assertEqual(ids, sorted(ids))
+
+    def test_clock_going_backwards(self) -> None:
+        times = iter([2_000_000_000_000_000_000, 1_000_000_000_000_000_000, 1_000_000_000_000_000_000])
+        f = GUIDFactory(0, lambda: next(times))
+        ids = [f.new_id(), f.new_id(), f.new_id()]
+        self.assertEqual(ids, sorted(set(ids)))
+
+    def test_node_id_range(self) -> None:
+        self.assertRaises(ValueError, GUIDFactory, 1024, lambda: 0)
+        self.assertRaises(ValueError, GUIDFactory, -1, lambda: 0)

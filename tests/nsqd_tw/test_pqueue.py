@@ -1,0 +1,55 @@
+from twisted.trial import unittest
+
+from nsqd_tw.message import Message
+from nsqd_tw.pqueue import TimeoutQueue
+
+
+def msg(i: int) -> Message:
+    return Message(b"%016x" % i, b"", 0)
+
+
+class TimeoutQueueTests(unittest.TestCase):
+    def test_pop_due_in_order(self) -> None:
+        q = TimeoutQueue()
+        for i, due in enumerate([5.0, 1.0, 3.0, 2.0]):
+            q.push(msg(i), due)
+        self.assertEqual([m.pri for m in q.pop_due(3.0)], [1.0, 2.0, 3.0])
+        self.assertEqual(len(q), 1)
+        self.assertEqual(q.next_due(), 5.0)
+
+    def test_removed_messages_do_not_come_back(self) -> None:
+        q = TimeoutQueue()
+        a, b = msg(1), msg(2)
+        q.push(a, 1.0)
+        q.push(b, 2.0)
+        self.assertIs(q.remove(a.id), a)
+        self.assertIsNone(q.remove(a.id))
+        self.assertEqual(list(q.pop_due(10.0)), [b])
+
+    def test_repush_moves_the_deadline(self) -> None:
+        q = TimeoutQueue()
+        a = msg(1)
+        q.push(a, 1.0)
+        q.remove(a.id)
+        q.push(a, 5.0)
+        self.assertEqual(list(q.pop_due(2.0)), [])
+        self.assertEqual(list(q.pop_due(5.0)), [a])
+
+    def test_compaction_keeps_live_messages(self) -> None:
+        q = TimeoutQueue()
+        keep = [msg(i) for i in range(10)]
+        for i, m in enumerate(keep):
+            q.push(m, float(i))
+        for i in range(10, 5000):
+            m = msg(i)
+            q.push(m, 1000.0)
+            q.remove(m.id)
+        self.assertLess(len(q._heap), 3000)
+        self.assertEqual(list(q.pop_due(100.0)), keep)
+
+    def test_clear(self) -> None:
+        q = TimeoutQueue()
+        q.push(msg(1), 1.0)
+        self.assertEqual(len(q.clear()), 1)
+        self.assertEqual(list(q.pop_due(2.0)), [])
+        self.assertIsNone(q.next_due())

@@ -1,0 +1,172 @@
+import struct
+
+from twisted.trial import unittest
+
+from nsqd_tw import wire
+from nsqd_tw.wire import FatalClientError, ProtocolViolation, V2Parser
+
+
+def parse_all(parser: V2Parser, data: bytes) -> list[wire.Command]:
+    parser.feed(data)
+    out = []
+    while (cmd := parser.next()) is not None:
+        out.append(cmd)
+    return out
+
+
+class FrameTests(unittest.TestCase):
+    def test_pack_frame(self) -> None:
+        self.assertEqual(wire.pack_frame(wire.FRAME_TYPE_RESPONSE, b"OK"), b"\x00\x00\x00\x06\x00\x00\x00\x00OK")
+
+    def test_unpack_frames_keeps_partial(self) -> None:
+        data = wire.pack_frame(0, b"OK") + wire.pack_frame(1, b"E_INVALID x")
+        frames, rest = wire.unpack_frames(data[:-3])
+        self.assertEqual(frames, [(0, b"OK")])
+        self.assertEqual(rest, data[10:-3])
+
+
+class NameTests(unittest.TestCase):
+    def test_valid(self) -> None:
+        for name in ["a", "test_topic", "a.b-c_d", "x" * 64, "foo#ephemeral", "x" * 54 + "#ephemeral"]:
+            self.assertTrue(wire.is_valid_name(name), name)
+
+    def test_invalid(self) -> None:
+        for name in ["", "x" * 65, "a b", "a!b", "#ephemeral", "a#eph", "a\n", "tópico", "a#ephemeral#ephemeral"]:
+            self.assertFalse(wire.is_valid_name(name), name)
+
+    def test_trailing_newline_is_invalid(self) -> None:
+        # Python's $ would accept "abc\n"; Go's regexp does not
+        self.assertFalse(wire.is_valid_name(b"abc\n"))
+
+    def test_go_quote(self) -> None:
+        self.assertEqual(wire.go_quote(b"a!b"), '"a!b"')
+        self.assertEqual(wire.go_quote(b'a"b\\'), '"a\\"b\\\\"')
+        self.assertEqual(wire.go_quote(b"\x00\t\xff"), '"\\x00\\t\\xff"')
+        self.assertEqual(wire.go_quote("é".encode()), '"é"')
+        self.assertEqual(wire.go_quote(b"\x7f"), '"\\x7f"')
+
+
+class Base10Tests(unittest.TestCase):
+    def test_digits(self) -> None:
+        self.assertEqual(wire.parse_base10(b"1234"), 1234)
+        self.assertEqual(wire.parse_base10(b""), 0)
+
+    def test_rejects_sign_and_letters(self) -> None:
+        for bad in [b"-1", b"1a", b" 1", b"+1"]:
+            self.assertRaises(ValueError, wire.parse_base10, bad)
+
+    def test_wraps_like_uint64(self) -> None:
+        self.assertEqual(wire.parse_base10(b"18446744073709551617"), 1)
+        self.assertEqual(wire.to_int64(2**64 - 1), -1)
+
+
+class ParserTests(unittest.TestCase):
+    def parser(self, check=None) -> V2Parser:
+        return V2Parser(max_msg_size=1024, max_body_size=4096, check_header=check)
+
+    def test_simple_commands(self) -> None:
+        cmds = parse_all(self.parser(), b"NOP\nRDY 10\r\nFIN 0123456789abcdef\n")
+        self.assertEqual(
+            [(c.name, c.params) for c in cmds],
+            [(b"NOP", [b"NOP"]), (b"RDY", [b"RDY", b"10"]), (b"FIN", [b"FIN", b"0123456789abcdef"])],
+        )
+
+    def test_empty_line_is_an_empty_command(self) -> None:
+        cmds = parse_all(self.parser(), b"\n")
+        self.assertEqual(cmds[0].name, b"")
+
+    def test_pub_split_anywhere(self) -> None:
+        data = wire.encode_command(b"PUB", "t", body=b"hello world") + b"NOP\n"
+        for cut in range(1, len(data)):
+            p = self.parser()
+            cmds = parse_all(p, data[:cut]) + parse_all(p, data[cut:])
+            self.assertEqual([c.name for c in cmds], [b"PUB", b"NOP"], cut)
+            self.assertEqual(cmds[0].body, b"hello world")
+
+    def test_byte_at_a_time(self) -> None:
+        data = wire.encode_mpub("t", [b"a", b"bc", b"def"]) + wire.encode_command(b"DPUB", "t", "10", body=b"x")
+        p = self.parser()
+        cmds = []
+        for i in range(len(data)):
+            cmds += parse_all(p, data[i : i + 1])
+        self.assertEqual(cmds[0].bodies, [b"a", b"bc", b"def"])
+        self.assertEqual((cmds[1].name, cmds[1].params, cmds[1].body), (b"DPUB", [b"DPUB", b"t", b"10"], b"x"))
+
+    def test_mpub_inner_messages_define_the_stream(self) -> None:
+        # as in Go, MPUB reads count and messages from the stream; a short inner
+        # payload leaves the rest of the declared body to be read as commands
+        inner = struct.pack(">I", 1) + struct.pack(">I", 2) + b"hi"
+        data = b"MPUB t\n" + struct.pack(">I", len(inner) + 4) + inner + b"NOP\n"
+        cmds = parse_all(self.parser(), data)
+        self.assertEqual([c.name for c in cmds], [b"MPUB", b"NOP"])
+        self.assertEqual(cmds[0].bodies, [b"hi"])
+
+    def assertFatal(self, data: bytes, text: str, parser: V2Parser | None = None) -> None:
+        p = parser or self.parser()
+        e = self.assertRaises(FatalClientError, parse_all, p, data)
+        self.assertEqual(str(e), text)
+
+    def test_body_size_errors(self) -> None:
+        size = struct.pack
+        self.assertFatal(b"PUB t\n" + size(">I", 0), "E_BAD_MESSAGE PUB invalid message body size 0")
+        self.assertFatal(b"PUB t\n" + size(">I", 1025), "E_BAD_MESSAGE PUB message too big 1025 > 1024")
+        self.assertFatal(b"DPUB t 1\n" + size(">i", -1), "E_BAD_MESSAGE DPUB invalid message body size -1")
+        self.assertFatal(b"MPUB t\n" + size(">I", 0), "E_BAD_BODY MPUB invalid body size 0")
+        self.assertFatal(b"MPUB t\n" + size(">I", 4097), "E_BAD_BODY MPUB body too big 4097 > 4096")
+        self.assertFatal(b"IDENTIFY\n" + size(">I", 4097), "E_BAD_BODY IDENTIFY body too big 4097 > 4096")
+        self.assertFatal(b"IDENTIFY\n" + size(">I", 0), "E_BAD_BODY IDENTIFY invalid body size 0")
+        self.assertFatal(b"AUTH\n" + size(">I", 0xFFFFFFFF), "E_BAD_BODY AUTH invalid body size -1")
+
+    def test_mpub_count_and_message_errors(self) -> None:
+        s = struct.pack
+        self.assertFatal(b"MPUB t\n" + s(">II", 100, 0), "E_BAD_BODY MPUB invalid message count 0")
+        # (max_body_size - 4) / 5 == 818
+        self.assertFatal(b"MPUB t\n" + s(">II", 100, 819), "E_BAD_BODY MPUB invalid message count 819")
+        self.assertFatal(
+            b"MPUB t\n" + s(">IIIcI", 100, 2, 1, b"a", 0), "E_BAD_MESSAGE MPUB invalid message(1) body size 0"
+        )
+        self.assertFatal(b"MPUB t\n" + s(">III", 100, 2, 1025), "E_BAD_MESSAGE MPUB message too big 1025 > 1024")
+
+    def test_header_check_runs_before_the_size(self) -> None:
+        seen = []
+
+        def check(name: bytes, params: list[bytes]) -> None:
+            seen.append(name)
+            raise FatalClientError("E_INVALID", "PUB insufficient number of parameters")
+
+        self.assertFatal(b"PUB\n", "E_INVALID PUB insufficient number of parameters", self.parser(check))
+        self.assertEqual(seen, [b"PUB"])
+
+    def test_line_too_long(self) -> None:
+        p = self.parser()
+        self.assertRaises(ProtocolViolation, parse_all, p, b"X" * wire.MAX_LINE_LENGTH)
+        p = self.parser()
+        self.assertEqual(
+            parse_all(p, b"X" * (wire.MAX_LINE_LENGTH - 1) + b"\n")[0].name, b"X" * (wire.MAX_LINE_LENGTH - 1)
+        )
+
+    def test_take_remainder(self) -> None:
+        p = self.parser()
+        p.feed(b"NOP\n\x16\x03\x01")
+        self.assertEqual(p.next().name, b"NOP")
+        self.assertEqual(p.take_remainder(), b"\x16\x03\x01")
+        self.assertIsNone(p.next())
+
+    def test_large_body_in_many_chunks(self) -> None:
+        p = V2Parser(max_msg_size=1 << 20, max_body_size=5 << 20)
+        body = bytes(range(256)) * 4000
+        data = wire.encode_command(b"PUB", "t", body=body)
+        cmds = []
+        for i in range(0, len(data), 1000):
+            cmds += parse_all(p, data[i : i + 1000])
+        self.assertEqual(cmds[0].body, body)
+
+
+class ErrorTests(unittest.TestCase):
+    def test_wire_text(self) -> None:
+        self.assertEqual(
+            wire.FatalClientError("E_INVALID", "cannot FIN in current state").wire(),
+            b"E_INVALID cannot FIN in current state",
+        )
+        self.assertTrue(wire.FatalClientError("E_X").fatal)
+        self.assertFalse(wire.ClientError("E_X").fatal)
