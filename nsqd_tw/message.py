@@ -47,7 +47,7 @@ class Message:
 
     def copy(self) -> Message:
         """A fresh copy for another channel: same ID, body, timestamp, delay."""
-        m = Message(self.id, self.body, self.timestamp, self.attempts)
+        m = Message(self.id, self.body, self.timestamp)
         m.deferred = self.deferred
         return m
 

@@ -563,9 +563,10 @@ def flag_fields(cls: type) -> list[dataclasses.Field[Any]]:
 
 
 class _GoArgumentParser(argparse.ArgumentParser):
+    """Exit 2 with the message first, as Go's flag package does."""
+
     def error(self, message: str) -> Any:
-        self.print_usage()
-        self.exit(2, f"{message}\n")
+        self.exit(2, f"{message}\nRun '{self.prog} -help' for usage.\n")
 
 
 def _kind_type(kind: Kind, flag: str) -> Any:
@@ -598,20 +599,35 @@ def build_argparser(prog: str, cls: type, deprecated: dict[str, str] | None = No
         kind: Kind = f.metadata["kind"]
         names = [f"-{flag}", f"--{flag}"]
         conv = _kind_type(kind, flag)
-        help_text = f.metadata["help"]
+        help_text = f.metadata["help"].replace("%", "%%")
         default_shown = kind.show(getattr(defaults, f.name))
         if default_shown and default_shown not in ("0", "false", "0s"):
-            help_text += f" (default {default_shown})"
+            help_text += f" (default {default_shown})".replace("%", "%%")
         if kind.is_bool:
             parser.add_argument(
-                *names, dest=f.name, nargs="?", const=conv("true"), type=conv, default=argparse.SUPPRESS, help=help_text
+                *names,
+                dest=f.name,
+                nargs="?",
+                const=conv("true"),
+                type=conv,
+                default=argparse.SUPPRESS,
+                metavar="true|false",
+                help=help_text,
             )
         elif kind.is_list:
             parser.add_argument(
-                *names, dest=f.name, action=_ListAppend, type=conv, default=argparse.SUPPRESS, help=help_text
+                *names,
+                dest=f.name,
+                action=_ListAppend,
+                type=conv,
+                default=argparse.SUPPRESS,
+                metavar="value",
+                help=help_text,
             )
         else:
-            parser.add_argument(*names, dest=f.name, type=conv, default=argparse.SUPPRESS, help=help_text)
+            parser.add_argument(
+                *names, dest=f.name, type=conv, default=argparse.SUPPRESS, metavar="value", help=help_text
+            )
     for flag, help_text in (deprecated or {}).items():
         parser.add_argument(
             f"-{flag}",
@@ -620,6 +636,7 @@ def build_argparser(prog: str, cls: type, deprecated: dict[str, str] | None = No
             nargs="?",
             const="true",
             default=argparse.SUPPRESS,
+            metavar="true|false",
             help=help_text,
         )
     return parser

@@ -99,10 +99,10 @@ class Topic:
 
     def _deliver(self, msgs: list[Message]) -> None:
         """Copy messages to every channel (the first channel gets the originals)."""
-        first = True
-        for channel in list(self.channels.values()):
-            batch = msgs if first else [m.copy() for m in msgs]
-            first = False
+        channels = list(self.channels.values())
+        # copies first: delivering to the first channel changes its messages
+        batches = [msgs] + [[m.copy() for m in msgs] for _ in channels[1:]]
+        for channel, batch in zip(channels, batches):
             try:
                 channel.put_messages(batch)
             except ChannelError as e:

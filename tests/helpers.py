@@ -101,3 +101,37 @@ class FakeClient:
 
 def size_prefixed(body: bytes) -> bytes:
     return struct.pack(">I", len(body)) + body
+
+
+class InProcessNSQD:
+    """The real service hierarchy on 127.0.0.1:0, in the test's reactor."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("tcp_address", "127.0.0.1:0")
+        kwargs.setdefault("http_address", "127.0.0.1:0")
+        kwargs.setdefault("node_id", 1)
+        self.opts = NSQDOptions(**kwargs)
+
+    def start(self) -> InProcessNSQD:
+        from twisted.internet import reactor
+
+        from nsqd_tw.tap import makeService
+
+        self.service = makeService(self.opts, reactor)
+        self.service.privilegedStartService()
+        self.service.startService()
+        self.nsqd: NSQD = self.service.nsqd  # type: ignore[attr-defined]
+        return self
+
+    @property
+    def tcp_port(self) -> int:
+        assert self.nsqd.tcp_address is not None
+        return self.nsqd.tcp_address[1]
+
+    @property
+    def http_port(self) -> int:
+        assert self.nsqd.http_address is not None
+        return self.nsqd.http_address[1]
+
+    def stop(self) -> Any:
+        return self.service.stopService()

@@ -31,6 +31,7 @@ class MessageTests(unittest.TestCase):
     def test_copy_is_independent(self) -> None:
         m = Message(b"0123456789abcdef", b"x", 1)
         m.deferred = 1.5
+        m.attempts = 3
         c = m.copy()
         c.attempts += 1
-        self.assertEqual((m.attempts, c.attempts, c.deferred, c.id), (0, 1, 1.5, m.id))
+        self.assertEqual((m.attempts, c.attempts, c.deferred, c.id), (3, 1, 1.5, m.id))

@@ -95,3 +95,16 @@ class TopicTests(unittest.TestCase):
         backend = self.topic.backend
         self.topic.close()
         self.assertEqual(backend.depth(), 4)
+
+
+class CopyTests(unittest.TestCase):
+    def test_second_channel_sees_first_attempt(self) -> None:
+        nsqd = make_nsqd()
+        topic = nsqd.get_topic("t")
+        consumers = []
+        for name in ("a", "b"):
+            c = FakeConsumer(len(consumers) + 1, rdy=5)
+            topic.get_channel(name).add_client(c)
+            consumers.append(c)
+        topic.put_messages([Message(nsqd.guid.new_id(), b"x", nsqd.now_ns())])
+        self.assertEqual([c.got[0].attempts for c in consumers], [1, 1])

@@ -1,0 +1,111 @@
+"""Run nsqd as a real process, the way client test harnesses do."""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+_LISTEN = re.compile(r"(TCP|HTTP|HTTPS): listening on (\S+)")
+
+
+def command(name: str) -> list[str]:
+    """The console script next to this Python (what `pip install` made)."""
+    script = Path(sys.executable).parent / name
+    if script.exists():
+        return [str(script)]
+    found = shutil.which(name)
+    if found:
+        return [found]
+    if name == "twistd":
+        return [sys.executable, "-m", "twisted"]
+    module = {"nsqd": "nsqd_tw", "nsqlookupd": "lookupd_tw"}[name]
+    return [sys.executable, "-m", module]
+
+
+class ServerProcess:
+    def __init__(
+        self, name: str, *args: str, cwd: str | None = None, argv: list[str] | None = None, stdout: bool = False
+    ) -> None:
+        """Start ``name`` with ``args``; log lines are read from stderr (or stdout)."""
+        self.name = name
+        self.use_stdout = stdout
+        self.argv = argv if argv is not None else [*command(name), *args]
+        self.cwd = cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.lines: list[str] = []
+        self.addresses: dict[str, str] = {}
+        self._drain: threading.Thread | None = None
+
+    def start(self, wait_for: tuple[str, ...] = ("TCP", "HTTP"), timeout: float = 15.0) -> ServerProcess:
+        out, err = (subprocess.PIPE, subprocess.STDOUT) if self.use_stdout else (subprocess.DEVNULL, subprocess.PIPE)
+        self.proc = subprocess.Popen(self.argv, cwd=self.cwd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        self.stream = self.proc.stdout if self.use_stdout else self.proc.stderr
+        assert self.stream is not None
+        fd = self.stream.fileno()
+        deadline = time.monotonic() + timeout
+        buf = b""
+        while not all(k in self.addresses for k in wait_for):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.kill()
+                raise RuntimeError(f"{self.name} did not start: {self.lines}")
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                self.proc.wait()
+                raise RuntimeError(f"{self.name} exited {self.proc.returncode}: {self.lines}")
+            buf += chunk
+            *complete, buf = buf.split(b"\n")
+            for raw in complete:
+                self._line(raw.decode(errors="replace"))
+        self._drain = threading.Thread(target=self._drain_stderr, args=(buf,), daemon=True)
+        self._drain.start()
+        return self
+
+    def _line(self, line: str) -> None:
+        self.lines.append(line)
+        m = _LISTEN.search(line)
+        if m:
+            self.addresses[m.group(1)] = m.group(2)
+
+    def _drain_stderr(self, pending: bytes) -> None:
+        stream = self.stream
+        buf = pending
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            buf += chunk
+            *complete, buf = buf.split(b"\n")
+            for raw in complete:
+                self._line(raw.decode(errors="replace"))
+
+    def port(self, kind: str = "TCP") -> int:
+        return int(self.addresses[kind].rsplit(":", 1)[1])
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 15.0) -> int:
+        assert self.proc is not None
+        code = self.proc.wait(timeout)
+        if self._drain is not None:
+            self._drain.join(timeout)
+        return code
+
+    def stop(self) -> int:
+        self.signal(signal.SIGTERM)
+        return self.wait()
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait()

@@ -1,0 +1,185 @@
+import io
+import os
+import sys
+import tempfile
+
+from twisted.python import usage
+from twisted.trial import unittest
+
+from nsqd_tw.options import (
+    NSQD_DEPRECATED_FLAGS,
+    TLS_NOT_REQUIRED,
+    TLS_REQUIRED,
+    TLS_REQUIRED_EXCEPT_HTTP,
+    ConfigError,
+    NSQDOptions,
+    default_node_id,
+    format_duration,
+    parse_command_line,
+    parse_duration,
+)
+from nsqd_tw.tap import Options as TwistdOptions
+
+
+def parse(*argv: str, config: str | None = None) -> NSQDOptions:
+    args = list(argv)
+    if config is not None:
+        fd, path = tempfile.mkstemp(suffix=".cfg")
+        with os.fdopen(fd, "w") as f:
+            f.write(config)
+        args = ["--config", path, *args]
+    opts, _ = parse_command_line("nsqd", NSQDOptions, args, NSQD_DEPRECATED_FLAGS)
+    assert opts is not None
+    return opts
+
+
+class DurationTests(unittest.TestCase):
+    def test_go_forms(self) -> None:
+        for text, seconds in [
+            ("0", 0),
+            ("1s", 1),
+            ("250ms", 0.25),
+            ("1m30s", 90),
+            ("1.5h", 5400),
+            ("100us", 1e-4),
+            ("-2s", -2),
+            ("1h2m3s4ms", 3723.004),
+        ]:
+            self.assertAlmostEqual(parse_duration(text), seconds, msg=text)
+
+    def test_errors(self) -> None:
+        for text in ["", "1", "s", "1x", "1s2"]:
+            self.assertRaises(ConfigError, parse_duration, text)
+
+    def test_format(self) -> None:
+        self.assertEqual(
+            [format_duration(x) for x in (60, 900, 0.25, 3600, 2, 0)], ["1m0s", "15m0s", "250ms", "1h0m0s", "2s", "0s"]
+        )
+
+
+class CommandLineTests(unittest.TestCase):
+    def test_defaults_are_gos(self) -> None:
+        o = parse()
+        self.assertEqual(
+            (o.tcp_address, o.http_address, o.https_address, o.mem_queue_size, o.max_rdy_count, o.msg_timeout),
+            ("0.0.0.0:4150", "0.0.0.0:4151", "0.0.0.0:4152", 10000, 2500, 60.0),
+        )
+        self.assertEqual((o.max_msg_size, o.max_body_size, o.max_req_timeout), (1048576, 5242880, 3600.0))
+        self.assertEqual((o.sync_every, o.sync_timeout, o.max_bytes_per_file), (2500, 2.0, 104857600))
+        self.assertEqual((o.deflate, o.snappy, o.statsd_mem_stats, o.node_id), (True, True, True, default_node_id()))
+
+    def test_go_flag_syntax(self) -> None:
+        o = parse(
+            "-tcp-address",
+            "127.0.0.1:1",
+            "--http-address=127.0.0.1:2",
+            "-mem-queue-size=5",
+            "--lookupd-tcp-address",
+            "a:1",
+            "-lookupd-tcp-address=b:2",
+            "--snappy=false",
+            "-deflate",
+            "--verbose",
+            "-msg-timeout",
+            "1m30s",
+            "-e2e-processing-latency-percentile",
+            "0.5,0.99",
+            "--e2e-processing-latency-percentile=1.0",
+            "-tls-required=tcp-https",
+        )
+        self.assertEqual((o.tcp_address, o.http_address, o.mem_queue_size), ("127.0.0.1:1", "127.0.0.1:2", 5))
+        self.assertEqual(o.lookupd_tcp_addresses, ["a:1", "b:2"])
+        self.assertEqual((o.snappy, o.deflate, o.msg_timeout), (False, True, 90.0))
+        self.assertEqual(o.e2e_processing_latency_percentiles, [1.0, 0.99, 0.5])
+        self.assertEqual(o.tls_required, TLS_REQUIRED_EXCEPT_HTTP)
+
+    def test_bare_tls_required_means_true(self) -> None:
+        self.assertEqual(parse("--tls-required").tls_required, TLS_REQUIRED)
+
+    def test_bad_value_exits_2(self) -> None:
+        err = io.StringIO()
+        self.patch(sys, "stderr", err)
+        e = self.assertRaises(SystemExit, parse, "--mem-queue-size", "lots")
+        self.assertEqual(e.code, 2)
+        self.assertIn('invalid value "lots" for flag -mem-queue-size', err.getvalue())
+
+    def test_unknown_flag_exits_2(self) -> None:
+        err = io.StringIO()
+        self.patch(sys, "stderr", err)
+        e = self.assertRaises(SystemExit, parse, "--no-such-flag")
+        self.assertEqual(e.code, 2)
+        self.assertIn("--no-such-flag", err.getvalue())
+
+    def test_config_file(self) -> None:
+        o = parse(
+            config="""
+id = 77
+tcp_address = "127.0.0.1:4000"
+mem_queue_size = 123
+msg_timeout = "30s"
+max_req_timeout = 5000
+nsqlookupd_tcp_addresses = ["l1:4160", "l2:4160"]
+e2e_processing_latency_percentiles = [0.5, 1.0]
+tls_required = false
+log_level = "debug"
+unknown_key = "ignored"
+""",
+        )
+        self.assertEqual((o.node_id, o.tcp_address, o.mem_queue_size), (77, "127.0.0.1:4000", 123))
+        self.assertEqual((o.msg_timeout, o.max_req_timeout), (30.0, 5.0))
+        self.assertEqual(o.lookupd_tcp_addresses, ["l1:4160", "l2:4160"])
+        self.assertEqual(o.e2e_processing_latency_percentiles, [0.5, 1.0])
+        self.assertEqual((o.tls_required, o.log_level), (TLS_NOT_REQUIRED, "debug"))
+
+    def test_flag_beats_config(self) -> None:
+        o = parse("--mem-queue-size", "9", config="mem_queue_size = 123\nmax_rdy_count = 5\n")
+        self.assertEqual((o.mem_queue_size, o.max_rdy_count), (9, 5))
+
+    def test_bad_config(self) -> None:
+        self.assertRaises(ConfigError, parse, config="log_level = 'loud'\n")
+        self.assertRaises(ConfigError, parse, config="this is not toml")
+        self.assertRaises(ConfigError, parse, "--config", "/nonexistent.cfg")
+
+    def test_version_returns_none(self) -> None:
+        opts, ns = parse_command_line("nsqd", NSQDOptions, ["--version"])
+        self.assertIsNone(opts)
+
+
+class ValidateTests(unittest.TestCase):
+    def check(self, text: str, **kwargs) -> None:
+        e = self.assertRaises(ConfigError, NSQDOptions(**kwargs).validate)
+        self.assertEqual(str(e), text)
+
+    def test_go_texts(self) -> None:
+        self.check("--node-id must be [0,1024)", node_id=1024)
+        self.check("--max-deflate-level must be [1,9]", max_deflate_level=0)
+        self.check("cannot require TLS client connections without TLS key and cert", tls_required=TLS_REQUIRED)
+        self.check("invalid E2E processing latency percentile: 1.5", e2e_processing_latency_percentiles=[1.5])
+
+    def test_client_auth_policy_implies_tls_required(self) -> None:
+        o = NSQDOptions(tls_client_auth_policy="require", tls_cert="c", tls_key="k")
+        o.validate()
+        self.assertEqual(o.tls_required, TLS_REQUIRED)
+
+
+class TwistdOptionsTests(unittest.TestCase):
+    def test_same_table(self) -> None:
+        config = TwistdOptions()
+        config.parseOptions(
+            [
+                "--tcp-address",
+                "127.0.0.1:1",
+                "--no-snappy",
+                "--lookupd-tcp-address",
+                "a:1",
+                "--lookupd-tcp-address=b:2",
+                "--msg-timeout",
+                "10s",
+            ]
+        )
+        o = config.resolved
+        self.assertEqual((o.tcp_address, o.snappy, o.msg_timeout), ("127.0.0.1:1", False, 10.0))
+        self.assertEqual(o.lookupd_tcp_addresses, ["a:1", "b:2"])
+
+    def test_bad_value(self) -> None:
+        self.assertRaises(usage.UsageError, TwistdOptions().parseOptions, ["--max-rdy-count", "x"])
