@@ -6,6 +6,7 @@ reactor (any ``IReactorTime``), so tests drive it with ``task.Clock``.
 
 from __future__ import annotations
 
+import gc
 import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -241,6 +242,19 @@ class NSQD(service.Service):
             self._flush_call.cancel()
             self._flush_clients()
         self.log.info("NSQ: bye")
+
+
+def tune_gc() -> None:
+    """Make the cyclic GC cheap for a process holding millions of messages.
+
+    Messages hold no cycles, but every one is tracked, and collecting the
+    youngest generation every 700 allocations (the default) cost a third of
+    the consume path in the benchmarks. Collect it every 100,000 instead and
+    freeze what start-up created; the 25% rule still bounds full collections.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(100_000, 20, 10)
 
 
 def python_version() -> str:

@@ -16,7 +16,9 @@ from collections.abc import Iterator
 from nsqd_tw.message import Message
 
 _seq = itertools.count(1)
-_COMPACT_MIN = 1024
+# stale entries tolerated before a rebuild: large enough that rebuilding the
+# live entries is rare, small enough that stale ones pin little memory
+_COMPACT_MIN = 16384
 
 
 class TimeoutQueue:

@@ -19,7 +19,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from nsqd_tw.log import set_log_level
-from nsqd_tw.nsqd import NSQD, python_version
+from nsqd_tw.nsqd import NSQD, python_version, tune_gc
 from nsqd_tw.options import VERSION, NSQDOptions, usage_options
 
 log = Logger(namespace="nsqd_tw.tap")
@@ -127,6 +127,7 @@ def makeService(config: Any, reactor: Any = None) -> service.MultiService:
         reactor = _reactor
     opts.validate()
     set_log_level(opts.log_level)
+    tune_gc()
 
     from nsqd_tw.http_api import make_site
     from nsqd_tw.protocol_v2 import V2Factory

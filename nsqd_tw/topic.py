@@ -102,7 +102,7 @@ class Topic:
         channels = list(self.channels.values())
         # copies first: delivering to the first channel changes its messages
         batches = [msgs] + [[m.copy() for m in msgs] for _ in channels[1:]]
-        for channel, batch in zip(channels, batches):
+        for channel, batch in zip(channels, batches, strict=True):
             try:
                 channel.put_messages(batch)
             except ChannelError as e:

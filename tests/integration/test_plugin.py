@@ -23,8 +23,9 @@ class PluginTests(unittest.TestCase):
     def test_wheel_ships_the_plugin_and_pip_install_finds_it(self) -> None:
         out = Path(self.mktemp()).resolve()
         out.mkdir()
+        pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
         subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+            [*pip_wheel, "-w", str(out), str(ROOT)],
             check=True,
             capture_output=True,
         )

@@ -1,6 +1,6 @@
+from treq.testing import StubTreq
 from twisted.internet import defer
 from twisted.trial import unittest
-from treq.testing import StubTreq
 
 from nsqd_tw.http_api import NSQDHTTPAPI
 from tests.helpers import make_nsqd

@@ -141,7 +141,7 @@ unknown_key = "ignored"
         self.assertRaises(ConfigError, parse, "--config", "/nonexistent.cfg")
 
     def test_version_returns_none(self) -> None:
-        opts, ns = parse_command_line("nsqd", NSQDOptions, ["--version"])
+        opts, _ = parse_command_line("nsqd", NSQDOptions, ["--version"])
         self.assertIsNone(opts)
 
 

@@ -1,0 +1,175 @@
+"""Start nsqd, run bench_writer then bench_reader N times, print medians.
+
+    python bench/run.py                     # 3 runs, --size 200 --batch-size 200, 10 s each
+    python bench/run.py --profile out/      # also py-spy the server during each phase
+
+Like Go's bench.sh: nsqd runs with --mem-queue-size=1000000 and the channel
+exists before the writer starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from _common import connect  # noqa: E402
+
+from nsqd_tw.wire import encode_command  # noqa: E402
+
+
+def launch(extra: list[str]) -> tuple[subprocess.Popen, str]:
+    exe = Path(sys.executable).parent / "nsqd"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "nsqd_tw"]
+    proc = subprocess.Popen(
+        [*cmd, "--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0", *extra],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        m = re.search(r"TCP: listening on (\S+)", line)
+        if m:
+            address = m.group(1)
+            break
+    else:
+        raise RuntimeError("nsqd did not start")
+    # keep draining stderr so nsqd never blocks on a full pipe
+    import threading
+
+    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # type: ignore[union-attr]
+    return proc, address
+
+
+def tool(name: str, address: str, a: argparse.Namespace) -> dict:
+    argv = [
+        sys.executable,
+        str(HERE / f"{name}.py"),
+        "--nsqd-tcp-address",
+        address,
+        "--size",
+        str(a.size),
+        "--runfor",
+        a.runfor,
+        "--json",
+    ]
+    if name == "bench_writer":
+        argv += ["--batch-size", str(a.batch_size)]
+    if a.workers:
+        argv += ["--workers", str(a.workers)]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def profile(pid: int, seconds: float, path: Path) -> subprocess.Popen | None:
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(spy).exists() and not shutil.which("py-spy"):
+        print("py-spy not found; pip install py-spy", file=sys.stderr)
+        return None
+    return subprocess.Popen(
+        [
+            spy,
+            "record",
+            "--pid",
+            str(pid),
+            "--duration",
+            str(int(seconds)),
+            "--rate",
+            "250",
+            "--format",
+            "raw",
+            "--output",
+            str(path),
+            "--nonblocking",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def summarize(path: Path, top: int = 15) -> list[tuple[str, float]]:
+    """Self time per function from py-spy's collapsed stacks."""
+    own: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        n = int(count)
+        total += n
+        leaf = frames[-1]
+        own[re.sub(r" \(.*/", " (", leaf)] += n
+    return [(f, round(100.0 * c / total, 1)) for f, c in own.most_common(top)]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--size", type=int, default=200)
+    p.add_argument("--batch-size", type=int, default=200)
+    p.add_argument("--runfor", default="10s")
+    p.add_argument("--workers", type=int, default=0, help="bench worker processes (default: one per core)")
+    p.add_argument("--mem-queue-size", type=int, default=1_000_000)
+    p.add_argument("--profile", type=Path, help="directory for py-spy profiles of the server")
+    p.add_argument("nsqd_args", nargs="*", help="extra nsqd flags (after --)")
+    a = p.parse_args()
+
+    data = tempfile.mkdtemp(prefix="nsq-bench-")
+    proc, address = launch(["--mem-queue-size", str(a.mem_queue_size), "--data-path", data, *a.nsqd_args])
+    try:
+        s = connect(address, "bench_setup")
+        s.sendall(encode_command(b"SUB", "sub_bench", "ch"))
+        s.recv(100)
+        s.close()
+        runfor = float(a.runfor.rstrip("s"))
+        results: dict[str, list[float]] = {"bench_writer": [], "bench_reader": []}
+        for run in range(a.runs):
+            for name in ("bench_writer", "bench_reader"):
+                spy = None
+                if a.profile:
+                    a.profile.mkdir(parents=True, exist_ok=True)
+                    spy = profile(proc.pid, max(1, runfor - 1), a.profile / f"{name}-{run}.txt")
+                r = tool(name, address, a)
+                if spy is not None:
+                    spy.wait()
+                results[name].append(r["msg_per_s"])
+                print(f"run {run + 1} {name}: {r['msg_per_s']:,.0f} msg/s  {r['mb_per_s']:.1f} MB/s", flush=True)
+        print()
+        for name, values in results.items():
+            label = "publish" if name == "bench_writer" else "consume"
+            print(
+                f"{label}: median {statistics.median(values):,.0f} msg/s over {len(values)} runs "
+                f"({', '.join(f'{v:,.0f}' for v in values)})"
+            )
+        if a.profile:
+            for name in results:
+                for run in range(a.runs):
+                    f = a.profile / f"{name}-{run}.txt"
+                    if f.exists():
+                        print(f"\nserver self time during {name} run {run + 1}:")
+                        for func, pct in summarize(f):
+                            print(f"  {pct:5.1f}%  {func}")
+                        break
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
