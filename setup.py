@@ -23,12 +23,13 @@ setup(
         "test": [
             "pynsq>=0.9.1",
         ],
+        # what scripts/test and CI use: pinned so a new linter release can't break main
         "dev": [
             "pynsq>=0.9.1",
-            "ruff",
-            "mypy",
-            "mypy-zope",
-            "py-spy",
+            "ruff==0.17.6",
+            "mypy==2.4.1",
+            "mypy-zope==1.0.17",
+            "py-spy>=0.4",
         ],
     },
     entry_points={

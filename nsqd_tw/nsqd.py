@@ -18,8 +18,10 @@ from nsqd_tw.backend import DummyBackendQueue, IBackendQueue, MemoryBackendQueue
 from nsqd_tw.channel import Channel
 from nsqd_tw.guid import GUIDFactory
 from nsqd_tw.log import Logger
+from nsqd_tw.message import Message
 from nsqd_tw.options import VERSION, NSQDOptions
 from nsqd_tw.topic import Topic, TopicError
+from nsqd_tw.wire import is_valid_topic_name
 
 if TYPE_CHECKING:
     from nsqd_tw.protocol_v2 import V2Protocol
@@ -137,6 +139,23 @@ class NSQD(service.Service):
         self._changed("topic_created", topic)
         if not self.loading:
             topic.start()
+        return topic
+
+    def publish(self, topic_name: str, bodies: list[bytes], delay: float = 0.0) -> Topic:
+        """Publish message bodies to a topic (created if needed), as PUB/MPUB/DPUB do.
+
+        ``delay`` (seconds) defers delivery like DPUB. Raises :class:`TopicError`
+        for an invalid name or a topic being deleted, or the backend's error.
+        """
+        if not is_valid_topic_name(topic_name):
+            raise TopicError(f"invalid topic name {topic_name!r}")
+        topic = self.get_topic(topic_name)
+        ts = self.now_ns()
+        msgs = list(map(Message, self.guid.new_ids(len(bodies)), bodies, [ts] * len(bodies)))
+        if delay:
+            for msg in msgs:
+                msg.deferred = delay
+        topic.put_messages(msgs)
         return topic
 
     def get_existing_topic(self, name: str) -> Topic:

@@ -625,42 +625,30 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
     def NOP(self, cmd: Command) -> bytes | None:
         return None
 
-    def _publish(self, verb: str, topic_name: str, msgs: list[Message]) -> None:
-        topic = self.nsqd.get_topic(topic_name)
+    def _publish(self, verb: str, topic_name: str, bodies: list[bytes], delay: float = 0.0) -> bytes:
         try:
-            topic.put_messages(msgs)
+            self.nsqd.publish(topic_name, bodies, delay)
         except Exception as e:
             raise FatalClientError(f"E_{verb}_FAILED", f"{verb} failed {e}") from None
-        self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(msgs)
+        self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
+        return OK
 
     def PUB(self, cmd: Command) -> bytes | None:
         assert cmd.body is not None
         topic_name = cmd.params[1].decode("ascii")
         self.check_auth("PUB", topic_name, "")
-        nsqd = self.nsqd
-        self._publish("PUB", topic_name, [Message(nsqd.guid.new_id(), cmd.body, nsqd.now_ns())])
-        return OK
+        return self._publish("PUB", topic_name, [cmd.body])
 
     def MPUB(self, cmd: Command) -> bytes | None:
         assert cmd.bodies is not None
-        topic_name = cmd.params[1].decode("ascii")
-        nsqd = self.nsqd
-        ts = nsqd.now_ns()
-        bodies = cmd.bodies
-        msgs = list(map(Message, nsqd.guid.new_ids(len(bodies)), bodies, [ts] * len(bodies)))
-        self._publish("MPUB", topic_name, msgs)
-        return OK
+        return self._publish("MPUB", cmd.params[1].decode("ascii"), cmd.bodies)
 
     def DPUB(self, cmd: Command) -> bytes | None:
         assert cmd.body is not None
         topic_name = cmd.params[1].decode("ascii")
         delay = self._dpub_delay(cmd.params[2])
         self.check_auth("DPUB", topic_name, "")
-        nsqd = self.nsqd
-        msg = Message(nsqd.guid.new_id(), cmd.body, nsqd.now_ns())
-        msg.deferred = delay
-        self._publish("DPUB", topic_name, [msg])
-        return OK
+        return self._publish("DPUB", topic_name, [cmd.body], delay)
 
 
 class V2Factory(protocol.ServerFactory):

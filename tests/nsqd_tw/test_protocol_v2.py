@@ -507,3 +507,20 @@ class DeliveryTests(ProtocolTestCase):
         size, ft = struct.unpack(">ii", data[:8])
         self.assertEqual((size, ft, len(data)), (4 + 26 + 3, FRAME_TYPE_MESSAGE, 8 + 26 + 3))
         self.assertEqual(data[8 + 8 : 8 + 10], b"\x00\x01")
+
+
+class DisconnectTests(ProtocolTestCase):
+    def test_disconnect_mid_frame(self) -> None:
+        c = self.client()
+        c.send(b"PUB t\n" + struct.pack(">I", 100) + b"only part of the body")
+        c.lose()
+        self.assertNotIn("t", self.nsqd.topics)
+        self.assertEqual(self.nsqd.clients, {})
+        self.assertEqual(self.client().pub("t", b"next"), OK)
+
+    def test_disconnect_mid_mpub(self) -> None:
+        consumer = self.consumer()
+        c = self.client()
+        c.send(b"MPUB t\n" + struct.pack(">III", 100, 3, 1) + b"a" + struct.pack(">I", 5) + b"bc")
+        c.lose()
+        self.assertEqual(consumer.messages(), [])
