@@ -46,9 +46,11 @@ class PluginTests(unittest.TestCase):
             "from twisted.application.service import IServiceMaker\n"
             "import nsqd_tw, sys\n"
             "p = [p for p in getPlugins(IServiceMaker) if p.tapname == 'nsqd']\n"
-            "import twisted.plugins.nsqd_tw_plugin as m\n"
+            "import os, twisted.plugins\n"
             "assert nsqd_tw.__file__.startswith(sys.argv[1]), nsqd_tw.__file__\n"
-            "assert m.__file__.startswith(sys.argv[1]), m.__file__\n"
+            "here = os.path.join(sys.argv[1], 'twisted', 'plugins')\n"
+            "assert here in twisted.plugins.__path__, twisted.plugins.__path__\n"
+            "assert os.path.exists(os.path.join(here, 'nsqd_tw_plugin.py'))\n"
             "print(p[0].module if p else 'missing')\n"
         )
         env = dict(os.environ, PYTHONPATH=str(target))
