@@ -1,30 +1,28 @@
-"""The in-flight and deferred queues: messages by ID, ordered by due time.
+"""The in-flight and deferred queues: messages by ID, released when due.
 
-A binary heap of ``(due, seq, message)`` with lazy deletion: removing a
-message by ID only drops it from the index, and its heap entry is skipped when
-it surfaces (its ``seq`` no longer matches). The heap is rebuilt from the live
-messages when stale entries outnumber them, so memory stays proportional to
-what is really queued and every operation is O(log n) amortised.
+Messages are grouped in buckets of ``resolution`` seconds of due time (a
+timing wheel): a bucket is a dict, so FIN, REQ and TOUCH remove a message in
+O(1) with no stale entries left behind, and pushing one is two dict inserts.
+A heap holds the keys of the buckets, not the messages. :meth:`pop_due`
+empties every bucket wholly due and takes from the bucket holding ``now``
+only what is due, so messages come out exactly when they are due (give or
+take the scan interval), never before.
 """
 
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections.abc import Iterator
 
 from nsqd_tw.message import Message
 
-_seq = itertools.count(1)
-# stale entries tolerated before a rebuild: large enough that rebuilding the
-# live entries is rare, small enough that stale ones pin little memory
-_COMPACT_MIN = 16384
-
 
 class TimeoutQueue:
-    def __init__(self) -> None:
+    def __init__(self, resolution: float = 0.1) -> None:
+        self.resolution = resolution
         self._index: dict[bytes, Message] = {}
-        self._heap: list[tuple[float, int, Message]] = []
+        self._buckets: dict[int, dict[bytes, Message]] = {}
+        self._keys: list[int] = []
 
     def __len__(self) -> int:
         return len(self._index)
@@ -41,42 +39,60 @@ class TimeoutQueue:
     def push(self, msg: Message, due: float) -> None:
         """Queue ``msg`` until ``due``; the caller checks the ID is not queued."""
         msg.pri = due
-        seq = msg.seq = next(_seq)
+        # ``seq`` remembers the bucket, so removal needs no search
+        key = msg.seq = int(due // self.resolution)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = {}
+            heapq.heappush(self._keys, key)
+        bucket[msg.id] = msg
         self._index[msg.id] = msg
-        heapq.heappush(self._heap, (due, seq, msg))
 
     def remove(self, msg_id: bytes) -> Message | None:
         msg = self._index.pop(msg_id, None)
-        if msg is not None and len(self._heap) > 2 * len(self._index) + _COMPACT_MIN:
-            self._compact()
+        if msg is not None:
+            bucket = self._buckets.get(msg.seq)
+            if bucket is not None:
+                bucket.pop(msg_id, None)
         return msg
 
     def pop_due(self, now: float) -> Iterator[Message]:
         """Remove and yield every message due at or before ``now``."""
-        heap = self._heap
+        keys = self._keys
+        buckets = self._buckets
         index = self._index
-        while heap and heap[0][0] <= now:
-            _, seq, msg = heapq.heappop(heap)
-            if msg.seq == seq and index.get(msg.id) is msg:
-                del index[msg.id]
-                yield msg
+        limit = int(now // self.resolution)
+        due: list[Message] = []
+        while keys and keys[0] <= limit:
+            key = keys[0]
+            bucket = buckets[key]
+            if key < limit:
+                heapq.heappop(keys)
+                del buckets[key]
+                due.extend(bucket.values())
+                continue
+            ready = [m for m in bucket.values() if m.pri <= now]
+            for m in ready:
+                del bucket[m.id]
+            due.extend(ready)
+            if not bucket:
+                heapq.heappop(keys)
+                del buckets[key]
+            break
+        for m in due:
+            del index[m.id]
+        return iter(due)
 
     def next_due(self) -> float | None:
-        heap = self._heap
-        index = self._index
-        while heap:
-            _, seq, msg = heap[0]
-            if msg.seq == seq and index.get(msg.id) is msg:
-                return heap[0][0]
-            heapq.heappop(heap)
+        for key in sorted(self._keys):
+            bucket = self._buckets.get(key)
+            if bucket:
+                return min(m.pri for m in bucket.values())
         return None
 
     def clear(self) -> list[Message]:
         msgs = list(self._index.values())
         self._index.clear()
-        self._heap.clear()
+        self._buckets.clear()
+        self._keys.clear()
         return msgs
-
-    def _compact(self) -> None:
-        self._heap = [(m.pri, m.seq, m) for m in self._index.values()]
-        heapq.heapify(self._heap)

@@ -35,17 +35,27 @@ class TimeoutQueueTests(unittest.TestCase):
         self.assertEqual(list(q.pop_due(2.0)), [])
         self.assertEqual(list(q.pop_due(5.0)), [a])
 
-    def test_compaction_keeps_live_messages(self) -> None:
+    def test_removed_messages_leave_nothing_behind(self) -> None:
         q = TimeoutQueue()
         keep = [msg(i) for i in range(10)]
         for i, m in enumerate(keep):
             q.push(m, float(i))
         for i in range(10, 50000):
             m = msg(i)
-            q.push(m, 1000.0)
+            q.push(m, 1000.0 + i / 1000)
             q.remove(m.id)
-        self.assertLess(len(q._heap), 20000)
+        self.assertEqual(sum(len(b) for b in q._buckets.values()), 10)
         self.assertEqual(list(q.pop_due(100.0)), keep)
+
+    def test_never_released_early(self) -> None:
+        q = TimeoutQueue(resolution=0.1)
+        a, b = msg(1), msg(2)
+        q.push(a, 10.03)
+        q.push(b, 10.07)
+        self.assertEqual(list(q.pop_due(10.05)), [a])
+        self.assertEqual(list(q.pop_due(10.069)), [])
+        self.assertEqual(list(q.pop_due(10.07)), [b])
+        self.assertEqual((len(q), q._keys), (0, []))
 
     def test_clear(self) -> None:
         q = TimeoutQueue()
