@@ -3,11 +3,11 @@
 Records are opaque bytes (an encoded :class:`~nsqd_tw.message.Message`). A
 backend is used from the reactor thread only.
 
-Implementations here:
+Implementations:
 
-- :class:`MemoryBackendQueue`: TEMPORARY stand-in used until the disk queue
-  lands. It keeps records in memory, so they survive nothing but the
-  process; it never drops a record.
+- :class:`nsqd_tw.diskqueue.DiskQueue`: go-diskqueue's files (the default);
+- :class:`MemoryBackendQueue`: records kept in memory (for tests, and for
+  embedders who want no disk at all); it never drops a record;
 - :class:`DummyBackendQueue`: for ephemeral topics and channels, which by
   design drop what overflows their memory queue (as Go nsqd does).
 """
@@ -15,18 +15,36 @@ Implementations here:
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 
-from zope.interface import Interface, implementer
+from zope.interface import Attribute, Interface, implementer
 
 
 class IBackendQueue(Interface):
     """Go nsqd's BackendQueue, in pull form for a single-threaded reactor."""
 
+    acked = Attribute("True if records read stay owned until done() (durable mode)")
+
     def put(data: bytes) -> None:
         """Append one record. Raise an exception if it could not be stored."""
 
+    def put_many(records: Sequence[bytes]) -> None:
+        """Append records in order, in one write where possible."""
+
     def get() -> bytes | None:
         """Remove and return the oldest record, or ``None`` if there is none."""
+
+    def read() -> tuple[bytes, object | None] | None:
+        """Like get(), with a token to pass to done() in acknowledged mode."""
+
+    def done(token: object | None) -> None:
+        """The message read with ``token`` is finished: its record may go."""
+
+    def set_deferred(msg_id: bytes, deliver_at_ns: int) -> None:
+        """Remember the deliver-at time of a deferred message put in this queue."""
+
+    def take_deferred(msg_id: bytes) -> int | None:
+        """The deliver-at time remembered for ``msg_id`` (forgotten once taken)."""
 
     def depth() -> int:
         """The number of records held."""
@@ -41,11 +59,27 @@ class IBackendQueue(Interface):
         """Release resources, keeping the records for the next start."""
 
 
+class _NoAcks:
+    acked = False
+
+    def put_many(self, records: Sequence[bytes]) -> None:
+        for data in records:
+            self.put(data)  # type: ignore[attr-defined]
+
+    def read(self) -> tuple[bytes, object | None] | None:
+        data = self.get()  # type: ignore[attr-defined]
+        return None if data is None else (data, None)
+
+    def done(self, token: object | None) -> None:
+        pass
+
+
 @implementer(IBackendQueue)
-class MemoryBackendQueue:
+class MemoryBackendQueue(_NoAcks):
     def __init__(self, name: str) -> None:
         self.name = name
         self._records: deque[bytes] = deque()
+        self._deferred_at: dict[bytes, int] = {}
 
     def put(self, data: bytes) -> None:
         self._records.append(data)
@@ -53,23 +87,36 @@ class MemoryBackendQueue:
     def get(self) -> bytes | None:
         return self._records.popleft() if self._records else None
 
+    def set_deferred(self, msg_id: bytes, deliver_at_ns: int) -> None:
+        self._deferred_at[msg_id] = deliver_at_ns
+
+    def take_deferred(self, msg_id: bytes) -> int | None:
+        return self._deferred_at.pop(msg_id, None) if self._deferred_at else None
+
     def depth(self) -> int:
         return len(self._records)
 
     def empty(self) -> None:
         self._records.clear()
+        self._deferred_at.clear()
 
     def delete(self) -> None:
-        self._records.clear()
+        self.empty()
 
     def close(self) -> None:
         pass
 
 
 @implementer(IBackendQueue)
-class DummyBackendQueue:
+class DummyBackendQueue(_NoAcks):
     def __init__(self, name: str = "") -> None:
         self.name = name
+
+    def set_deferred(self, msg_id: bytes, deliver_at_ns: int) -> None:
+        pass
+
+    def take_deferred(self, msg_id: bytes) -> int | None:
+        return None
 
     def put(self, data: bytes) -> None:
         pass

@@ -79,44 +79,85 @@ class Channel:
     def put_message(self, msg: Message) -> None:
         self.put_messages((msg,))
 
-    def put_messages(self, msgs: list[Message] | tuple[Message, ...]) -> None:
-        """Queue messages copied from the topic (deferred ones by their delay)."""
+    def put_messages(self, msgs: list[Message] | tuple[Message, ...], keep_on_failure: bool = False) -> None:
+        """Queue messages copied from the topic (deferred ones by their delay).
+
+        Memory first, then the backend, in one write for the batch. If that
+        write fails the error is raised (PUB answers E_PUB_FAILED) and the
+        messages are dropped, unless ``keep_on_failure`` (they came from a
+        backlog nobody else holds), when they stay in memory.
+        """
         if self.exiting:
             raise ChannelError("exiting")
-        put = self._put
+        memory = self.memory
+        mem_size = self._mem_size if self._direct else 0
+        to_backend: list[Message] = []
         now = None
         for msg in msgs:
             if msg.deferred:
                 if now is None:
                     now = self.ctx.now()
-                if msg.id not in self.deferred:
+                if self.backend.acked:
+                    to_backend.append(msg)  # durable: on disk, with its deliver-at time
+                elif msg.id not in self.deferred:
                     self.deferred.push(msg, now + msg.deferred)
+            elif len(memory) < mem_size:
+                memory.append(msg)
+            elif self.ephemeral:
+                # Go hands an ephemeral message straight to a waiting consumer even
+                # when its memory queue is full (or 0), and drops it otherwise
+                if len(memory) < self._spare_capacity():
+                    memory.append(msg)
             else:
-                put(msg)
+                to_backend.append(msg)
         self.message_count += len(msgs)
+        if to_backend:
+            try:
+                self._write(to_backend)
+            except Exception:
+                if keep_on_failure:
+                    memory.extend(m for m in to_backend if not m.deferred)
+                    for m in to_backend:
+                        if m.deferred:
+                            self.deferred.push(m, self.ctx.now() + m.deferred)
+                else:
+                    self.message_count -= len(to_backend)
+                self._dispatch()
+                raise
         self._dispatch()
 
+    def _write(self, msgs: list[Message]) -> None:
+        """Write messages to the backend; deferred ones with their deliver-at time."""
+        try:
+            self.backend.put_many([m.encode() for m in msgs])
+        except Exception as e:
+            self.ctx.set_health(e)
+            self.ctx.log.error("CHANNEL({name}): failed to write message to backend - {err}", name=self.name, err=e)
+            raise
+        if self.ctx.health_error is not None:
+            self.ctx.set_health(None)
+        now_ns = None
+        for m in msgs:
+            if m.deferred:
+                if now_ns is None:
+                    now_ns = self.ctx.now_ns()
+                self.backend.set_deferred(m.id, now_ns + int(m.deferred * 1e9))
+
     def _put(self, msg: Message) -> None:
+        """Queue a message coming back (REQ, timeout, release): it is never dropped."""
         memory = self.memory
-        if self._direct and len(memory) < self._mem_size:
+        if msg.ref is not None or (self._direct and len(memory) < self._mem_size):
+            # a message read in durable mode is still on disk, owned until done
             memory.append(msg)
             return
         if self.ephemeral:
-            # Go hands an ephemeral message straight to a waiting consumer even
-            # when its memory queue is full (or 0), and drops it otherwise
             if len(memory) < self._spare_capacity():
                 memory.append(msg)
             return
         try:
-            self.backend.put(msg.encode())
-        except Exception as e:
-            # keep it rather than lose it; health tells the operator
-            self.ctx.set_health(e)
-            self.ctx.log.error("CHANNEL({name}): failed to write message to backend - {err}", name=self.name, err=e)
-            memory.append(msg)
-        else:
-            if self.ctx.health_error is not None:
-                self.ctx.set_health(None)
+            self._write([msg])
+        except Exception:
+            memory.append(msg)  # keep it rather than lose it; health tells the operator
 
     def _spare_capacity(self) -> int:
         if self.paused:
@@ -127,14 +168,24 @@ class Channel:
         """The next queued message: memory and backend take turns, like Go's select."""
         self._take_backend = not self._take_backend
         if self._take_backend or not self.memory:
+            backend = self.backend
             while True:
-                data = self.backend.get()
-                if data is None:
+                item = backend.read()
+                if item is None:
                     break
+                data, ref = item
                 try:
-                    return Message.decode(data)
+                    msg = Message.decode(data)
                 except ValueError as e:
                     self.ctx.log.error("failed to decode message - {err}", err=e)
+                    backend.done(ref)
+                    continue
+                msg.ref = ref
+                at = backend.take_deferred(msg.id)
+                if at is not None and at > self.ctx.now_ns():
+                    self.deferred.push(msg, at / 1e9)
+                    continue
+                return msg
         if self.memory:
             return self.memory.popleft()
         return None
@@ -221,7 +272,10 @@ class Channel:
         return msg
 
     def finish_message(self, client_id: int, msg_id: bytes) -> Message:
-        return self._pop_in_flight(client_id, msg_id)
+        msg = self._pop_in_flight(client_id, msg_id)
+        if msg.ref is not None:
+            self.backend.done(msg.ref)
+        return msg
 
     def requeue_message(self, client_id: int, msg_id: bytes, delay: float) -> None:
         """REQ: back to the queue now, or after ``delay`` seconds."""
@@ -233,7 +287,10 @@ class Channel:
             self._put(msg)
             return
         if msg.id not in self.deferred:
-            self.deferred.push(msg, self.ctx.now() + delay)
+            due = self.ctx.now() + delay
+            self.deferred.push(msg, due)
+            if msg.ref is not None:
+                self.backend.set_deferred(msg.id, int(due * 1e9))  # survives a crash too
 
     def touch_message(self, client_id: int, msg_id: bytes, timeout: float) -> None:
         msg = self._pop_in_flight(client_id, msg_id)
@@ -281,9 +338,11 @@ class Channel:
 
     def pause(self) -> None:
         self.paused = True
+        self.ctx.metadata_changed()
 
     def unpause(self) -> None:
         self.paused = False
+        self.ctx.metadata_changed()
         self._dispatch()
 
     def empty(self) -> None:
@@ -316,6 +375,9 @@ class Channel:
             client.close()
 
     def _flush(self) -> None:
+        """Write what is held in memory to the backend, deferred ones with their
+        deliver-at time. In durable mode the records these were read from are
+        then done, so a clean restart reads each message once."""
         n_mem, n_inf, n_def = len(self.memory), len(self.in_flight), len(self.deferred)
         if n_mem or n_inf or n_def:
             self.ctx.log.info(
@@ -328,9 +390,16 @@ class Channel:
         msgs = list(self.memory)
         self.memory.clear()
         msgs += self.in_flight.clear()
-        msgs += self.deferred.clear()
-        for msg in msgs:
-            try:
-                self.backend.put(msg.encode())
-            except Exception as e:
-                self.ctx.log.error("failed to write message to backend - {err}", err=e)
+        deferred = self.deferred.clear()
+        if not msgs and not deferred:
+            return
+        try:
+            self.backend.put_many([m.encode() for m in msgs + deferred])
+        except Exception as e:
+            self.ctx.log.error("failed to write message to backend - {err}", err=e)
+            return
+        for m in deferred:
+            self.backend.set_deferred(m.id, int(m.pri * 1e9))
+        for m in msgs + deferred:
+            if m.ref is not None:
+                self.backend.done(m.ref)

@@ -19,7 +19,8 @@ class Message:
     """A message as one channel (or a topic) holds it.
 
     ``deferred`` is the DPUB delay in seconds. ``client_id``, ``delivery_ts``,
-    ``pri`` and ``seq`` belong to the in-flight and deferred bookkeeping.
+    ``pri`` and ``seq`` belong to the in-flight and deferred bookkeeping;
+    ``ref`` is the backend's token for the record it was read from (durable mode).
     """
 
     __slots__ = (
@@ -30,6 +31,7 @@ class Message:
         "delivery_ts",
         "id",
         "pri",
+        "ref",
         "seq",
         "timestamp",
     )
@@ -44,6 +46,7 @@ class Message:
         self.delivery_ts = 0.0
         self.pri = 0.0
         self.seq = 0
+        self.ref: object | None = None
 
     def copy(self) -> Message:
         """A fresh copy for another channel: same ID, body, timestamp, delay."""

@@ -1,4 +1,4 @@
-"""NSQD: the topics, the clients, health and the queue scan.
+"""NSQD: the topics, the clients, health, storage and the queue scan.
 
 One reactor thread owns all of it. Time and scheduling come from the injected
 reactor (any ``IReactorTime``), so tests drive it with ``task.Clock``.
@@ -7,21 +7,25 @@ reactor (any ``IReactorTime``), so tests drive it with ``task.Clock``.
 from __future__ import annotations
 
 import gc
+import os
 import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from twisted.application import service
+from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
 
 from nsqd_tw.backend import DummyBackendQueue, IBackendQueue, MemoryBackendQueue
 from nsqd_tw.channel import Channel
+from nsqd_tw.diskqueue import DiskQueue, Syncer, write_atomic
 from nsqd_tw.guid import GUIDFactory
 from nsqd_tw.log import Logger
 from nsqd_tw.message import Message
+from nsqd_tw.metadata import METADATA_FILE, ChannelMeta, DirLock, TopicMeta, encode_metadata, read_metadata
 from nsqd_tw.options import VERSION, NSQDOptions
 from nsqd_tw.topic import Topic, TopicError
-from nsqd_tw.wire import is_valid_topic_name
+from nsqd_tw.wire import MESSAGE_HEADER_LENGTH, is_valid_channel_name, is_valid_topic_name
 
 if TYPE_CHECKING:
     from nsqd_tw.protocol_v2 import V2Protocol
@@ -30,7 +34,7 @@ BackendFactory = Callable[[str, bool], IBackendQueue]
 
 
 def memory_backend_factory(name: str, ephemeral: bool) -> IBackendQueue:
-    """TEMPORARY: overflow kept in memory until the disk queue lands."""
+    """Keep overflow in memory (tests, and embedders who want no disk)."""
     if ephemeral:
         return DummyBackendQueue(name)
     return MemoryBackendQueue(name)
@@ -47,14 +51,23 @@ class NSQD(service.Service):
         opts: NSQDOptions,
         reactor: IReactorTime | None = None,
         backend_factory: BackendFactory | None = None,
+        run_blocking: Callable[[Callable[[], None]], defer.Deferred[None]] | None = None,
     ) -> None:
+        """``backend_factory(name, ephemeral)`` replaces the disk queues (and then
+        nothing is written to the data path); ``run_blocking`` runs fsyncs (a
+        thread by default)."""
         if reactor is None:
             from twisted.internet import reactor as _reactor
 
             reactor = _reactor  # type: ignore[assignment]
         self.opts = opts
         self.reactor: Any = reactor
-        self.backend_factory = backend_factory or memory_backend_factory
+        self.backend_factory = backend_factory
+        self.data_path = opts.data_path or os.getcwd()
+        # durable mode: every message on disk, fsynced before OK, owned until FIN
+        self.durable = backend_factory is None and opts.mem_queue_size == 0 and opts.sync_every <= 1
+        self.syncer = Syncer(reactor, run_blocking, self._sync_result)
+        self.dirlock = DirLock(self.data_path)
         self.guid = GUIDFactory(opts.node_id, self.now_ns)
         self.topics: dict[str, Topic] = {}
         self.clients: dict[int, V2Protocol] = {}
@@ -126,7 +139,27 @@ class NSQD(service.Service):
     # -- topics and channels ----------------------------------------------
 
     def new_backend(self, name: str, ephemeral: bool) -> IBackendQueue:
-        return self.backend_factory(name, ephemeral)
+        if ephemeral:
+            return DummyBackendQueue(name)
+        if self.backend_factory is not None:
+            return self.backend_factory(name, ephemeral)
+        opts = self.opts
+        return DiskQueue(
+            name,
+            opts.data_path,
+            opts.max_bytes_per_file,
+            MESSAGE_HEADER_LENGTH,
+            opts.max_msg_size + MESSAGE_HEADER_LENGTH,
+            max(opts.sync_every, 1),
+            self.syncer,
+            self.log,
+            acked=self.durable,
+        )
+
+    def _sync_result(self, err: BaseException | None) -> None:
+        if err is not None:
+            self.log.error("DISKQUEUE: failed to sync - {err}", err=err)
+        self.set_health(err)
 
     def get_topic(self, name: str) -> Topic:
         """The topic, created (and started) if it does not exist."""
@@ -141,11 +174,13 @@ class NSQD(service.Service):
             topic.start()
         return topic
 
-    def publish(self, topic_name: str, bodies: list[bytes], delay: float = 0.0) -> Topic:
+    def publish(self, topic_name: str, bodies: list[bytes], delay: float = 0.0) -> defer.Deferred[None] | None:
         """Publish message bodies to a topic (created if needed), as PUB/MPUB/DPUB do.
 
         ``delay`` (seconds) defers delivery like DPUB. Raises :class:`TopicError`
         for an invalid name or a topic being deleted, or the backend's error.
+        In durable mode returns a Deferred that fires once the messages are
+        fsynced (answer OK then); otherwise ``None``: they are stored already.
         """
         if not is_valid_topic_name(topic_name):
             raise TopicError(f"invalid topic name {topic_name!r}")
@@ -156,7 +191,9 @@ class NSQD(service.Service):
             for msg in msgs:
                 msg.deferred = delay
         topic.put_messages(msgs)
-        return topic
+        if self.durable and not topic.ephemeral:
+            return self.syncer.commit()
+        return None
 
     def get_existing_topic(self, name: str) -> Topic:
         topic = self.topics.get(name)
@@ -197,6 +234,8 @@ class NSQD(service.Service):
             self.delete_existing_topic(topic.name)
 
     def _changed(self, what: str, obj: Topic | Channel) -> None:
+        if not obj.ephemeral:
+            self.metadata_changed()
         for observer in self.change_observers:
             try:
                 observer(what, obj)
@@ -235,31 +274,101 @@ class NSQD(service.Service):
         except Exception:
             self.log.failure("QUEUESCAN: failed")
 
+    # -- metadata -----------------------------------------------------------
+
+    @property
+    def metadata_path(self) -> str:
+        return os.path.join(self.opts.data_path, METADATA_FILE)
+
+    def metadata(self) -> bytes:
+        topics = [
+            TopicMeta(
+                t.name,
+                t.paused,
+                [ChannelMeta(c.name, c.paused) for c in t.channels.values() if not c.ephemeral],
+            )
+            for t in self.topics.values()
+            if not t.ephemeral
+        ]
+        return encode_metadata(topics, VERSION)
+
+    def metadata_changed(self) -> None:
+        """Persist nsqd.dat with the next sync (a durable commit waits for it)."""
+        if self.loading or self.backend_factory is not None or not self.running:
+            return
+        self.syncer.persist(self.metadata_path, self.metadata)
+
+    def load_metadata(self) -> None:
+        """Create the topics and channels of nsqd.dat, paused as they were."""
+        self.loading = True
+        try:
+            for t in read_metadata(self.metadata_path):
+                if not is_valid_topic_name(t.name):
+                    self.log.warn("skipping creation of invalid topic {name}", name=t.name)
+                    continue
+                topic = self.get_topic(t.name)
+                topic.paused = t.paused
+                for c in t.channels:
+                    if not is_valid_channel_name(c.name):
+                        self.log.warn("skipping creation of invalid channel {name}", name=c.name)
+                        continue
+                    topic.get_channel(c.name).paused = c.paused
+        finally:
+            self.loading = False
+        for topic in self.topics.values():
+            topic.start()
+
+    def persist_metadata(self) -> None:
+        self.log.info("NSQ: persisting topic/channel metadata to {path}", path=self.metadata_path)
+        write_atomic(self.metadata_path, self.metadata())
+
     # -- service ----------------------------------------------------------
 
     def privilegedStartService(self) -> None:
-        # runs before the listeners bind, as Go's nsqd.New()
+        # runs before the listeners bind, as Go's nsqd.New() and Start()
         self.log.info("nsqd v{version} (built w/{python})", version=VERSION, python=python_version())
         self.log.info("ID: {id}", id=self.opts.node_id)
+        if self.backend_factory is None:
+            self.dirlock.lock()
+            try:
+                self.load_metadata()
+                self.persist_metadata()
+            except Exception:
+                self.dirlock.unlock()
+                raise
         service.Service.privilegedStartService(self)
 
     def startService(self) -> None:
         self.start_time = self.now()
         service.Service.startService(self)
 
-    def stopService(self) -> None:
+    def stopService(self) -> defer.Deferred[None]:
+        """Disconnect clients, let a running sync finish, then close every topic
+        (each channel hands what it holds to its disk queue), persist, unlock."""
         service.Service.stopService(self)
         for client in list(self.clients.values()):
             client.shutdown()
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+            self._flush_clients()
+        d = self.syncer.wait_idle()
+        d.addCallback(lambda _: self._close_storage())
+        return d
+
+    def _close_storage(self) -> None:
         self.log.info("NSQ: closing topics")
         for topic in list(self.topics.values()):
             try:
                 topic.close()
             except Exception:
                 self.log.failure("failed to close topic {name}", name=topic.name)
-        if self._flush_call is not None and self._flush_call.active():
-            self._flush_call.cancel()
-            self._flush_clients()
+        if self.backend_factory is None:
+            try:
+                self.syncer.sync_all_now()
+                self.persist_metadata()
+            except Exception:
+                self.log.failure("failed to persist metadata")
+            self.dirlock.unlock()
         self.log.info("NSQ: bye")
 
 

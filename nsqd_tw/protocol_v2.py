@@ -10,10 +10,11 @@ buffer size fills), which is what Go's output buffering achieves.
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from twisted.internet import protocol
+from twisted.internet import defer, protocol
 from twisted.internet.task import LoopingCall
 from twisted.protocols.policies import TimeoutMixin
 from twisted.python.failure import Failure
@@ -148,13 +149,15 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
         self._magic = b""
         self._parser: V2Parser | None = None
         self._closed = False
+        self._halted = False  # no more commands are read (a fatal error was found)
+        self._pending: deque[list[Any]] = deque()
         self._kick = False
         self._identified = False
         self._wbuf: list[bytes] = []
         self._wlen = 0
         self._flush_pending = False
         self._heartbeat: LoopingCall | None = None
-        self._handlers: dict[bytes, Callable[[Command], bytes | None]] = {
+        self._handlers: dict[bytes, Callable[[Command], Any]] = {
             b"FIN": self.FIN,
             b"RDY": self.RDY,
             b"REQ": self.REQ,
@@ -222,7 +225,7 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
         handlers = self._handlers
         tls_required = self.nsqd.opts.tls_required != TLS_NOT_REQUIRED
         try:
-            while not self._closed:
+            while not self._halted:
                 cmd = parser.next()
                 if cmd is None:
                     break
@@ -238,14 +241,17 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
                     if e.fatal:
                         raise
                     self.log.error("[{client}] - {err}", client=self, err=e)
-                    self._send_frame(FRAME_TYPE_ERROR, e.wire())
+                    self._respond(FRAME_TYPE_ERROR, e.wire())
                     continue
-                if response is not None:
-                    self._send_frame(FRAME_TYPE_RESPONSE, response)
+                if response is None:
+                    continue
+                if isinstance(response, defer.Deferred):
+                    self._respond_later(response, name)
+                else:
+                    self._respond(FRAME_TYPE_RESPONSE, response)
         except FatalClientError as e:
             self.log.error("[{client}] - {err}", client=self, err=e)
-            self._send_frame(FRAME_TYPE_ERROR, e.wire())
-            self._close()
+            self._respond(FRAME_TYPE_ERROR, e.wire(), fatal=True)
         except ProtocolViolation as e:
             self.log.error("client({client}) - {err}", client=self, err=e)
             self._close()
@@ -257,8 +263,53 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
             if self.channel is not None:
                 self.channel.kick()
 
+    # Responses and errors keep the order of the commands. One that waits (a
+    # durable publish waiting for its fsync) holds back those behind it, while
+    # commands go on being read, so publishes share fsyncs (group commit).
+    # Message frames and heartbeats are not responses and are not held.
+
+    def _respond(self, frame_type: int, data: bytes, fatal: bool = False) -> None:
+        if fatal:
+            self._halted = True
+        if self._pending:
+            self._pending.append([frame_type, data, fatal, True])
+            return
+        self._send_frame(frame_type, data)
+        if fatal:
+            self._close()
+
+    def _respond_later(self, d: defer.Deferred[Any], name: bytes) -> None:
+        slot: list[Any] = [FRAME_TYPE_RESPONSE, OK, False, False]
+        self._pending.append(slot)
+
+        def ok(_: Any) -> None:
+            slot[3] = True
+            self._drain()
+
+        def failed(f: Failure) -> None:
+            verb = _s(name)
+            err = FatalClientError(f"E_{verb}_FAILED", f"{verb} failed {f.value}")
+            self.log.error("[{client}] - {err}", client=self, err=err)
+            slot[:] = [FRAME_TYPE_ERROR, err.wire(), True, True]
+            self._halted = True
+            self._drain()
+
+        d.addCallbacks(ok, failed)
+
+    def _drain(self) -> None:
+        pending = self._pending
+        while pending and pending[0][3]:
+            frame_type, data, fatal, _ = pending.popleft()
+            if self._closed:
+                continue
+            self._send_frame(frame_type, data)
+            if fatal:
+                pending.clear()
+                self._close()
+
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
         self._closed = True
+        self._halted = True
         self.setTimeout(None)
         self._set_heartbeat(0)
         self._wbuf = []
@@ -270,11 +321,13 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
     def timeoutConnection(self) -> None:
         self.log.error("client({client}) - failed to read command - i/o timeout", client=self)
         self._closed = True
+        self._halted = True
         self.transport.abortConnection()
 
     def _close(self) -> None:
         """Close after what is buffered has been written."""
         self._closed = True
+        self._halted = True
         self.flush()
         self.transport.loseConnection()
 
@@ -625,25 +678,27 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
     def NOP(self, cmd: Command) -> bytes | None:
         return None
 
-    def _publish(self, verb: str, topic_name: str, bodies: list[bytes], delay: float = 0.0) -> bytes:
+    def _publish(
+        self, verb: str, topic_name: str, bodies: list[bytes], delay: float = 0.0
+    ) -> bytes | defer.Deferred[None]:
         try:
-            self.nsqd.publish(topic_name, bodies, delay)
+            committed = self.nsqd.publish(topic_name, bodies, delay)
         except Exception as e:
             raise FatalClientError(f"E_{verb}_FAILED", f"{verb} failed {e}") from None
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
-        return OK
+        return OK if committed is None else committed
 
-    def PUB(self, cmd: Command) -> bytes | None:
+    def PUB(self, cmd: Command) -> bytes | defer.Deferred[None] | None:
         assert cmd.body is not None
         topic_name = cmd.params[1].decode("ascii")
         self.check_auth("PUB", topic_name, "")
         return self._publish("PUB", topic_name, [cmd.body])
 
-    def MPUB(self, cmd: Command) -> bytes | None:
+    def MPUB(self, cmd: Command) -> bytes | defer.Deferred[None] | None:
         assert cmd.bodies is not None
         return self._publish("MPUB", cmd.params[1].decode("ascii"), cmd.bodies)
 
-    def DPUB(self, cmd: Command) -> bytes | None:
+    def DPUB(self, cmd: Command) -> bytes | defer.Deferred[None] | None:
         assert cmd.body is not None
         topic_name = cmd.params[1].decode("ascii")
         delay = self._dpub_delay(cmd.params[2])

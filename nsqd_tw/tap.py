@@ -154,5 +154,10 @@ def makeService(config: Any, reactor: Any = None) -> service.MultiService:
     scan.clock = reactor
     scan.setName("queue-scan")
     scan.setServiceParent(top)
+
+    sync = TimerService(opts.sync_timeout, nsqd.syncer.tick)
+    sync.clock = reactor
+    sync.setName("disk-sync")
+    sync.setServiceParent(top)
     top.nsqd = nsqd  # type: ignore[attr-defined]
     return top

@@ -67,13 +67,7 @@ class Topic:
         if self._flowing():
             self._deliver(msgs)
         else:
-            hold = self._hold
-            for i, msg in enumerate(msgs):
-                try:
-                    hold(msg)
-                except Exception:
-                    self._count(msgs[:i])
-                    raise
+            self._hold(msgs)
             self._schedule_pump()
         self._count(msgs)
 
@@ -81,30 +75,43 @@ class Topic:
         self.message_count += len(msgs)
         self.message_bytes += sum(len(m.body) for m in msgs)
 
-    def _hold(self, msg: Message) -> None:
-        # deferred messages prefer memory: a backend record has no room for the delay
-        if len(self.memory) < self._mem_size or (msg.deferred and not self._mem_size):
-            self.memory.append(msg)
+    def _hold(self, msgs: list[Message]) -> None:
+        """Keep messages until they can flow: memory first, then one backend write."""
+        memory = self.memory
+        to_backend = []
+        for msg in msgs:
+            if len(memory) < self._mem_size:
+                memory.append(msg)
+            elif not self.ephemeral:  # an ephemeral topic drops what memory can't hold, as in Go
+                to_backend.append(msg)
+        if not to_backend:
             return
-        if self.ephemeral:
-            return  # an ephemeral topic drops what its memory can't hold, as in Go
         try:
-            self.backend.put(msg.encode())
+            self.backend.put_many([m.encode() for m in to_backend])
         except Exception as e:
             self.ctx.set_health(e)
             self.ctx.log.error("TOPIC({name}) ERROR: failed to write message to backend - {err}", name=self.name, err=e)
             raise
         if self.ctx.health_error is not None:
             self.ctx.set_health(None)
+        self._remember_delays(to_backend)
 
-    def _deliver(self, msgs: list[Message]) -> None:
+    def _remember_delays(self, msgs: list[Message]) -> None:
+        # a record has no room for the DPUB delay: the backend keeps it aside
+        now_ns = self.ctx.now_ns()
+        for m in msgs:
+            if m.deferred:
+                self.backend.set_deferred(m.id, now_ns + int(m.deferred * 1e9))
+
+    def _deliver(self, msgs: list[Message], from_backlog: bool = False) -> None:
         """Copy messages to every channel (the first channel gets the originals)."""
         channels = list(self.channels.values())
         # copies first: delivering to the first channel changes its messages
         batches = [msgs] + [[m.copy() for m in msgs] for _ in channels[1:]]
+        failure: Exception | None = None
         for channel, batch in zip(channels, batches, strict=True):
             try:
-                channel.put_messages(batch)
+                channel.put_messages(batch, keep_on_failure=from_backlog)
             except ChannelError as e:
                 self.ctx.log.error(
                     "TOPIC({name}) ERROR: failed to put msgs to channel({channel}) - {err}",
@@ -112,6 +119,10 @@ class Topic:
                     channel=channel.name,
                     err=e,
                 )
+            except Exception as e:
+                failure = failure or e
+        if failure is not None and not from_backlog:
+            raise failure
 
     def _schedule_pump(self) -> None:
         if self._pump_scheduled or not self.started or self.paused or not self.channels:
@@ -127,25 +138,35 @@ class Topic:
         if self.exiting or self.paused or not self.channels:
             return
         batch: list[Message] = []
+        refs: list[object] = []
         memory = self.memory
+        backend = self.backend
+        now_ns = self.ctx.now_ns()
         while len(batch) < PUMP_BATCH:
             self._take_backend = not self._take_backend
             msg = None
             if self._take_backend or not memory:
-                data = self.backend.get()
-                if data is not None:
+                item = backend.read()
+                if item is not None:
+                    data, ref = item
+                    refs.append(ref)
                     try:
                         msg = Message.decode(data)
                     except ValueError as e:
                         self.ctx.log.error("failed to decode message - {err}", err=e)
                         continue
+                    at = backend.take_deferred(msg.id)
+                    if at is not None and at > now_ns:
+                        msg.deferred = (at - now_ns) / 1e9
             if msg is None:
                 if not memory:
                     break
                 msg = memory.popleft()
             batch.append(msg)
         if batch:
-            self._deliver(batch)
+            self._deliver(batch, from_backlog=True)
+        for ref in refs:
+            backend.done(ref)  # durable mode: the channels hold them now
         self._schedule_pump()
 
     # -- channels --------------------------------------------------------
@@ -186,9 +207,11 @@ class Topic:
 
     def pause(self) -> None:
         self.paused = True
+        self.ctx.metadata_changed()
 
     def unpause(self) -> None:
         self.paused = False
+        self.ctx.metadata_changed()
         self._schedule_pump()
 
     def empty(self) -> None:
@@ -219,10 +242,11 @@ class Topic:
             self.ctx.log.info(
                 "TOPIC({name}): flushing {n} memory messages to backend", name=self.name, n=len(self.memory)
             )
-        while self.memory:
-            msg = self.memory.popleft()
+            msgs = list(self.memory)
+            self.memory.clear()
             try:
-                self.backend.put(msg.encode())
+                self.backend.put_many([m.encode() for m in msgs])
+                self._remember_delays(msgs)
             except Exception as e:
                 self.ctx.log.error("ERROR: failed to write message to backend - {err}", err=e)
         self.backend.close()

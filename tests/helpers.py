@@ -11,7 +11,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from nsqd_tw.message import Message
-from nsqd_tw.nsqd import NSQD
+from nsqd_tw.nsqd import NSQD, memory_backend_factory
 from nsqd_tw.options import NSQDOptions
 from nsqd_tw.protocol_v2 import V2Protocol
 from nsqd_tw.wire import FRAME_TYPE_MESSAGE, MAGIC_V2, encode_command, encode_mpub, unpack_frames
@@ -19,12 +19,20 @@ from nsqd_tw.wire import FRAME_TYPE_MESSAGE, MAGIC_V2, encode_command, encode_mp
 START_TIME = 1_700_000_000.0
 
 
-def make_nsqd(**kwargs: Any) -> NSQD:
-    """An NSQD on a Clock that starts at a realistic time."""
+def make_nsqd(backend_factory: Any = memory_backend_factory, **kwargs: Any) -> NSQD:
+    """An NSQD on a Clock that starts at a realistic time, with memory backends
+    unless told otherwise (``backend_factory=None`` for disk queues, with
+    ``data_path`` set; fsyncs then run inline)."""
     kwargs.setdefault("node_id", 1)
     clock = Clock()
     clock.advance(START_TIME)
-    return NSQD(NSQDOptions(**kwargs), clock)
+    return NSQD(NSQDOptions(**kwargs), clock, backend_factory, run_blocking=run_inline)
+
+
+def run_inline(fn: Any) -> Any:
+    from twisted.internet import defer
+
+    return defer.maybeDeferred(fn)
 
 
 class FakeClient:
@@ -107,9 +115,13 @@ class InProcessNSQD:
     """The real service hierarchy on 127.0.0.1:0, in the test's reactor."""
 
     def __init__(self, **kwargs: Any) -> None:
+        import tempfile
+
         kwargs.setdefault("tcp_address", "127.0.0.1:0")
         kwargs.setdefault("http_address", "127.0.0.1:0")
         kwargs.setdefault("node_id", 1)
+        if "data_path" not in kwargs:
+            kwargs["data_path"] = tempfile.mkdtemp(prefix="nsqd-test-")
         self.opts = NSQDOptions(**kwargs)
 
     def start(self) -> InProcessNSQD:

@@ -1,0 +1,367 @@
+"""The disk queue: go-diskqueue's files, rotation, metadata, corruption, faults."""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+
+from twisted.internet import defer
+from twisted.internet.task import Clock
+from twisted.trial import unittest
+
+from nsqd_tw import diskqueue
+from nsqd_tw.diskqueue import DiskQueue, DiskQueueError, Syncer
+from nsqd_tw.message import Message
+
+MIN, MAX = 26, 26 + 1024
+
+
+class ListLog:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def _add(self, fmt: str, **kw) -> None:
+        self.lines.append(fmt.format(**kw))
+
+    info = warn = error = debug = _add
+
+
+def record(i: int, size: int = 10) -> bytes:
+    """An encoded message whose body is the number i, padded to size."""
+    body = (b"%d" % i).ljust(size, b".")
+    return Message(b"%016x" % (0x1000 + i), body, 1_700_000_000_000_000_000 + i).encode()
+
+
+def number(data: bytes) -> int:
+    return int(Message.decode(data).body.rstrip(b"."))
+
+
+class Base(unittest.TestCase):
+    def setUp(self) -> None:
+        self.dir = self.mktemp()
+        os.makedirs(self.dir)
+        self.clock = Clock()
+        self.syncs: list[int] = []
+        self.syncer = Syncer(self.clock, self.run_inline)
+        self.log = ListLog()
+
+    def run_inline(self, fn):
+        self.syncs.append(1)
+        return defer.maybeDeferred(fn)
+
+    def queue(self, name: str = "t", max_bytes: int = 1 << 20, acked: bool = False, sync_every: int = 2500):
+        return DiskQueue(name, self.dir, max_bytes, MIN, MAX, sync_every, self.syncer, self.log, acked=acked)
+
+    def drain(self, q: DiskQueue) -> list[int]:
+        out = []
+        while (data := q.get()) is not None:
+            out.append(number(data))
+        return out
+
+    def files(self) -> list[str]:
+        return sorted(os.listdir(self.dir))
+
+
+class FormatTests(Base):
+    def test_put_get_and_file_names(self) -> None:
+        q = self.queue("topic:channel")
+        q.put_many([record(i) for i in range(3)])
+        q.put(record(3))
+        self.assertEqual(q.depth(), 4)
+        self.assertEqual(self.files(), ["topic:channel.diskqueue.000000.dat"])
+        self.assertEqual(self.drain(q), [0, 1, 2, 3])
+        self.assertEqual(q.depth(), 0)
+
+    def test_record_framing(self) -> None:
+        q = self.queue()
+        q.put(record(7))
+        with open(q.file_name(0), "rb") as f:
+            data = f.read()
+        self.assertEqual(data, struct.pack(">i", len(record(7))) + record(7))
+
+    def test_meta_file_format(self) -> None:
+        q = self.queue()
+        q.put_many([record(i) for i in range(5)])
+        q.get()
+        q.close()
+        size = 4 + len(record(0))
+        with open(q.meta_file_name(), "rb") as f:
+            self.assertEqual(f.read(), b"4\n0,%d\n0,%d\n" % (size, 5 * size))
+
+    def test_meta_round_trip(self) -> None:
+        q = self.queue()
+        q.put_many([record(i) for i in range(5)])
+        q.get()
+        q.get()
+        q.close()
+        again = self.queue()
+        self.assertEqual(again.depth(), 3)
+        again.put(record(5))
+        self.assertEqual(self.drain(again), [2, 3, 4, 5])
+
+    def test_rotation_and_removal_of_read_files(self) -> None:
+        size = 4 + len(record(0))
+        q = self.queue(max_bytes=3 * size)
+        q.put_many([record(i) for i in range(7)])  # 3 + 3 + 1 records
+        self.assertEqual(len([f for f in self.files() if f.endswith(".dat") and "meta" not in f]), 3)
+        self.assertEqual([number(q.get()) for _ in range(4)], [0, 1, 2, 3])
+        self.assertFalse(os.path.exists(q.file_name(0)), "a fully read file is removed")
+        self.assertEqual(q.read_file_num, 1)
+        self.assertEqual(self.drain(q), [4, 5, 6])
+
+    def test_rotates_before_the_limit(self) -> None:
+        # go-diskqueue rolls when the next record would cross max-bytes-per-file
+        size = 4 + len(record(0))
+        q = self.queue(max_bytes=2 * size + 5)
+        q.put_many([record(i) for i in range(3)])
+        self.assertEqual(os.path.getsize(q.file_name(0)), 2 * size)
+        self.assertEqual(os.path.getsize(q.file_name(1)), size)
+
+    def test_message_size_limits(self) -> None:
+        q = self.queue()
+        e = self.assertRaises(DiskQueueError, q.put, b"x" * 25)
+        self.assertEqual(str(e), "invalid message write size (25) minMsgSize=26 maxMsgSize=1050")
+        self.assertRaises(DiskQueueError, q.put, b"x" * (MAX + 1))
+        self.assertEqual(q.depth(), 0)
+
+    def test_empty_and_delete(self) -> None:
+        q = self.queue()
+        q.put_many([record(i) for i in range(3)])
+        q.empty()
+        self.assertEqual((q.depth(), q.get()), (0, None))
+        q.put(record(9))
+        self.assertEqual(self.drain(q), [9])
+        q.delete()
+        self.assertEqual(self.files(), [])
+
+
+class GoCompatibilityTests(Base):
+    def go_read(self, name: str) -> list[int]:
+        """Read a queue the way go-diskqueue does: Fscanf the metadata, then
+        records from (readFileNum, readPos) to (writeFileNum, writePos), a
+        complete file ending at its size."""
+        with open(os.path.join(self.dir, f"{name}.diskqueue.meta.dat"), "rb") as f:
+            m = re.fullmatch(rb"(\d+)\n(\d+),(\d+)\n(\d+),(\d+)\n", f.read())
+        assert m is not None
+        depth, rf, rp, wf, wp = map(int, m.groups())
+        out = []
+        while (rf, rp) < (wf, wp):
+            with open(os.path.join(self.dir, f"{name}.diskqueue.{rf:06d}.dat"), "rb") as f:
+                data = f.read()
+            end = wp if rf == wf else len(data)
+            while rp < end:
+                (size,) = struct.unpack_from(">i", data, rp)
+                out.append(number(data[rp + 4 : rp + 4 + size]))
+                rp += 4 + size
+            if rf < wf:
+                rf, rp = rf + 1, 0
+        self.assertEqual(depth, len(out))
+        return out
+
+    def test_go_reads_what_we_wrote(self) -> None:
+        size = 4 + len(record(0))
+        q = self.queue("t:c", max_bytes=4 * size)
+        q.put_many([record(i) for i in range(10)])
+        q.get()
+        q.get()
+        q.close()
+        self.assertEqual(self.go_read("t:c"), list(range(2, 10)))
+
+    def test_we_read_what_go_wrote(self) -> None:
+        # a fixture laid out by the format description: two files, the read
+        # position inside the first, the write position at the end of the second
+        recs = [struct.pack(">i", len(record(i))) + record(i) for i in range(6)]
+        with open(os.path.join(self.dir, "go.diskqueue.000003.dat"), "wb") as f:
+            f.write(b"".join(recs[:4]))
+        with open(os.path.join(self.dir, "go.diskqueue.000004.dat"), "wb") as f:
+            f.write(b"".join(recs[4:]))
+        read_pos = len(recs[0])
+        write_pos = len(recs[4]) + len(recs[5])
+        with open(os.path.join(self.dir, "go.diskqueue.meta.dat"), "w") as f:
+            f.write(f"5\n3,{read_pos}\n4,{write_pos}\n")
+        q = self.queue("go")
+        self.assertEqual(q.depth(), 5)
+        self.assertEqual(self.drain(q), [1, 2, 3, 4, 5])
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "go.diskqueue.000003.dat")))
+
+
+class RecoveryTests(Base):
+    def test_stale_metadata_skips_to_a_new_file_and_salvages(self) -> None:
+        q = self.queue()
+        q.put_many([record(i) for i in range(3)])
+        q.close()
+        # writes after the last metadata sync (a crash): the file is longer than writePos
+        with open(q.file_name(0), "ab") as f:
+            f.write(struct.pack(">i", len(record(3))) + record(3))
+        again = self.queue()
+        self.assertEqual(again.write_file_num, 1)
+        self.assertEqual(again.depth(), 4)
+        again.put(record(4))
+        self.assertEqual(self.drain(again), [0, 1, 2, 3, 4])
+
+    def test_garbled_size_skips_to_next_good_record(self) -> None:
+        q = self.queue()
+        q.put_many([record(i) for i in range(6)])
+        size = 4 + len(record(0))
+        with open(q.file_name(0), "r+b") as f:
+            f.seek(2 * size)
+            f.write(b"\xff\xff\xff\xff")  # record 2's size field
+        self.assertEqual(self.drain(q), [0, 1, 3, 4, 5])
+        bad = [f for f in self.files() if ".bad." in f]
+        self.assertEqual(bad, [f"t.diskqueue.000000.dat.bad.{2 * size}"])
+        self.assertEqual(os.path.getsize(os.path.join(self.dir, bad[0])), size)
+        (line,) = [x for x in self.log.lines if "corrupt data" in x]
+        self.assertIn(f"at offset {2 * size} (invalid message read size (-1)): skipped {size} bytes", line)
+        self.assertIn("depth corrected from 4 to 3", line)
+        self.assertEqual(q.depth(), 0)
+
+    def test_flipped_bytes_in_the_middle_of_a_record_header(self) -> None:
+        q = self.queue()
+        q.put_many([record(i, size=50) for i in range(5)])
+        size = 4 + len(record(0, size=50))
+        with open(q.file_name(0), "r+b") as f:
+            f.seek(size + 1)
+            f.write(b"\x7f")  # record 1 now claims a huge size
+        self.assertEqual(self.drain(q), [0, 2, 3, 4])
+
+    def test_torn_last_record_of_a_complete_file(self) -> None:
+        q = self.queue()
+        q.put_many([record(i) for i in range(3)])
+        q.close()
+        size = 4 + len(record(0))
+        with open(q.file_name(0), "ab") as f:
+            f.write((struct.pack(">i", len(record(3))) + record(3))[: size // 2])  # crash mid-write
+        again = self.queue()
+        again.put(record(4))
+        self.assertEqual(self.drain(again), [0, 1, 2, 4])
+        self.assertTrue(any("runs past the end of the file" in x for x in self.log.lines), self.log.lines)
+
+    def test_missing_metadata_salvages_the_files(self) -> None:
+        q = self.queue()
+        q.put_many([record(i) for i in range(3)])
+        q.close()
+        os.remove(q.meta_file_name())
+        again = self.queue()
+        self.assertEqual(self.drain(again), [0, 1, 2])
+
+
+class FaultTests(Base):
+    def test_failed_write_raises_and_leaves_no_trace(self) -> None:
+        q = self.queue()
+        q.put(record(0))
+
+        def full(fd, data, offset):
+            _pwrite(fd, bytes(data)[:5], offset)  # a partial write, then the error
+            raise OSError(28, "No space left on device")
+
+        self.patch(diskqueue.os, "pwrite", full)
+        e = self.assertRaises(OSError, q.put_many, [record(1), record(2)])
+        self.assertEqual(e.errno, 28)
+        self.assertEqual(q.depth(), 1)
+        self.patch(diskqueue.os, "pwrite", _pwrite)
+        q.put(record(3))
+        self.assertEqual(self.drain(q), [0, 3])
+
+
+_pwrite = os.pwrite
+
+
+class AckedTests(Base):
+    def test_unfinished_records_are_read_again_after_a_crash(self) -> None:
+        q = self.queue(acked=True)
+        q.put_many([record(i) for i in range(4)])
+        items = [q.read() for _ in range(4)]
+        q.done(items[0][1])
+        q.done(items[2][1])  # 1 is still in flight
+        self.assertEqual(q.meta_text().split(b"\n")[1], b"0,%d" % (4 + len(record(0))))
+        q.sync_now()  # what a sync persists; then the process dies
+        again = self.queue(acked=True)
+        self.assertEqual(self.drain(again), [1, 2, 3])
+
+    def test_done_removes_files_behind_the_cursor(self) -> None:
+        size = 4 + len(record(0))
+        q = self.queue(max_bytes=2 * size, acked=True)
+        q.put_many([record(i) for i in range(6)])
+        items = [q.read() for _ in range(3)]
+        self.assertTrue(os.path.exists(q.file_name(0)), "file 0 holds unfinished records")
+        for _, ref in items:
+            q.done(ref)
+        self.assertFalse(os.path.exists(q.file_name(0)))
+        self.assertTrue(os.path.exists(q.file_name(1)))
+
+
+class DeferredTimesTests(Base):
+    def test_deferred_time_survives_close(self) -> None:
+        q = self.queue()
+        q.put(record(1))
+        msg_id = Message.decode(record(1)).id
+        q.set_deferred(msg_id, 1_800_000_000_000_000_000)
+        q.close()
+        again = self.queue()
+        self.assertEqual(again.take_deferred(msg_id), 1_800_000_000_000_000_000)
+        self.assertIsNone(again.take_deferred(msg_id))
+        again.close()
+        self.assertFalse(os.path.exists(again.sidecar_file_name()), "an empty sidecar is removed")
+
+
+class SyncerTests(Base):
+    def test_sync_every(self) -> None:
+        q = self.queue(sync_every=3)
+        q.put_many([record(0), record(1)])
+        self.clock.advance(0)
+        self.assertEqual(self.syncs, [])
+        q.put(record(2))
+        self.clock.advance(0)
+        self.assertEqual(len(self.syncs), 1)
+        self.assertTrue(os.path.exists(q.meta_file_name()))
+
+    def test_tick_syncs_what_is_pending(self) -> None:
+        q = self.queue()
+        q.put(record(0))
+        self.syncer.tick()
+        self.clock.advance(0)
+        self.assertEqual(len(self.syncs), 1)
+        self.syncer.tick()
+        self.clock.advance(0)
+        self.assertEqual(len(self.syncs), 1, "nothing new to sync")
+
+    def test_group_commit(self) -> None:
+        started: list[defer.Deferred] = []
+
+        def slow(fn):
+            d: defer.Deferred = defer.Deferred()
+            started.append(d)
+            d.addCallback(lambda _: fn())
+            return d
+
+        self.syncer = Syncer(self.clock, slow)
+        q = self.queue(sync_every=1)
+        q.put(record(0))
+        first = [self.syncer.commit(), self.syncer.commit()]
+        self.clock.advance(0)
+        self.assertEqual(len(started), 1, "one fsync for the commits of one turn")
+        q.put(record(1))
+        later = [self.syncer.commit() for _ in range(5)]
+        self.clock.advance(0)
+        self.assertEqual(len(started), 1, "no second sync while one runs")
+        started[0].callback(None)
+        self.assertTrue(all(d.called for d in first))
+        self.assertFalse(any(d.called for d in later))
+        self.clock.advance(0)
+        self.assertEqual(len(started), 2, "the waiting commits share the next sync")
+        started[1].callback(None)
+        self.assertTrue(all(d.called for d in later))
+
+    def test_failed_sync_fails_its_commits(self) -> None:
+        def broken(fn):
+            return defer.fail(OSError(5, "Input/output error"))
+
+        errors = []
+        self.syncer = Syncer(self.clock, broken, errors.append)
+        self.queue(sync_every=1).put(record(0))
+        d = self.syncer.commit()
+        self.clock.advance(0)
+        f = self.failureResultOf(d, OSError)
+        self.assertEqual(f.value.errno, 5)
+        self.assertIsInstance(errors[0], OSError)

@@ -1,0 +1,279 @@
+"""nsqd with disk queues: metadata, the data-path lock, overflow, shutdown, durable mode."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from twisted.trial import unittest
+
+from nsqd_tw import diskqueue
+from nsqd_tw.metadata import MetadataError
+from nsqd_tw.nsqd import NSQD
+from nsqd_tw.wire import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
+from tests.helpers import FakeClient, make_nsqd
+from tests.nsqd_tw.test_channel import FakeConsumer
+
+_pwrite = os.pwrite
+
+
+class StorageTestCase(unittest.TestCase):
+    def setUp(self) -> None:
+        self.dir = os.path.abspath(self.mktemp())
+        os.makedirs(self.dir)
+        self.running: list[NSQD] = []
+
+    def tearDown(self) -> None:
+        for n in self.running:
+            if n.running:
+                n.stopService()
+
+    def start(self, **kw) -> NSQD:
+        kw.setdefault("data_path", self.dir)
+        n = make_nsqd(backend_factory=None, **kw)
+        n.privilegedStartService()
+        n.startService()
+        self.running.append(n)
+        return n
+
+    def stop(self, n: NSQD) -> None:
+        self.successResultOf(n.stopService())
+
+    def crash(self, n: NSQD) -> None:
+        """Abandon n as a killed process would: nothing flushed, lock released."""
+        n.running = False
+        n.dirlock.unlock()
+
+    def metadata(self) -> dict:
+        with open(os.path.join(self.dir, "nsqd.dat")) as f:
+            return json.load(f)
+
+    def publish(self, n: NSQD, topic: str, bodies: list[bytes], delay: float = 0.0) -> None:
+        n.publish(topic, bodies, delay)
+        n.reactor.advance(0)
+
+
+class MetadataTests(StorageTestCase):
+    def test_written_at_start_in_gos_shape(self) -> None:
+        self.start()
+        with open(os.path.join(self.dir, "nsqd.dat"), "rb") as f:
+            self.assertEqual(f.read(), b'{"topics":null,"version":"1.3.0"}')
+
+    def test_changes_are_persisted(self) -> None:
+        n = self.start()
+        t = n.get_topic("t")
+        t.get_channel("c").pause()
+        t.get_channel("e#ephemeral")
+        n.get_topic("x#ephemeral")
+        n.get_topic("empty")
+        n.reactor.advance(0)
+        with open(os.path.join(self.dir, "nsqd.dat"), "rb") as f:
+            self.assertEqual(
+                f.read(),
+                b'{"topics":[{"name":"t","paused":false,"channels":[{"name":"c","paused":true}]},'
+                b'{"name":"empty","paused":false,"channels":null}],"version":"1.3.0"}',
+            )
+        n.delete_existing_topic("t")
+        n.reactor.advance(0)
+        self.assertEqual([t["name"] for t in self.metadata()["topics"]], ["empty"])
+
+    def test_loaded_at_start(self) -> None:
+        with open(os.path.join(self.dir, "nsqd.dat"), "w") as f:
+            json.dump(
+                {
+                    "topics": [
+                        {"name": "a", "paused": True, "channels": [{"name": "c1", "paused": True}, {"name": "c2"}]},
+                        {"name": "bad name!", "paused": False, "channels": None},
+                    ],
+                    "version": "1.2.1",
+                },
+                f,
+            )
+        n = self.start()
+        self.assertEqual(list(n.topics), ["a"])
+        a = n.topics["a"]
+        self.assertEqual((a.paused, a.channels["c1"].paused, a.channels["c2"].paused), (True, True, False))
+        self.assertEqual(self.metadata()["version"], "1.3.0")
+
+    def test_unparsable_metadata_is_fatal(self) -> None:
+        with open(os.path.join(self.dir, "nsqd.dat"), "w") as f:
+            f.write("{not json")
+        e = self.assertRaises(MetadataError, self.start)
+        self.assertTrue(str(e).startswith(f"failed to parse metadata in {self.dir}/nsqd.dat - "), str(e))
+
+    def test_data_path_lock(self) -> None:
+        self.start()
+        e = self.assertRaises(MetadataError, self.start)
+        self.assertEqual(
+            str(e),
+            f"failed to lock data-path: cannot flock directory {self.dir} - resource temporarily unavailable "
+            "(possibly in use by another instance of nsqd)",
+        )
+
+    def test_missing_data_path(self) -> None:
+        e = self.assertRaises(MetadataError, self.start, data_path=self.dir + "/nope")
+        self.assertEqual(str(e), f"failed to lock data-path: open {self.dir}/nope: no such file or directory")
+
+
+class OverflowTests(StorageTestCase):
+    def test_past_mem_queue_size_goes_to_disk(self) -> None:
+        n = self.start(mem_queue_size=5)
+        ch = n.get_topic("t").get_channel("c")
+        self.publish(n, "t", [b"%d" % i for i in range(12)])
+        self.assertEqual((len(ch.memory), ch.backend.depth()), (5, 7))
+        self.assertTrue(os.path.exists(os.path.join(self.dir, "t:c.diskqueue.000000.dat")))
+
+    def test_mem_queue_size_zero_sends_everything_through_disk(self) -> None:
+        n = self.start(mem_queue_size=0)
+        ch = n.get_topic("t").get_channel("c")
+        c = FakeConsumer(1, rdy=10)
+        ch.add_client(c)
+        self.publish(n, "t", [b"a", b"b"])
+        self.assertEqual(len(ch.memory), 0)
+        self.assertEqual([m.body for m in c.got], [b"a", b"b"])
+
+    def test_ephemeral_never_touches_disk(self) -> None:
+        n = self.start(mem_queue_size=2)
+        n.get_topic("e#ephemeral").get_channel("c#ephemeral")
+        n.get_topic("t").get_channel("c#ephemeral")
+        self.publish(n, "e#ephemeral", [b"x"] * 5)
+        self.publish(n, "t", [b"x"] * 5)
+        self.stop(n)
+        self.assertEqual([f for f in os.listdir(self.dir) if "ephemeral" in f], [])
+
+
+class ShutdownTests(StorageTestCase):
+    def test_clean_shutdown_keeps_memory_in_flight_and_deferred(self) -> None:
+        n = self.start(mem_queue_size=100)
+        ch = n.get_topic("t").get_channel("c")
+        c = FakeConsumer(1, rdy=3)
+        ch.add_client(c)
+        self.publish(n, "t", [b"%d" % i for i in range(10)])
+        self.publish(n, "t", [b"later"], delay=30.0)
+        self.assertEqual((len(c.got), len(ch.memory), len(ch.deferred)), (3, 7, 1))
+        n.publish("held", [b"h1", b"h2"])  # a topic with no channel holds them
+        self.stop(n)
+
+        again = self.start(mem_queue_size=100)
+        again.reactor.advance(0)
+        ch = again.topics["t"].channels["c"]
+        c = FakeConsumer(1, rdy=100)
+        ch.add_client(c)
+        ch.kick()
+        self.assertEqual(sorted(m.body for m in c.got), sorted(b"%d" % i for i in range(10)))
+        self.assertEqual(again.topics["held"].depth(), 2)
+        # the deferred message keeps its deliver-at time (30 s after it was published)
+        again.reactor.advance(29)
+        again.queue_scan()
+        self.assertNotIn(b"later", [m.body for m in c.got])
+        again.reactor.advance(2)
+        again.queue_scan()
+        self.assertIn(b"later", [m.body for m in c.got])
+
+    def test_topic_backlog_survives(self) -> None:
+        n = self.start(mem_queue_size=3)
+        n.publish("t", [b"%d" % i for i in range(10)])
+        self.stop(n)
+        again = self.start(mem_queue_size=3)
+        ch = again.topics["t"].get_channel("c")
+        again.reactor.advance(0)
+        self.assertEqual(ch.depth(), 10)
+
+
+class DurableTests(StorageTestCase):
+    opts = {"mem_queue_size": 0, "sync_every": 1}
+
+    def test_publish_waits_for_the_sync(self) -> None:
+        n = self.start(**self.opts)
+        self.assertTrue(n.durable)
+        d = n.publish("t", [b"x"])
+        self.assertNoResult(d)
+        n.reactor.advance(0)
+        self.assertIsNone(self.successResultOf(d))
+
+    def test_pub_answers_after_the_sync(self) -> None:
+        n = self.start(**self.opts)
+        p = FakeClient(n)
+        p.command(b"PUB", "t", body=b"x")
+        p.command(b"NOP")
+        self.assertEqual(p.transport.value(), b"")
+        self.assertEqual(p.frames(), [(FRAME_TYPE_RESPONSE, b"OK")])
+
+    def test_delivered_not_finished_survives_a_crash(self) -> None:
+        n = self.start(**self.opts)
+        ch = n.get_topic("t").get_channel("c")
+        c = FakeConsumer(1, rdy=2)
+        ch.add_client(c)
+        self.publish(n, "t", [b"%d" % i for i in range(5)])
+        self.assertEqual([m.body for m in c.got], [b"0", b"1"])
+        ch.finish_message(1, c.got[0].id)
+        n.reactor.advance(0)
+        self.crash(n)
+
+        again = self.start(**self.opts)
+        ch = again.topics["t"].channels["c"]
+        c2 = FakeConsumer(1, rdy=10)
+        ch.add_client(c2)
+        ch.kick()
+        self.assertEqual([m.body for m in c2.got], [b"1", b"2", b"3", b"4"])
+
+    def test_dpub_and_topic_backlog_survive_a_crash(self) -> None:
+        n = self.start(**self.opts)
+        self.publish(n, "held", [b"a", b"b"])
+        n.get_topic("t").get_channel("c")
+        self.publish(n, "t", [b"soon"], delay=10.0)
+        self.crash(n)
+        again = self.start(**self.opts)
+        self.assertEqual(again.topics["held"].depth(), 2)
+        ch = again.topics["t"].channels["c"]
+        c = FakeConsumer(1, rdy=10)
+        ch.add_client(c)
+        ch.kick()
+        self.assertEqual(c.got, [], "still deferred after the restart")
+        again.reactor.advance(11)
+        again.queue_scan()
+        self.assertEqual([m.body for m in c.got], [b"soon"])
+
+    def test_clean_restart_reads_each_message_once(self) -> None:
+        n = self.start(**self.opts)
+        ch = n.get_topic("t").get_channel("c")
+        c = FakeConsumer(1, rdy=2)
+        ch.add_client(c)
+        self.publish(n, "t", [b"%d" % i for i in range(4)])
+        ch.finish_message(1, c.got[1].id)  # 0 stays in flight, 1 is done
+        self.stop(n)
+        again = self.start(**self.opts)
+        ch = again.topics["t"].channels["c"]
+        c2 = FakeConsumer(1, rdy=10)
+        ch.add_client(c2)
+        ch.kick()
+        self.assertEqual(sorted(m.body for m in c2.got), [b"0", b"2", b"3"])
+
+
+class FaultTests(StorageTestCase):
+    def test_failed_write_turns_health_and_pub_fails_then_recovers(self) -> None:
+        n = self.start(mem_queue_size=0)
+        n.get_topic("t").get_channel("c")
+        p = FakeClient(n)
+        self.assertEqual(p.pub("t", b"before"), (FRAME_TYPE_RESPONSE, b"OK"))
+
+        def full(fd, data, offset):
+            raise OSError(28, "No space left on device")
+
+        self.patch(diskqueue.os, "pwrite", full)
+        p.command(b"PUB", "t", body=b"lost?")
+        self.assertEqual(
+            p.frames(), [(FRAME_TYPE_ERROR, b"E_PUB_FAILED PUB failed [Errno 28] No space left on device")]
+        )
+        self.assertTrue(p.disconnected)
+        self.assertEqual(n.get_health(), "NOK - [Errno 28] No space left on device")
+
+        self.patch(diskqueue.os, "pwrite", _pwrite)
+        p2 = FakeClient(n)
+        self.assertEqual(p2.pub("t", b"after"), (FRAME_TYPE_RESPONSE, b"OK"))
+        self.assertEqual(n.get_health(), "OK")
+        ch = n.topics["t"].channels["c"]
+        c = FakeConsumer(1, rdy=10)
+        ch.add_client(c)
+        ch.kick()
+        self.assertEqual([m.body for m in c.got], [b"before", b"after"])
