@@ -118,6 +118,7 @@ class DiskQueue:
         self.log = log
         self.acked = acked
         self.exiting = False
+        self.deleted = False
 
         self.read_file_num = 0
         self.read_pos = 0
@@ -413,6 +414,7 @@ class DiskQueue:
     def delete(self) -> None:
         self.log.info("DISKQUEUE({name}): deleting", name=self.name)
         self.exiting = True
+        self.deleted = True
         self._close_fds()
         for num in self._existing_file_nums():
             self._remove_quietly(self.file_name(num))
@@ -653,7 +655,7 @@ class DiskQueue:
 
     def _skip_to_next_rw_file(self) -> None:
         self._close_fds()
-        for num in range(self.read_file_num, self.write_file_num + 1):
+        for num in range(min(self._cursor()[0], self.read_file_num), self.write_file_num + 1):
             self._remove_quietly(self.file_name(num))
         self.write_file_num += 1
         self.write_pos = 0
@@ -815,12 +817,14 @@ class Syncer:
             return
         fds, self._retired = self._retired, []
         files: list[tuple[str, bytes]] = []
+        synced: list[DiskQueue] = []
         for q in list(self._dirty):
             if q.exiting:
                 continue
             q_fds, meta_path, meta = q.sync_snapshot()
             fds.extend(q_fds)
             files.append((meta_path, meta))
+            synced.append(q)
         self._dirty.clear()
         for path, snapshot in self._extra.items():
             files.append((path, snapshot()))
@@ -829,10 +833,13 @@ class Syncer:
         self._running = True
         self.syncs += 1
         d = self._run_blocking(lambda: run_sync_job((fds, files)))
-        d.addBoth(self._finished, waiters)
+        d.addBoth(self._finished, waiters, synced)
 
-    def _finished(self, result: Any, waiters: Iterable[defer.Deferred[None]]) -> None:
+    def _finished(self, result: Any, waiters: Iterable[defer.Deferred[None]], synced: Iterable[DiskQueue]) -> None:
         self._running = False
+        for q in synced:
+            if q.deleted:  # deleted while its metadata was being written: remove it again
+                q._remove_quietly(q.meta_file_name())
         failed = isinstance(result, Failure)
         self.on_error(result.value if failed else None)
         for d in waiters:

@@ -1,0 +1,168 @@
+"""Storage with nsqd as a real process: restarts, the lock, kill -9, a full disk."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import struct
+import subprocess
+
+import treq
+from twisted.internet import defer, reactor
+from twisted.internet.threads import deferToThread
+from twisted.trial import unittest
+
+from nsqd_tw.client import Consumer, connect
+from tests.integration import crashtest
+from tests.integration.procs import ServerProcess, command
+
+LOOPBACK = ("-tcp-address", "127.0.0.1:0", "-http-address", "127.0.0.1:0")
+
+
+class StorageProcessTestCase(unittest.TestCase):
+    timeout = 120
+
+    def setUp(self) -> None:
+        self.dir = os.path.abspath(self.mktemp())
+        os.makedirs(self.dir)
+
+    def start(self, *args: str, **kw) -> ServerProcess:
+        proc = ServerProcess("nsqd", *LOOPBACK, "--data-path", self.dir, *args, **kw).start()
+        self.addCleanup(proc.kill)
+        return proc
+
+    @defer.inlineCallbacks
+    def drain(self, port: int, topic: str, channel: str, n: int):
+        got: list[bytes] = []
+        done: defer.Deferred = defer.Deferred()
+
+        def handle(msg):
+            got.append(msg.body)
+            if len(got) == n and not done.called:
+                done.callback(None)
+
+        consumer = yield Consumer.connect(reactor, "127.0.0.1", port, topic, channel, handle, max_in_flight=100)
+        yield done
+        yield consumer.close()
+        return got
+
+
+class RestartTests(StorageProcessTestCase):
+    @defer.inlineCallbacks
+    def test_topic_filled_then_drained_after_restart(self):
+        proc = self.start("--mem-queue-size", "100", "--max-bytes-per-file", "65536")
+        p = yield connect(reactor, "127.0.0.1", proc.port())
+        bodies = [b"m%05d" % i for i in range(3000)]
+        for i in range(0, len(bodies), 100):
+            yield p.mpub("fill", bodies[i : i + 100])
+        p.close()
+        yield p.closed_d
+        self.assertEqual(proc.stop(), 0)
+        self.assertTrue(any(name.startswith("fill.diskqueue.") for name in os.listdir(self.dir)))
+        self.assertTrue(os.path.exists(os.path.join(self.dir, "nsqd.dat")))
+
+        again = self.start("--mem-queue-size", "100", "--max-bytes-per-file", "65536")
+        got = yield self.drain(again.port(), "fill", "c", len(bodies))
+        self.assertEqual(sorted(got), bodies)
+
+    def test_second_nsqd_on_the_same_data_path(self) -> None:
+        self.start()
+        out = subprocess.run(
+            [*command("nsqd"), *LOOPBACK, "--data-path", self.dir], capture_output=True, text=True, timeout=30
+        )
+        self.assertEqual(out.returncode, 1)
+        self.assertIn(
+            f"FATAL: failed to instantiate nsqd - failed to lock data-path: cannot flock directory {self.dir} - "
+            "resource temporarily unavailable (possibly in use by another instance of nsqd)",
+            out.stderr,
+        )
+
+    @defer.inlineCallbacks
+    def test_without_data_path_data_goes_to_the_working_directory(self):
+        proc = ServerProcess("nsqd", *LOOPBACK, "--mem-queue-size", "0", cwd=self.dir).start()
+        self.addCleanup(proc.kill)
+        p = yield connect(reactor, "127.0.0.1", proc.port())
+        yield p.pub("cwd", b"x")
+        p.close()
+        yield p.closed_d
+        proc.stop()
+        self.assertIn("nsqd.dat", os.listdir(self.dir))
+        self.assertIn("cwd.diskqueue.meta.dat", os.listdir(self.dir))
+
+
+class CrashTests(StorageProcessTestCase):
+    timeout = 400
+
+    @defer.inlineCallbacks
+    def test_durable_mode_loses_nothing_over_20_kills(self):
+        result = yield deferToThread(crashtest.run, 20, 1, 2, 2, lambda m: None)
+        self.assertEqual(result["lost"], 0, result)
+        self.assertGreater(result["acknowledged"], 1000, result)
+
+
+def tmpfs_argv(path: str, size: str, argv: list[str]) -> list[str]:
+    """Run argv in a private mount namespace with a small tmpfs at path."""
+    ns = ["unshare", "-m", "--propagation", "private"] if os.geteuid() == 0 else ["unshare", "-U", "-r", "-m"]
+    script = f"mount -t tmpfs -o size={size} tmpfs {shlex.quote(path)} && exec {shlex.join(argv)}"
+    return [*ns, "sh", "-c", script]
+
+
+class DiskFullTests(StorageProcessTestCase):
+    @defer.inlineCallbacks
+    def test_full_disk_fails_publishes_without_losing_acknowledged_ones(self):
+        argv = [*command("nsqd"), *LOOPBACK, "--data-path", self.dir, "--mem-queue-size", "0"]
+        argv += ["--max-bytes-per-file", "65536"]
+        proc = ServerProcess("nsqd", argv=tmpfs_argv(self.dir, "1m", argv)).start()
+        self.addCleanup(proc.kill)
+        port, http = proc.port(), proc.addresses["HTTP"]
+        # the channel exists, so messages go to its queue
+        conn = yield connect(reactor, "127.0.0.1", port)
+        yield conn.sub("full", "c")
+        conn.close()
+        yield conn.closed_d
+
+        acked, failure = yield deferToThread(_publish_until_full, port, "full")
+        self.assertIn(b"E_PUB_FAILED PUB failed", failure)
+        self.assertIn(b"No space left on device", failure)
+        resp = yield treq.get(f"http://{http}/ping", persistent=False)
+        body = yield resp.content()
+        self.assertEqual(resp.code, 500)
+        self.assertTrue(body.startswith(b"NOK - "), body)
+
+        got = yield self.drain(port, "full", "c", len(acked))
+        self.assertEqual(set(got), set(acked), "every acknowledged message is delivered")
+
+        p = yield connect(reactor, "127.0.0.1", port)
+        self.assertEqual((yield p.pub("full", b"room again")), b"OK")
+        p.close()
+        yield p.closed_d
+        resp = yield treq.get(f"http://{http}/ping", persistent=False)
+        self.assertEqual((resp.code, (yield resp.content())), (200, b"OK"))
+        proc.signal(signal.SIGTERM)
+        proc.wait()
+
+
+def _publish_until_full(port: int, topic: str) -> tuple[list[bytes], bytes]:
+    """PUB 4 KiB messages until nsqd refuses one; return the acked bodies and the error."""
+    acked: list[bytes] = []
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(b"  V2")
+    buf = b""
+    for i in range(10_000):
+        body = b"%06d" % i + b"x" * 4090
+        s.sendall(b"PUB %s\n" % topic.encode() + struct.pack(">I", len(body)) + body)
+        while len(buf) < 8 or len(buf) < 4 + struct.unpack(">i", buf[:4])[0]:
+            chunk = s.recv(4096)
+            if not chunk:
+                raise ConnectionError("closed before an answer")
+            buf += chunk
+        size, ft = struct.unpack(">ii", buf[:8])
+        data, buf = buf[8 : 4 + size], buf[4 + size :]
+        if ft == 0 and data == b"OK":
+            acked.append(body)
+            continue
+        s.close()
+        return acked, data
+    raise AssertionError("the disk never filled")
