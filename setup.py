@@ -18,14 +18,22 @@ setup(
         "treq>=24.9",
         "pyopenssl>=24.0",
         "service-identity>=24.1",
+        "ddsketch>=3.0",  # end-to-end latency quantiles
+        "prometheus-client>=0.20",  # GET /metrics
     ],
     extras_require={
         "test": [
             "pynsq>=0.9.1",
+            "pyyaml>=6",
+            "jsonschema>=4.18",
+            "openapi-spec-validator>=0.7",
         ],
         # what scripts/test and CI use: pinned so a new linter release can't break main
         "dev": [
             "pynsq>=0.9.1",
+            "pyyaml>=6",
+            "jsonschema>=4.18",
+            "openapi-spec-validator>=0.7",
             "ruff==0.17.6",
             "mypy==2.4.1",
             "mypy-zope==1.0.17",

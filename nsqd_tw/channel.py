@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from nsqd_tw.message import Message
 from nsqd_tw.pqueue import TimeoutQueue
+from nsqd_tw.stats import Quantile
 from nsqd_tw.wire import is_ephemeral
 
 if TYPE_CHECKING:
@@ -67,6 +68,11 @@ class Channel:
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
+        self.e2e: Quantile | None = None
+        if opts.e2e_processing_latency_percentiles:
+            self.e2e = Quantile(
+                opts.e2e_processing_latency_window_time, opts.e2e_processing_latency_percentiles, ctx.now()
+            )
 
     def __repr__(self) -> str:
         return f"<Channel {self.topic_name}:{self.name}>"
@@ -275,6 +281,8 @@ class Channel:
         msg = self._pop_in_flight(client_id, msg_id)
         if msg.ref is not None:
             self.backend.done(msg.ref)
+        if self.e2e is not None:
+            self.e2e.insert(self.ctx.now_ns() - msg.timestamp, self.ctx.now())
         return msg
 
     def requeue_message(self, client_id: int, msg_id: bytes, delay: float) -> None:

@@ -1,44 +1,753 @@
-"""nsqd's HTTP API, a Klein app.
+"""nsqd's HTTP API: a Klein app answering every route of Go nsqd 1.3 as Go does.
 
-This is the seam the HTTP API issue fills in; for now it answers ``/ping``,
-which clients and scripts use as the readiness check.
+Responses follow Go's ``http_api.V1`` decorator: ``200`` with the text (``OK``),
+an empty body, or JSON; errors as ``{"message":"TOPIC_NOT_FOUND"}`` with their
+status; every V1 response carries ``X-NSQ-Content-Type: nsq; version=1.0``.
+Routing follows httprouter: ``405 METHOD_NOT_ALLOWED`` with ``Allow`` for a
+known path, ``OPTIONS`` answered with ``Allow``, ``404 NOT_FOUND``, and a
+redirect for a trailing slash or wrong case.
 """
 
 from __future__ import annotations
 
+import cProfile
+import gc
+import io
+import json
+import marshal
+import pstats
+import socket
+import sys
+import threading
+import traceback
+from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 from klein import Klein
-from twisted.web.server import Request, Site
+from twisted.internet import defer, task
+from twisted.web import http
+from twisted.web.server import NOT_DONE_YET, Request, Site
+from werkzeug.exceptions import NotFound
 
+from nsqd_tw import gojson
+from nsqd_tw.log import LEVEL_NUMBERS, Logger, set_log_level
 from nsqd_tw.nsqd import NSQD
+from nsqd_tw.options import LOG_LEVELS, TLS_REQUIRED, VERSION, flag_fields
+from nsqd_tw.stats import get_stats, mem_stats, print_stats, stats_version_line
+from nsqd_tw.topic import TopicError
+from nsqd_tw.wire import FatalClientError, is_valid_channel_name, is_valid_topic_name
+
+log = Logger(namespace="nsqd_tw.http_api")
+
+BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
+NSQ_CONTENT_TYPE = b"nsq; version=1.0"
+JSON_TYPE = b"application/json; charset=utf-8"
+TEXT_TYPE = b"text/plain; charset=utf-8"
+_TLS_VERSION_NUMBERS = {"tls1.0": 0x0301, "tls1.1": 0x0302, "tls1.2": 0x0303, "tls1.3": 0x0304}
+
+
+class HTTPError(Exception):
+    def __init__(self, code: int, text: str) -> None:
+        super().__init__(text)
+        self.code = code
+        self.text = text
+
+
+class QueryError(Exception):
+    pass
+
+
+def parse_query(raw: bytes) -> dict[str, list[str]]:
+    """Go's url.ParseQuery: strict %-escapes, ``+`` is a space, no ``;``."""
+    values: dict[str, list[str]] = {}
+    for part in raw.split(b"&"):
+        if not part:
+            continue
+        if b";" in part:
+            raise QueryError("invalid semicolon separator in query")
+        key, _, value = part.partition(b"=")
+        values.setdefault(_unescape(key), []).append(_unescape(value))
+    return values
+
+
+def _unescape(s: bytes) -> str:
+    i = s.find(b"%")
+    while i >= 0:
+        hexpart = s[i + 1 : i + 3]
+        if len(hexpart) < 2 or any(c not in b"0123456789abcdefABCDEF" for c in hexpart):
+            raise QueryError('invalid URL escape "%s"' % s[i : i + 3].decode("latin-1"))
+        i = s.find(b"%", i + 3)
+    return unquote_to_bytes(s.replace(b"+", b" ")).decode("utf-8", "replace")
+
+
+def _query(request: Request) -> dict[str, list[str]]:
+    raw = request.uri.partition(b"?")[2]
+    try:
+        return parse_query(raw)
+    except QueryError as e:
+        log.error("failed to parse request params - {err}", err=e)
+        raise HTTPError(400, "INVALID_REQUEST") from None
+
+
+app = Klein()
+ROUTES: dict[str, tuple[str, ...]] = {}
+
+
+def handler(
+    path: str, *methods: str, style: str = "v1", access_log: bool = True
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register ``path`` for ``methods`` with httprouter's semantics.
+
+    ``style``: ``v1`` (Go's V1 decorator), ``plain`` (PlainText) or ``raw``
+    (the handler writes its own response). ``access_log`` as Go's Log decorator.
+    """
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        ROUTES[path] = tuple(methods)
+
+        def route(self: NSQDHTTPAPI, request: Request, **kw: Any) -> Any:
+            early = self._tls_required_response(request)
+            if early is not None:
+                return early
+            method = request.method.decode("ascii", "replace")
+            if method not in methods:
+                allow = ", ".join(sorted(methods)) + ", OPTIONS"
+                request.responseHeaders.setRawHeaders(b"allow", [allow.encode()])
+                if method == "OPTIONS":
+                    return self._finish(request, 200, b"", nsq=False)
+                return self._respond(request, "v1", access_log, lambda: _raise(405, "METHOD_NOT_ALLOWED"))
+            return self._respond(request, style, access_log, lambda: fn(self, request, **kw))
+
+        route.__name__ = fn.__name__
+        app.route(path, methods=None, endpoint=fn.__name__)(route)
+        return fn
+
+    return register
 
 
 class NSQDHTTPAPI:
-    app = Klein()
+    app = app
 
-    def __init__(self, nsqd: NSQD) -> None:
+    def __init__(self, nsqd: NSQD, tls_enabled: bool = False) -> None:
         self.nsqd = nsqd
-
-    @app.route("/ping", methods=["GET", "HEAD"])
-    def ping(self, request: Request) -> bytes:
-        request.setHeader(b"Content-Type", b"text/plain; charset=utf-8")
-        if not self.nsqd.is_healthy():
-            request.setResponseCode(500)
-        return self.nsqd.get_health().encode()
+        self.tls_enabled = tls_enabled
+        self._profiling = False
+        self._registry: Any = None
 
     def resource(self) -> Any:
         return self.app.resource()
 
+    # -- plumbing -----------------------------------------------------------
+
+    def _finish(
+        self,
+        request: Request,
+        code: int,
+        body: bytes,
+        content_type: bytes | None = None,
+        nsq: bool = True,
+    ) -> bytes:
+        request.setResponseCode(code)
+        headers = request.responseHeaders
+        headers.removeHeader(b"server")
+        if content_type is not None:
+            headers.setRawHeaders(b"content-type", [content_type])
+        else:
+            headers.removeHeader(b"content-type")
+        if nsq:
+            headers.setRawHeaders(b"x-nsq-content-type", [NSQ_CONTENT_TYPE])
+        headers.setRawHeaders(b"content-length", [b"%d" % len(body)])
+        return body
+
+    def v1(self, request: Request, code: int, data: Any) -> bytes:
+        """Go's RespondV1."""
+        if code != 200:
+            body = gojson.dumps({"message": data})
+            return self._finish(request, code, body, JSON_TYPE)
+        if data is None:
+            return self._finish(request, 200, b"")
+        if isinstance(data, str):
+            return self._finish(request, 200, data.encode(), TEXT_TYPE)
+        if isinstance(data, bytes):
+            return self._finish(request, 200, data, TEXT_TYPE if data else None)
+        if isinstance(data, _JSONValue):
+            data = data.value
+        return self._finish(request, 200, gojson.dumps(data), JSON_TYPE)
+
+    def _tls_required_response(self, request: Request) -> bytes | None:
+        if self.tls_enabled or self.nsqd.opts.tls_required != TLS_REQUIRED:
+            return None
+        port = self.nsqd.https_address[1] if self.nsqd.https_address else 0
+        body = b'{"message": "TLS_REQUIRED", "https_port": %d}' % port
+        return self._finish(request, 403, body, JSON_TYPE)
+
+    def _respond(self, request: Request, style: str, access_log: bool, call: Callable[[], Any]) -> Any:
+        d = defer.maybeDeferred(call)
+
+        def ok(data: Any) -> Any:
+            if data is NOT_DONE_YET:
+                return data
+            if style == "plain":
+                return self._finish(request, 200, data.encode() if isinstance(data, str) else data, TEXT_TYPE, False)
+            if style == "raw":
+                return data
+            return self.v1(request, 200, data)
+
+        def failed(f: Any) -> bytes:
+            if f.check(HTTPError):
+                code, text = f.value.code, f.value.text
+            else:
+                log.failure("panic in HTTP handler", f)
+                code, text = 500, "INTERNAL_ERROR"
+            if style == "plain":
+                return self._finish(request, code, text.encode(), TEXT_TYPE, False)
+            return self.v1(request, code, text)
+
+        def logged(result: Any) -> Any:
+            if access_log:
+                log.info(
+                    "{code} {method} {uri} ({addr})",
+                    code=request.code,
+                    method=request.method.decode(),
+                    uri=request.uri.decode("utf-8", "replace"),
+                    addr=_peer(request),
+                )
+            return result
+
+        d.addCallbacks(ok, failed)
+        d.addCallback(logged)
+        return d
+
+    @app.handle_errors(NotFound)  # type: ignore[arg-type]
+    def not_found(self, request: Request, failure: Any) -> bytes:
+        early = self._tls_required_response(request)
+        if early is not None:
+            return early
+        path = request.path.decode("utf-8", "replace")
+        target = _fixed_path(path, ROUTES)
+        if target is not None:
+            query = request.uri.partition(b"?")[2]
+            location = target + ("?" + query.decode() if query else "")
+            code = 301 if request.method == b"GET" else 307
+            request.responseHeaders.setRawHeaders(b"location", [location.encode()])
+            body = b""
+            if request.method == b"GET":
+                body = b'<a href="%s">Moved Permanently</a>.\n\n' % location.encode()
+            return self._finish(request, code, body, b"text/html; charset=utf-8", nsq=False)
+        log.info("404 {method} {uri}", method=request.method.decode(), uri=request.uri.decode("utf-8", "replace"))
+        return self.v1(request, 404, "NOT_FOUND")
+
+    # -- routes --------------------------------------------------------------------
+
+    @handler("/ping", "GET", style="plain")
+    def ping(self, request: Request) -> str:
+        if not self.nsqd.is_healthy():
+            raise HTTPError(500, self.nsqd.get_health())
+        return self.nsqd.get_health()
+
+    @handler("/info", "GET")
+    def info(self, request: Request) -> dict[str, Any]:
+        opts = self.nsqd.opts
+        tcp = self.nsqd.tcp_address
+        web = self.nsqd.http_address
+        return {
+            "version": VERSION,
+            "broadcast_address": opts.broadcast_address,
+            "hostname": socket.gethostname(),
+            "http_port": web[1] if web and web[1] else -1,
+            "tcp_port": tcp[1] if tcp and tcp[1] else -1,
+            "start_time": int(self.nsqd.start_time),
+            "max_heartbeat_interval": _ns(opts.max_heartbeat_interval),
+            "max_output_buffer_size": opts.max_output_buffer_size,
+            "max_output_buffer_timeout": _ns(opts.max_output_buffer_timeout),
+            "max_deflate_level": opts.max_deflate_level,
+        }
+
+    def _topic_from_query(self, request: Request) -> tuple[dict[str, list[str]], str]:
+        params = _query(request)
+        if "topic" not in params:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        name = params["topic"][0]
+        if not is_valid_topic_name(name):
+            raise HTTPError(400, "INVALID_TOPIC")
+        return params, name
+
+    def _existing_topic_channel(self, request: Request) -> tuple[Any, str]:
+        params = _query(request)
+        if "topic" not in params:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        topic_name = params["topic"][0]
+        if not is_valid_topic_name(topic_name):
+            raise HTTPError(400, "INVALID_ARG_TOPIC")
+        if "channel" not in params:
+            raise HTTPError(400, "MISSING_ARG_CHANNEL")
+        channel_name = params["channel"][0]
+        if not is_valid_channel_name(channel_name):
+            raise HTTPError(400, "INVALID_ARG_CHANNEL")
+        try:
+            topic = self.nsqd.get_existing_topic(topic_name)
+        except TopicError:
+            raise HTTPError(404, "TOPIC_NOT_FOUND") from None
+        return topic, channel_name
+
+    def _publish(self, topic: str, bodies: list[bytes], delay: float = 0.0) -> Any:
+        try:
+            committed = self.nsqd.publish(topic, bodies, delay)
+        except Exception as e:
+            log.error("HTTP: failed to publish to {topic} - {err}", topic=topic, err=e)
+            raise HTTPError(503, "EXITING") from None
+        if committed is None:
+            return "OK"
+
+        def failed(f: Any) -> None:
+            log.error("HTTP: publish to {topic} not synced - {err}", topic=topic, err=f.value)
+            raise HTTPError(503, "EXITING")
+
+        return committed.addCallbacks(lambda _: "OK", failed)
+
+    @handler("/pub", "POST", access_log=False)
+    def pub(self, request: Request) -> Any:
+        max_size = self.nsqd.opts.max_msg_size
+        if _content_length(request) > max_size:
+            raise HTTPError(413, "MSG_TOO_BIG")
+        body = _body(request).read(max_size + 1)
+        if len(body) == max_size + 1:
+            raise HTTPError(413, "MSG_TOO_BIG")
+        if not body:
+            raise HTTPError(400, "MSG_EMPTY")
+        params, topic = self._topic_from_query(request)
+        delay = 0.0
+        if "defer" in params:
+            try:
+                ms = _go_parse_int(params["defer"][0])
+            except ValueError:
+                raise HTTPError(400, "INVALID_DEFER") from None
+            if ms < 0 or ms > self.nsqd.opts.max_req_timeout * 1000:
+                raise HTTPError(400, "INVALID_DEFER")
+            delay = ms / 1000.0
+        return self._publish(topic, [body], delay)
+
+    @handler("/mpub", "POST", access_log=False)
+    def mpub(self, request: Request) -> Any:
+        opts = self.nsqd.opts
+        if _content_length(request) > opts.max_body_size:
+            raise HTTPError(413, "BODY_TOO_BIG")
+        params, topic = self._topic_from_query(request)
+        binary = False
+        if "binary" in params:
+            value = params["binary"][0]
+            binary = BOOL_PARAMS.get(value, True)
+            if value not in BOOL_PARAMS:
+                log.warn("deprecated value '{v}' used for /mpub binary param", v=value)
+        if binary:
+            bodies = _read_binary_mpub(_body(request).read(), opts.max_msg_size, opts.max_body_size)
+        else:
+            data = _body(request).read(opts.max_body_size + 1)
+            if len(data) == opts.max_body_size + 1:
+                raise HTTPError(413, "BODY_TOO_BIG")
+            bodies = []
+            for block in data.split(b"\n"):
+                if not block:
+                    continue  # empty lines are skipped, as in Go
+                if len(block) > opts.max_msg_size:
+                    raise HTTPError(413, "MSG_TOO_BIG")
+                bodies.append(block)
+        if not bodies:
+            return "OK"
+        return self._publish(topic, bodies)
+
+    @handler("/topic/create", "POST")
+    def topic_create(self, request: Request) -> None:
+        _, name = self._topic_from_query(request)
+        self.nsqd.get_topic(name)
+
+    @handler("/topic/delete", "POST")
+    def topic_delete(self, request: Request) -> None:
+        params = _query(request)
+        if "topic" not in params:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        try:
+            self.nsqd.delete_existing_topic(params["topic"][0])
+        except TopicError:
+            raise HTTPError(404, "TOPIC_NOT_FOUND") from None
+
+    @handler("/topic/empty", "POST")
+    def topic_empty(self, request: Request) -> None:
+        _, name = self._topic_from_query(request)
+        try:
+            topic = self.nsqd.get_existing_topic(name)
+        except TopicError:
+            raise HTTPError(404, "TOPIC_NOT_FOUND") from None
+        try:
+            topic.empty()
+        except Exception as e:
+            log.error("failure in {path} - {err}", path=request.path.decode(), err=e)
+            raise HTTPError(500, "INTERNAL_ERROR") from None
+
+    def _pause_topic(self, request: Request, pause: bool) -> None:
+        params = _query(request)
+        if "topic" not in params:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        try:
+            topic = self.nsqd.get_existing_topic(params["topic"][0])
+        except TopicError:
+            raise HTTPError(404, "TOPIC_NOT_FOUND") from None
+        topic.pause() if pause else topic.unpause()
+
+    @handler("/topic/pause", "POST")
+    def topic_pause(self, request: Request) -> None:
+        self._pause_topic(request, True)
+
+    @handler("/topic/unpause", "POST")
+    def topic_unpause(self, request: Request) -> None:
+        self._pause_topic(request, False)
+
+    @handler("/channel/create", "POST")
+    def channel_create(self, request: Request) -> None:
+        topic, name = self._existing_topic_channel(request)
+        topic.get_channel(name)
+
+    @handler("/channel/delete", "POST")
+    def channel_delete(self, request: Request) -> None:
+        topic, name = self._existing_topic_channel(request)
+        try:
+            topic.delete_existing_channel(name)
+        except TopicError:
+            raise HTTPError(404, "CHANNEL_NOT_FOUND") from None
+
+    def _existing_channel(self, request: Request) -> Any:
+        topic, name = self._existing_topic_channel(request)
+        try:
+            return topic.get_existing_channel(name)
+        except TopicError:
+            raise HTTPError(404, "CHANNEL_NOT_FOUND") from None
+
+    @handler("/channel/empty", "POST")
+    def channel_empty(self, request: Request) -> None:
+        channel = self._existing_channel(request)
+        try:
+            channel.empty()
+        except Exception as e:
+            log.error("failure in {path} - {err}", path=request.path.decode(), err=e)
+            raise HTTPError(500, "INTERNAL_ERROR") from None
+
+    @handler("/channel/pause", "POST")
+    def channel_pause(self, request: Request) -> None:
+        self._existing_channel(request).pause()
+
+    @handler("/channel/unpause", "POST")
+    def channel_unpause(self, request: Request) -> None:
+        self._existing_channel(request).unpause()
+
+    @handler("/stats", "GET")
+    def stats(self, request: Request) -> Any:
+        params = _query(request)
+
+        def get(key: str) -> str:
+            return params[key][0] if key in params else ""
+
+        include_clients = BOOL_PARAMS.get(get("include_clients"), True)
+        include_mem = BOOL_PARAMS.get(get("include_mem"), True)
+        stats = get_stats(self.nsqd, get("topic"), get("channel"), include_clients)
+        health = self.nsqd.get_health()
+        mem = mem_stats() if include_mem else None
+        if get("format") != "json":
+            now = self.nsqd.now()
+            text = print_stats(stats, mem, health, self.nsqd.start_time, now, stats_version_line())
+            return text.encode()
+        out: dict[str, Any] = {
+            "version": VERSION,
+            "health": health,
+            "start_time": int(self.nsqd.start_time),
+            "topics": stats["topics"],
+        }
+        if mem is not None:
+            out["memory"] = mem
+        out["producers"] = stats["producers"]
+        return out
+
+    @handler("/config/<opt>", "GET", "PUT")
+    def config(self, request: Request, opt: str) -> Any:
+        nsqd = self.nsqd
+        if request.method == b"PUT":
+            max_size = nsqd.opts.max_msg_size
+            body = _body(request).read(max_size + 1)
+            if len(body) == max_size + 1 or not body:
+                raise HTTPError(413, "INVALID_VALUE")
+            if opt == "nsqlookupd_tcp_addresses":
+                try:
+                    value = json.loads(body)
+                except ValueError:
+                    raise HTTPError(400, "INVALID_VALUE") from None
+                if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
+                    raise HTTPError(400, "INVALID_VALUE")
+                nsqd.opts.lookupd_tcp_addresses = list(value or [])
+                nsqd.options_changed("lookupd_tcp_addresses")
+            elif opt == "log_level":
+                level = body.decode("utf-8", "replace").lower()
+                if level not in LOG_LEVELS:
+                    raise HTTPError(400, "INVALID_VALUE")
+                nsqd.opts.log_level = level
+                set_log_level(level)
+                nsqd.options_changed("log_level")
+            else:
+                raise HTTPError(400, "INVALID_OPTION")
+        value = option_by_cfg_name(nsqd.opts, opt)
+        if value is _MISSING:
+            raise HTTPError(400, "INVALID_OPTION")
+        return _JSONValue(value)
+
+    @handler("/metrics", "GET", style="raw", access_log=False)
+    def metrics(self, request: Request) -> bytes:
+        """Beyond Go: the stats in the Prometheus text format."""
+        from nsqd_tw.metrics import CONTENT_TYPE, make_registry, render
+
+        if self._registry is None:
+            self._registry = make_registry(self.nsqd)
+        return self._finish(request, 200, render(self._registry), CONTENT_TYPE, nsq=False)
+
+    # -- /debug: Python's equivalents of Go's pprof endpoints -------------------------
+
+    @handler("/debug/pprof/", "GET", style="raw")
+    def pprof_index(self, request: Request) -> bytes:
+        names = ["cmdline", "goroutine", "heap", "profile", "symbol", "threadcreate"]
+        links = "".join(f'<a href="{n}?debug=1">{n}</a><br>\n' for n in names)
+        head = "<html><head><title>/debug/pprof/</title></head><body>\n/debug/pprof/<br>\n<br>\n"
+        body = f"{head}{links}</body></html>\n"
+        return self._finish(request, 200, body.encode(), b"text/html; charset=utf-8", nsq=False)
+
+    @handler("/debug/pprof/cmdline", "GET", style="raw")
+    def pprof_cmdline(self, request: Request) -> bytes:
+        return self._finish(request, 200, "\x00".join(sys.argv).encode(), TEXT_TYPE, nsq=False)
+
+    @handler("/debug/pprof/symbol", "GET", "POST", style="raw")
+    def pprof_symbol(self, request: Request) -> bytes:
+        return self._finish(request, 200, b"num_symbols: 0\n", TEXT_TYPE, nsq=False)
+
+    @handler("/debug/pprof/goroutine", "GET", style="raw")
+    def pprof_goroutine(self, request: Request) -> bytes:
+        """The stack of every thread (the reactor's included)."""
+        names = {t.ident: t.name for t in threading.enumerate()}
+        out = io.StringIO()
+        frames = sys._current_frames()
+        out.write(f"threads: {len(frames)}\n\n")
+        for ident, frame in frames.items():
+            out.write(f"thread {ident} [{names.get(ident, '?')}]:\n")
+            out.write("".join(traceback.format_stack(frame)))
+            out.write("\n")
+        return self._finish(request, 200, out.getvalue().encode(), TEXT_TYPE, nsq=False)
+
+    @handler("/debug/pprof/threadcreate", "GET", style="raw")
+    def pprof_threadcreate(self, request: Request) -> bytes:
+        threads = threading.enumerate()
+        body = f"threadcreate profile: total {len(threads)}\n" + "".join(
+            f"{t.ident} {t.name} daemon={t.daemon}\n" for t in threads
+        )
+        return self._finish(request, 200, body.encode(), TEXT_TYPE, nsq=False)
+
+    @handler("/debug/pprof/heap", "GET", style="raw")
+    def pprof_heap(self, request: Request) -> bytes:
+        """Live objects by type (the most numerous first) and allocator totals."""
+        counts: dict[str, int] = {}
+        for obj in gc.get_objects():
+            name = type(obj).__qualname__
+            counts[name] = counts.get(name, 0) + 1
+        top = sorted(counts.items(), key=lambda kv: -kv[1])[:50]
+        mem = mem_stats()
+        out = io.StringIO()
+        out.write(f"heap profile: {sum(counts.values())} gc-tracked objects\n")
+        for k, v in mem.items():
+            out.write(f"# {k} = {v}\n")
+        out.write("\n")
+        for name, n in top:
+            out.write(f"{n:>10} {name}\n")
+        return self._finish(request, 200, out.getvalue().encode(), TEXT_TYPE, nsq=False)
+
+    @handler("/debug/pprof/profile", "GET", style="raw")
+    def pprof_profile(self, request: Request) -> Any:
+        """cProfile the reactor thread for ?seconds=N (default 30); pstats text,
+        or the binary pstats file with ?format=pstats (for snakeviz, pstats)."""
+        params = _query(request)
+        try:
+            seconds = float(params.get("seconds", ["30"])[0] or "30")
+        except ValueError:
+            seconds = 30.0
+        if seconds <= 0:
+            seconds = 30.0
+        if self._profiling:
+            msg = b"Could not enable CPU profiling: cpu profiling already in use\n"
+            return self._finish(request, 500, msg, TEXT_TYPE, nsq=False)
+        self._profiling = True
+        profiler = cProfile.Profile()
+        profiler.enable()
+
+        def done() -> bytes:
+            profiler.disable()
+            self._profiling = False
+            if params.get("format", [""])[0] == "pstats":
+                profiler.create_stats()
+                data = marshal.dumps(profiler.stats)  # type: ignore[attr-defined]
+                request.responseHeaders.setRawHeaders(
+                    b"content-disposition", [b'attachment; filename="profile.pstats"']
+                )
+                return self._finish(request, 200, data, b"application/octet-stream", nsq=False)
+            out = io.StringIO()
+            pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(60)
+            return self._finish(request, 200, out.getvalue().encode(), TEXT_TYPE, nsq=False)
+
+        return task.deferLater(self.nsqd.reactor, seconds, done)
+
+    @handler("/debug/setblockrate", "PUT", style="plain")
+    def setblockrate(self, request: Request) -> str:
+        params = _query(request)
+        try:
+            int(params.get("rate", [""])[0])
+        except ValueError as e:
+            raise HTTPError(400, f"invalid block rate : {e}") from None
+        return ""
+
+    @handler("/debug/freememory", "POST", style="plain")
+    def freememory(self, request: Request) -> str:
+        gc.collect()
+        return ""
+
+
+class _JSONValue:
+    """A value /config returns as JSON even when it is a string."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+_MISSING = object()
+
+
+def option_by_cfg_name(opts: Any, name: str) -> Any:
+    """Go's getOptByCfgName, with Go's types (durations in ns, log level as an int)."""
+    for f in flag_fields(type(opts)):
+        if f.metadata["cfg"] != name:
+            continue
+        value = getattr(opts, f.name)
+        kind = type(f.metadata["kind"]).__name__
+        if kind == "_Duration":
+            return _ns(value)
+        if kind == "_LogLevel":
+            return LEVEL_NUMBERS[value]
+        if kind == "_TLSMinVersion":
+            return _TLS_VERSION_NUMBERS[value]
+        return value
+    return _MISSING
+
+
+def _ns(seconds: float) -> int:
+    return round(seconds * 1_000_000_000)
+
+
+def _go_parse_int(s: str) -> int:
+    """strconv.ParseInt(s, 10, 64)."""
+    body = s[1:] if s[:1] in "+-" else s
+    if not body or not body.isdigit() or not body.isascii():
+        raise ValueError(s)
+    value = int(s)
+    if not -(1 << 63) <= value < 1 << 63:
+        raise ValueError(s)
+    return value
+
+
+def _body(request: Request) -> Any:
+    return request.content if request.content is not None else io.BytesIO()
+
+
+def _content_length(request: Request) -> int:
+    raw = request.getHeader(b"content-length")
+    try:
+        return int(raw) if raw is not None else -1
+    except ValueError:
+        return -1
+
+
+def _read_binary_mpub(data: bytes, max_msg: int, max_body: int) -> list[bytes]:
+    """readMPUB over a request body; errors are 413 with the code minus ``E_``."""
+    from nsqd_tw.wire import V2Parser
+
+    parser = V2Parser(max_msg, max_body)
+    parser.feed(b"MPUB x\n" + len(data).to_bytes(4, "big") + data)
+    try:
+        cmd = parser.next()
+    except FatalClientError as e:
+        raise HTTPError(413, e.code[2:]) from None
+    if cmd is None:
+        # the body ended inside the count or a message
+        code = "BAD_BODY" if len(data) < 4 else "BAD_MESSAGE"
+        raise HTTPError(413, code)
+    assert cmd.bodies is not None
+    return cmd.bodies
+
+
+def _fixed_path(path: str, routes: dict[str, tuple[str, ...]]) -> str | None:
+    """httprouter's redirects: a trailing slash added or removed, or the case fixed."""
+    static = [r for r in routes if "<" not in r]
+    candidates = [path[:-1]] if path.endswith("/") else [path + "/"]
+    candidates.append(path.lower())
+    candidates.append(path.lower().rstrip("/"))
+    for cand in candidates:
+        if cand in static and cand != path:
+            return cand
+    return None
+
+
+def _raise(code: int, text: str) -> None:
+    raise HTTPError(code, text)
+
+
+def _peer(request: Request) -> str:
+    peer = request.getClientAddress()
+    host = getattr(peer, "host", "")
+    port = getattr(peer, "port", "")
+    return f"{host}:{port}" if host else str(peer)
+
+
+class HTTPChannel(http.HTTPChannel):
+    """Answer 400 at once to bytes that cannot start an HTTP request (like the
+    V2 magic ``"  V2"``), instead of waiting for a request line."""
+
+    _first_bytes_pending = True
+    transport: Any
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._first_bytes_pending:
+            stripped = data.lstrip(b"\r\n")
+            if stripped:
+                self._first_bytes_pending = False
+                first = stripped[:1]
+                if not (first.isalpha() or first in b"!#$%&'*+-.^_`|~0123456789"):
+                    self.transport.write(
+                        b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                        b"Connection: close\r\n\r\n400 Bad Request"
+                    )
+                    self.transport.loseConnection()
+                    return
+        super().dataReceived(data)
+
+    def connectionMade(self) -> None:
+        self._first_bytes_pending = True
+        super().connectionMade()
+
+    def allContentReceived(self) -> None:
+        self._first_bytes_pending = True
+        super().allContentReceived()
+
 
 class QuietSite(Site):
-    """A Site that does not write an access log line per request."""
+    """A Site with our channel and no access log line per request."""
 
     noisy = False
+    protocol = HTTPChannel  # type: ignore[assignment]
 
     def log(self, request: Any) -> None:
         pass
 
 
-def make_site(nsqd: NSQD) -> Site:
-    return QuietSite(NSQDHTTPAPI(nsqd).resource())
+def make_site(nsqd: NSQD, tls_enabled: bool = False) -> Site:
+    return QuietSite(NSQDHTTPAPI(nsqd, tls_enabled).resource())

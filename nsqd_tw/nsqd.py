@@ -80,14 +80,16 @@ class NSQD(service.Service):
         self.tcp_address: tuple[str, int] | None = None
         self.http_address: tuple[str, int] | None = None
         self.https_address: tuple[str, int] | None = None
+        self.tls_context: Any = None  # nsqd_tw.tls.ServerTLS when --tls-cert/--tls-key are set
 
         self._scan_channels: list[Channel] | None = None
         self._scan_refresh_at = 0.0
         self._flush_queue: list[V2Protocol] = []
         self._flush_call: Any = None
 
-        # observers of topic/channel changes (lookupd registration, metadata)
+        # observers of topic/channel changes (lookupd registration) and of options
         self.change_observers: list[Callable[[str, Topic | Channel], None]] = []
+        self.option_observers: list[Callable[[str], None]] = []
 
     # -- time and scheduling --------------------------------------------
 
@@ -232,6 +234,14 @@ class NSQD(service.Service):
         """An ephemeral topic lost its last channel: delete it."""
         if self.topics.get(topic.name) is topic:
             self.delete_existing_topic(topic.name)
+
+    def options_changed(self, name: str) -> None:
+        """An option changed at run time (PUT /config/...): tell the observers."""
+        for observer in self.option_observers:
+            try:
+                observer(name)
+            except Exception:
+                self.log.failure("option observer failed for {name}", name=name)
 
     def _changed(self, what: str, obj: Topic | Channel) -> None:
         if not obj.ephemeral:

@@ -383,6 +383,10 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
             self._heartbeat.clock = self.nsqd.reactor
             self._heartbeat.start(interval, now=False)
 
+    def tls_info(self) -> dict[str, Any]:
+        """Cipher suite, version and ALPN of the TLS session (for /stats)."""
+        return {}
+
     # -- what the channel calls ----------------------------------------------
 
     def timed_out_message(self) -> None:

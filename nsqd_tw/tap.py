@@ -54,13 +54,15 @@ def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def server_endpoint(reactor: Any, address: str) -> Any:
+def server_endpoint(reactor: Any, address: str, tls: Any = None) -> Any:
     parsed = split_address(address)
     if parsed is None:
         return endpoints.UNIXServerEndpoint(reactor, address)
     host, port = parsed
     if host == "":
         host = "::"
+    if tls is not None:
+        return endpoints.SSL4ServerEndpoint(reactor, port, tls, interface=host)
     if ":" in host:
         return endpoints.TCP6ServerEndpoint(reactor, port, interface=host)
     return endpoints.TCP4ServerEndpoint(reactor, port, interface=host)
@@ -76,8 +78,10 @@ class ListeningService(service.Service):
         address: str,
         factory: Any,
         bound: Callable[[Any], None] | None = None,
+        tls: Any = None,
     ) -> None:
         self.label = label
+        self.tls = tls
         self.reactor = reactor
         self.address = address
         self.factory = factory
@@ -87,7 +91,7 @@ class ListeningService(service.Service):
 
     def privilegedStartService(self) -> None:
         result: list[Any] = []
-        server_endpoint(self.reactor, self.address).listen(self.factory).addBoth(result.append)
+        server_endpoint(self.reactor, self.address, self.tls).listen(self.factory).addBoth(result.append)
         if not result:
             raise RuntimeError(f"listen ({self.address}) did not complete")
         if isinstance(result[0], Failure):
@@ -131,6 +135,8 @@ def makeService(config: Any, reactor: Any = None) -> service.MultiService:
 
     from nsqd_tw.http_api import make_site
     from nsqd_tw.protocol_v2 import V2Factory
+    from nsqd_tw.statsd import StatsdService
+    from nsqd_tw.tls import server_tls
 
     top = service.MultiService()
     nsqd = NSQD(opts, reactor)
@@ -146,9 +152,19 @@ def makeService(config: Any, reactor: Any = None) -> service.MultiService:
         if not opts.broadcast_http_port:
             opts.broadcast_http_port = getattr(host, "port", 0)
 
+    def https_bound(host: Any) -> None:
+        nsqd.https_address = (getattr(host, "host", ""), getattr(host, "port", 0))
+
     ListeningService("TCP", reactor, opts.tcp_address, V2Factory(nsqd), tcp_bound).setServiceParent(top)
     if opts.http_address:
         ListeningService("HTTP", reactor, opts.http_address, make_site(nsqd), http_bound).setServiceParent(top)
+    tls = server_tls(opts)
+    nsqd.tls_context = tls
+    if tls is not None and opts.https_address:
+        site = make_site(nsqd, tls_enabled=True)
+        ListeningService("HTTPS", reactor, opts.https_address, site, https_bound, tls=tls).setServiceParent(top)
+    if opts.statsd_address:
+        StatsdService(nsqd).setServiceParent(top)
 
     scan = TimerService(opts.queue_scan_interval, nsqd.queue_scan)
     scan.clock = reactor

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from nsqd_tw.channel import Channel, ChannelError
 from nsqd_tw.message import Message
+from nsqd_tw.stats import Quantile
 from nsqd_tw.wire import is_ephemeral
 
 if TYPE_CHECKING:
@@ -170,6 +171,18 @@ class Topic:
         self._schedule_pump()
 
     # -- channels --------------------------------------------------------
+
+    def aggregate_e2e(self, now: float) -> Quantile | None:
+        """The channels' end-to-end latency merged (None if none tracks it)."""
+        merged = None
+        for c in self.channels.values():
+            if c.e2e is None:
+                continue
+            if merged is None:
+                opts = self.ctx.opts
+                merged = Quantile(opts.e2e_processing_latency_window_time, opts.e2e_processing_latency_percentiles, now)
+            merged.merge(c.e2e, now)
+        return merged
 
     def get_channel(self, name: str) -> Channel:
         channel = self.channels.get(name)

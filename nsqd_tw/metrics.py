@@ -1,0 +1,137 @@
+"""``GET /metrics``: the stats in the Prometheus text format (beyond Go).
+
+Gauges and counters per topic (label ``topic``), per channel (``topic``,
+``channel``) and per consumer (``topic``, ``channel``, ``client_id``,
+``remote_address``), from the same snapshot as ``/stats``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from nsqd_tw.nsqd import NSQD
+from nsqd_tw.stats import get_stats, mem_stats
+
+CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+
+
+class NSQDCollector:
+    def __init__(self, nsqd: NSQD) -> None:
+        self.nsqd = nsqd
+
+    def describe(self) -> list[Metric]:
+        return []  # collected fresh on each scrape
+
+    def collect(self) -> Iterator[Metric]:
+        nsqd = self.nsqd
+        stats = get_stats(nsqd, include_clients=True)
+        healthy = GaugeMetricFamily("nsq_healthy", "1 if nsqd is healthy (GET /ping answers OK)")
+        healthy.add_metric([], 1 if nsqd.is_healthy() else 0)
+        yield healthy
+        start = GaugeMetricFamily("nsq_start_time_seconds", "when nsqd started (unix time)")
+        start.add_metric([], nsqd.start_time)
+        yield start
+
+        t_labels = ["topic"]
+        t_depth = GaugeMetricFamily(
+            "nsq_topic_depth", "messages queued in the topic (memory and disk)", labels=t_labels
+        )
+        t_backend = GaugeMetricFamily("nsq_topic_backend_depth", "messages queued on disk", labels=t_labels)
+        t_msgs = CounterMetricFamily("nsq_topic_messages", "messages published to the topic", labels=t_labels)
+        t_bytes = CounterMetricFamily("nsq_topic_message_bytes", "bytes published to the topic", labels=t_labels)
+        t_paused = GaugeMetricFamily("nsq_topic_paused", "1 if the topic is paused", labels=t_labels)
+
+        c_labels = ["topic", "channel"]
+        c_depth = GaugeMetricFamily("nsq_channel_depth", "messages queued (memory and disk)", labels=c_labels)
+        c_backend = GaugeMetricFamily("nsq_channel_backend_depth", "messages queued on disk", labels=c_labels)
+        c_inflight = GaugeMetricFamily("nsq_channel_in_flight", "messages in flight", labels=c_labels)
+        c_deferred = GaugeMetricFamily("nsq_channel_deferred", "deferred messages", labels=c_labels)
+        c_msgs = CounterMetricFamily("nsq_channel_messages", "messages put to the channel", labels=c_labels)
+        c_requeue = CounterMetricFamily("nsq_channel_requeued", "messages requeued", labels=c_labels)
+        c_timeout = CounterMetricFamily("nsq_channel_timed_out", "messages that timed out", labels=c_labels)
+        c_clients = GaugeMetricFamily("nsq_channel_clients", "consumers connected", labels=c_labels)
+        c_paused = GaugeMetricFamily("nsq_channel_paused", "1 if the channel is paused", labels=c_labels)
+        e2e = GaugeMetricFamily(
+            "nsq_channel_e2e_processing_latency_seconds",
+            "end-to-end processing latency quantiles (--e2e-processing-latency-percentile)",
+            labels=[*c_labels, "quantile"],
+        )
+
+        k_labels = ["topic", "channel", "client_id", "remote_address"]
+        k_ready = GaugeMetricFamily("nsq_client_ready_count", "the consumer's RDY count", labels=k_labels)
+        k_inflight = GaugeMetricFamily("nsq_client_in_flight", "messages in flight to the consumer", labels=k_labels)
+        k_msgs = CounterMetricFamily("nsq_client_messages", "messages sent to the consumer", labels=k_labels)
+        k_fin = CounterMetricFamily("nsq_client_finished", "messages the consumer finished", labels=k_labels)
+        k_req = CounterMetricFamily("nsq_client_requeued", "messages the consumer requeued", labels=k_labels)
+
+        for t in stats["topics"] or []:
+            tl = [t["topic_name"]]
+            t_depth.add_metric(tl, t["depth"])
+            t_backend.add_metric(tl, t["backend_depth"])
+            t_msgs.add_metric(tl, t["message_count"])
+            t_bytes.add_metric(tl, t["message_bytes"])
+            t_paused.add_metric(tl, 1 if t["paused"] else 0)
+            for c in t["channels"]:
+                cl = [t["topic_name"], c["channel_name"]]
+                c_depth.add_metric(cl, c["depth"])
+                c_backend.add_metric(cl, c["backend_depth"])
+                c_inflight.add_metric(cl, c["in_flight_count"])
+                c_deferred.add_metric(cl, c["deferred_count"])
+                c_msgs.add_metric(cl, c["message_count"])
+                c_requeue.add_metric(cl, c["requeue_count"])
+                c_timeout.add_metric(cl, c["timeout_count"])
+                c_clients.add_metric(cl, c["client_count"])
+                c_paused.add_metric(cl, 1 if c["paused"] else 0)
+                for p in c["e2e_processing_latency"]["percentiles"] or []:
+                    e2e.add_metric([*cl, _num(p["quantile"])], p["value"] / 1e9)
+                for k in c["clients"] or []:
+                    kl = [*cl, k["client_id"], k["remote_address"]]
+                    k_ready.add_metric(kl, k["ready_count"])
+                    k_inflight.add_metric(kl, k["in_flight_count"])
+                    k_msgs.add_metric(kl, k["message_count"])
+                    k_fin.add_metric(kl, k["finish_count"])
+                    k_req.add_metric(kl, k["requeue_count"])
+        yield from (t_depth, t_backend, t_msgs, t_bytes, t_paused)
+        yield from (c_depth, c_backend, c_inflight, c_deferred, c_msgs, c_requeue, c_timeout, c_clients, c_paused, e2e)
+        yield from (k_ready, k_inflight, k_msgs, k_fin, k_req)
+
+        producers = CounterMetricFamily(
+            "nsq_producer_published",
+            "messages a producer connection published",
+            labels=["client_id", "remote_address", "topic"],
+        )
+        for client in nsqd.clients.values():
+            for topic, count in client.pub_counts.items():
+                producers.add_metric([client.client_id, client.remote_address, topic], count)
+        yield producers
+
+        mem = mem_stats()
+        for key, help_text in (
+            ("heap_objects", "memory blocks allocated by the Python allocator"),
+            ("heap_in_use_bytes", "resident set size"),
+        ):
+            g = GaugeMetricFamily(f"nsq_mem_{key}", help_text)
+            g.add_metric([], mem[key])
+            yield g
+        runs = CounterMetricFamily("nsq_mem_gc_runs", "cyclic garbage collections")
+        runs.add_metric([], mem["gc_total_runs"])
+        yield runs
+
+
+def _num(q: float) -> str:
+    return f"{q:g}"
+
+
+def make_registry(nsqd: NSQD) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NSQDCollector(nsqd))  # type: ignore[arg-type]
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    data: Any = generate_latest(registry)
+    return bytes(data)

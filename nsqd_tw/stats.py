@@ -1,0 +1,384 @@
+"""The stats snapshot (``/stats``, statsd, Prometheus) in Go's shapes.
+
+:func:`get_stats` returns plain dicts whose key order is Go's struct field
+order, so :func:`nsqd_tw.gojson.dumps` writes what Go's ``/stats?format=json``
+writes. :class:`Quantile` is the end-to-end processing latency of a channel:
+two DDSketch streams taking turns over ``--e2e-processing-latency-window-time``,
+as Go's two perks streams do.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from ddsketch import DDSketch
+
+from nsqd_tw.options import VERSION
+
+if TYPE_CHECKING:
+    from nsqd_tw.channel import Channel
+    from nsqd_tw.nsqd import NSQD
+    from nsqd_tw.protocol_v2 import V2Protocol
+    from nsqd_tw.topic import Topic
+
+
+class Quantile:
+    def __init__(self, window: float, percentiles: list[float], now: float) -> None:
+        self.move_window = window / 2
+        self.percentiles = percentiles
+        self._streams = [DDSketch(), DDSketch()]
+        self._current = 0
+        self._last_move = now
+
+    def _advance(self, now: float) -> None:
+        while now > self._last_move + self.move_window:
+            self._current ^= 1
+            self._streams[self._current] = DDSketch()
+            self._last_move += self.move_window
+
+    def insert(self, value_ns: float, now: float) -> None:
+        self._advance(now)
+        self._streams[self._current].add(max(value_ns, 1.0))
+
+    def merge(self, other: Quantile, now: float) -> None:
+        self._advance(now)
+        other._advance(now)
+        self._streams[self._current].merge(other._streams[other._current])
+        self._streams[self._current ^ 1].merge(other._streams[other._current ^ 1])
+
+    def result(self, now: float) -> dict[str, Any]:
+        self._advance(now)
+        merged = DDSketch()
+        for s in self._streams:
+            if s.count:
+                merged.merge(s)
+        count = int(merged.count)
+        percentiles = []
+        for p in self.percentiles:
+            value = merged.get_quantile_value(p) if count else None
+            percentiles.append({"quantile": p, "value": float(round(value)) if value else 0.0})
+        return {"count": count, "percentiles": percentiles}
+
+
+EMPTY_RESULT: dict[str, Any] = {"count": 0, "percentiles": None}
+
+
+def nanoseconds_to_human(v: float) -> str:
+    if v > 1_000_000_000:
+        return "%0.1fs" % (v / 1_000_000_000)
+    if v > 1_000_000:
+        return "%0.1fms" % (v / 1_000_000)
+    if v > 1000:
+        return "%0.1fus" % (v / 1000)
+    return "%0.1fns" % v
+
+
+def result_string(r: dict[str, Any]) -> str:
+    return ", ".join(nanoseconds_to_human(p["value"]) for p in r["percentiles"] or [])
+
+
+# -- the snapshot ---------------------------------------------------------------
+
+
+def client_stats(client: V2Protocol, topic_filter: str = "") -> dict[str, Any]:
+    pub_counts = []
+    for topic, count in client.pub_counts.items():
+        if topic_filter and topic != topic_filter:
+            continue
+        pub_counts.append({"topic": topic, "count": count})
+        break  # Go reports one topic here (a `break` in ClientV2Stats)
+    stats: dict[str, Any] = {
+        "client_id": client.client_id,
+        "hostname": client.hostname,
+        "version": "V2",
+        "remote_address": client.remote_address,
+        "state": client.state,
+        "ready_count": client.ready_count,
+        "in_flight_count": client.in_flight_count,
+        "message_count": client.message_count,
+        "finish_count": client.finish_count,
+        "requeue_count": client.requeue_count,
+        "connect_ts": int(client.connect_time),
+        "sample_rate": client.sample_rate,
+        "deflate": client.deflate,
+        "snappy": client.snappy,
+        "user_agent": client.user_agent,
+    }
+    auth = client.auth_state
+    if auth is not None and auth.authorizations:
+        stats["authed"] = True
+    if auth is not None and auth.identity:
+        stats["auth_identity"] = auth.identity
+    if auth is not None and auth.identity_url:
+        stats["auth_identity_url"] = auth.identity_url
+    if pub_counts:
+        stats["pub_counts"] = pub_counts
+    tls = client.tls_info() if client.tls else {}
+    stats["tls"] = client.tls
+    stats["tls_cipher_suite"] = tls.get("cipher_suite", "")
+    stats["tls_version"] = tls.get("version", "")
+    stats["tls_negotiated_protocol"] = tls.get("negotiated_protocol", "")
+    stats["tls_negotiated_protocol_is_mutual"] = tls.get("negotiated_protocol_is_mutual", False)
+    return stats
+
+
+def channel_stats(c: Channel, clients: list[dict[str, Any]] | None, now: float) -> dict[str, Any]:
+    return {
+        "channel_name": c.name,
+        "depth": c.depth(),
+        "backend_depth": c.backend.depth(),
+        "in_flight_count": len(c.in_flight),
+        "deferred_count": len(c.deferred),
+        "message_count": c.message_count,
+        "requeue_count": c.requeue_count,
+        "timeout_count": c.timeout_count,
+        "client_count": len(c.clients),
+        "clients": clients,
+        "paused": c.paused,
+        "e2e_processing_latency": c.e2e.result(now) if c.e2e is not None else EMPTY_RESULT,
+    }
+
+
+def topic_stats(t: Topic, channels: list[dict[str, Any]], now: float) -> dict[str, Any]:
+    agg = t.aggregate_e2e(now)
+    return {
+        "topic_name": t.name,
+        "channels": channels,
+        "depth": t.depth(),
+        "backend_depth": t.backend.depth(),
+        "message_count": t.message_count,
+        "message_bytes": t.message_bytes,
+        "paused": t.paused,
+        "e2e_processing_latency": agg.result(now) if agg is not None else EMPTY_RESULT,
+    }
+
+
+def get_stats(nsqd: NSQD, topic: str = "", channel: str = "", include_clients: bool = True) -> dict[str, Any]:
+    """Go's NSQD.GetStats: {"topics": [...] or None, "producers": [...] or None}."""
+    now = nsqd.now()
+    if not topic:
+        topics = sorted(nsqd.topics.values(), key=lambda t: t.name)
+    elif topic in nsqd.topics:
+        topics = [nsqd.topics[topic]]
+    else:
+        return {"topics": None, "producers": None}
+    out = []
+    for t in topics:
+        if not channel:
+            chans = sorted(t.channels.values(), key=lambda c: c.name)
+        elif channel in t.channels:
+            chans = [t.channels[channel]]
+        else:
+            continue
+        cstats = []
+        for c in chans:
+            clients = [client_stats(cl, topic) for cl in c.clients.values()] if include_clients else None  # type: ignore[arg-type]
+            cstats.append(channel_stats(c, clients, now))
+        out.append(topic_stats(t, cstats, now))
+    producers = None
+    if include_clients:
+        producers = [client_stats(cl, topic) for cl in nsqd.clients.values() if cl.pub_counts] or None
+    return {"topics": out, "producers": producers}
+
+
+# -- memory ---------------------------------------------------------------------
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def _mallinfo() -> _MallInfo2 | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        fn = libc.mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    return fn()
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class GCPauses:
+    """Times the cyclic GC's pauses (the last 256, as Go's PauseNs)."""
+
+    def __init__(self) -> None:
+        self.pauses: list[float] = []
+        self._start = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.pauses.append(time.perf_counter() - self._start)
+            if len(self.pauses) > 256:
+                del self.pauses[:-256]
+
+
+GC_PAUSES = GCPauses()
+
+
+def _percentile(perc: float, arr: list[float]) -> float:
+    if not arr:
+        return 0.0
+    i = int(perc / 100.0 * len(arr) + 0.5)
+    return arr[min(i, len(arr) - 1)]
+
+
+def mem_stats() -> dict[str, int]:
+    """Go's memStats keys with CPython's nearest equivalents (docs/monitoring.md)."""
+    info = _mallinfo()
+    pauses = sorted(GC_PAUSES.pauses)
+    threshold = gc.get_threshold()[0]
+    return {
+        "heap_objects": sys.getallocatedblocks(),
+        "heap_idle_bytes": int(info.fordblks) if info else 0,
+        "heap_in_use_bytes": _rss_bytes(),
+        "heap_released_bytes": int(info.keepcost) if info else 0,
+        "gc_pause_usec_100": int(_percentile(100.0, pauses) * 1e6),
+        "gc_pause_usec_99": int(_percentile(99.0, pauses) * 1e6),
+        "gc_pause_usec_95": int(_percentile(95.0, pauses) * 1e6),
+        "next_gc_bytes": max(0, threshold - gc.get_count()[0]),
+        "gc_total_runs": sum(s["collections"] for s in gc.get_stats()),
+    }
+
+
+# -- the text format -------------------------------------------------------------
+
+
+def go_duration(ns: int) -> str:
+    """Go's time.Duration.String()."""
+    if ns == 0:
+        return "0s"
+    neg = ns < 0
+    u = -ns if neg else ns
+    if u < 1_000_000_000:
+        for unit, scale in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
+            if u >= scale or scale == 1:
+                whole, frac = divmod(u, scale)
+                digits = len(str(scale)) - 1
+                s = str(whole)
+                if frac:
+                    s += "." + str(frac).rjust(digits, "0").rstrip("0")
+                return ("-" if neg else "") + s + unit
+    h, rem = divmod(u, 3_600_000_000_000)
+    m, rem = divmod(rem, 60_000_000_000)
+    secs, frac = divmod(rem, 1_000_000_000)
+    out = ""
+    if h:
+        out += f"{h}h"
+    if h or m:
+        out += f"{m}m"
+    sec = str(secs)
+    if frac:
+        sec += "." + str(frac).rjust(9, "0").rstrip("0")
+    return ("-" if neg else "") + out + sec + "s"
+
+
+def rfc3339(ts: float) -> str:
+    t = time.localtime(ts)
+    offset = t.tm_gmtoff
+    if offset == 0:
+        zone = "Z"
+    else:
+        sign = "+" if offset > 0 else "-"
+        offset = abs(offset)
+        zone = "%s%02d:%02d" % (sign, offset // 3600, offset % 3600 // 60)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", t) + zone
+
+
+def _client_line(s: dict[str, Any], now: float) -> str:
+    duration = go_duration(int(now - s["connect_ts"]) * 1_000_000_000)
+    port = s["remote_address"].rpartition(":")[2]
+    ident = f"{s['hostname']}:{port} {s['user_agent']}"
+    if s.get("pub_counts"):
+        total = sum(p["count"] for p in s["pub_counts"])
+        topics = ",".join(f"{p['topic']}={p['count']}" for p in s["pub_counts"])
+        return f"[{s['version']} {ident:<21}] msgs: {total:<8} topics: {topics} connected: {duration}"
+    return (
+        f"[{s['version']} {ident:<21}] state: {s['state']} inflt: {s['in_flight_count']:<4} "
+        f"rdy: {s['ready_count']:<4} fin: {s['finish_count']:<8} re-q: {s['requeue_count']:<8} "
+        f"msgs: {s['message_count']:<8} connected: {duration}"
+    )
+
+
+def print_stats(
+    stats: dict[str, Any], mem: dict[str, int] | None, health: str, start_time: float, now: float, version: str
+) -> str:
+    w: list[str] = [version + "\n"]
+    w.append(f"start_time {rfc3339(start_time)}\n")
+    w.append(f"uptime {go_duration(int((now - start_time) * 1e9))}\n")
+    w.append(f"\nHealth: {health}\n")
+    if mem is not None:
+        w.append("\nMemory:\n")
+        for key in (
+            "heap_objects",
+            "heap_idle_bytes",
+            "heap_in_use_bytes",
+            "heap_released_bytes",
+            "gc_pause_usec_100",
+            "gc_pause_usec_99",
+            "gc_pause_usec_95",
+            "next_gc_bytes",
+            "gc_total_runs",
+        ):
+            w.append(f"   {key:<25}\t{mem[key]}\n")
+    topics = stats["topics"] or []
+    w.append("\nTopics: None\n" if not topics else "\nTopics:")
+    for t in topics:
+        prefix = "*P " if t["paused"] else "   "
+        w.append(
+            f"\n{prefix}[{t['topic_name']:<15}] depth: {t['depth']:<5} be-depth: {t['backend_depth']:<5} "
+            f"msgs: {t['message_count']:<8} e2e%: {result_string(t['e2e_processing_latency'])}\n"
+        )
+        for c in t["channels"]:
+            prefix = "   *P " if c["paused"] else "      "
+            w.append(
+                f"{prefix}[{c['channel_name']:<25}] depth: {c['depth']:<5} be-depth: {c['backend_depth']:<5} "
+                f"inflt: {c['in_flight_count']:<4} def: {c['deferred_count']:<4} re-q: {c['requeue_count']:<5} "
+                f"timeout: {c['timeout_count']:<5} msgs: {c['message_count']:<8} "
+                f"e2e%: {result_string(c['e2e_processing_latency'])}\n"
+            )
+            for client in c["clients"] or []:
+                w.append(f"        {_client_line(client, now)}\n")
+    producers = stats["producers"] or []
+    if not producers:
+        w.append("\nProducers: None\n")
+    else:
+        w.append("\nProducers:\n")
+        for p in producers:
+            w.append(f"   {_client_line(p, now)}\n")
+    return "".join(w)
+
+
+def stats_version_line() -> str:
+    import platform
+
+    return f"nsqd v{VERSION} (built w/python{platform.python_version()})"

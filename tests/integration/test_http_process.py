@@ -1,0 +1,155 @@
+"""The HTTP API of a real nsqd process: HTTPS, non-HTTP clients, statsd, Prometheus."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import treq
+from treq.client import HTTPClient
+from twisted.internet import defer, protocol, reactor, ssl
+from twisted.trial import unittest
+from twisted.web.client import Agent, BrowserLikePolicyForHTTPS, HTTPConnectionPool
+
+from nsqd_tw.client import Consumer
+from tests.certs import make_certs
+from tests.integration.procs import ServerProcess
+
+LOOPBACK = ("-tcp-address", "127.0.0.1:0", "-http-address", "127.0.0.1:0")
+
+
+class HTTPProcessTestCase(unittest.TestCase):
+    timeout = 60
+
+    def setUp(self) -> None:
+        self.dir = os.path.abspath(self.mktemp())
+        os.makedirs(self.dir)
+
+    def start(self, *args: str, wait_for: tuple[str, ...] = ("TCP", "HTTP")) -> ServerProcess:
+        proc = ServerProcess("nsqd", *LOOPBACK, "--data-path", self.dir, *args).start(wait_for)
+        self.addCleanup(proc.kill)
+        return proc
+
+
+class PlainHTTPTests(HTTPProcessTestCase):
+    def test_non_http_bytes_get_400_at_once(self) -> None:
+        proc = self.start()
+        host, port = proc.addresses["HTTP"].rsplit(":", 1)
+        s = socket.create_connection((host, int(port)), timeout=5)
+        s.sendall(b"  V2")
+        data = s.recv(1000)
+        s.close()
+        self.assertTrue(data.startswith(b"HTTP/1.1 400 Bad Request\r\n"), data)
+        s = socket.create_connection((host, int(port)), timeout=5)
+        s.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertIn(b"\r\n\r\nOK", s.recv(1000))
+        s.close()
+
+    @defer.inlineCallbacks
+    def test_pub_over_http_then_consume_over_tcp(self):
+        proc = self.start()
+        http = proc.addresses["HTTP"]
+        resp = yield treq.post(f"http://{http}/pub?topic=web", b"from curl", persistent=False)
+        self.assertEqual((resp.code, (yield resp.content())), (200, b"OK"))
+        resp = yield treq.post(f"http://{http}/mpub?topic=web", b"two\nthree", persistent=False)
+        self.assertEqual(resp.code, 200)
+        got: list[bytes] = []
+        done: defer.Deferred = defer.Deferred()
+
+        def handle(msg):
+            got.append(msg.body)
+            if len(got) == 3:
+                done.callback(None)
+
+        c = yield Consumer.connect(reactor, "127.0.0.1", proc.port(), "web", "c", handle, max_in_flight=10)
+        yield done
+        yield c.close()
+        self.assertEqual(sorted(got), [b"from curl", b"three", b"two"])
+        resp = yield treq.get(f"http://{http}/metrics", persistent=False)
+        text = (yield resp.content()).decode()
+        self.assertIn('nsq_topic_messages_total{topic="web"} 3.0', text)
+
+
+class HTTPSTests(HTTPProcessTestCase):
+    @defer.inlineCallbacks
+    def test_https(self):
+        certs = make_certs(os.path.join(self.dir, "certs"))
+        proc = self.start(
+            "--tls-cert",
+            certs.cert,
+            "--tls-key",
+            certs.key,
+            "--https-address",
+            "127.0.0.1:0",
+            wait_for=("TCP", "HTTP", "HTTPS"),
+        )
+        with open(certs.ca, "rb") as f:
+            trust = ssl.Certificate.loadPEM(f.read())
+        pool = HTTPConnectionPool(reactor, persistent=False)
+        client = HTTPClient(Agent(reactor, BrowserLikePolicyForHTTPS(trustRoot=trust), pool=pool))
+        https = proc.addresses["HTTPS"]
+        resp = yield client.get(f"https://{https}/ping")
+        self.assertEqual((resp.code, (yield resp.content())), (200, b"OK"))
+        resp = yield client.get(f"https://{https}/info")
+        self.assertEqual(resp.code, 200)
+
+    @defer.inlineCallbacks
+    def test_tls_required_refuses_plain_http(self):
+        certs = make_certs(os.path.join(self.dir, "certs"))
+        proc = self.start(
+            "--tls-cert",
+            certs.cert,
+            "--tls-key",
+            certs.key,
+            "--https-address",
+            "127.0.0.1:0",
+            "--tls-required",
+            wait_for=("TCP", "HTTP", "HTTPS"),
+        )
+        https_port = proc.port("HTTPS")
+        resp = yield treq.get(f"http://{proc.addresses['HTTP']}/ping", persistent=False)
+        body = yield resp.content()
+        self.assertEqual((resp.code, body), (403, b'{"message": "TLS_REQUIRED", "https_port": %d}' % https_port))
+
+
+class StatsdReceiver(protocol.DatagramProtocol):
+    def __init__(self) -> None:
+        self.packets: list[bytes] = []
+        self.waiting: defer.Deferred | None = None
+
+    def datagramReceived(self, data: bytes, addr) -> None:  # type: ignore[no-untyped-def]
+        self.packets.append(data)
+        seen = b"".join(self.packets)
+        if self.waiting is not None and b"topic.s.channel.c.depth:1|g" in seen and b"mem.gc_runs" in seen:
+            d, self.waiting = self.waiting, None
+            d.callback(None)
+
+
+class StatsdTests(HTTPProcessTestCase):
+    @defer.inlineCallbacks
+    def test_statsd_receives_go_metric_names(self):
+        receiver = StatsdReceiver()
+        port = reactor.listenUDP(0, receiver, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        receiver.waiting = defer.Deferred()
+        proc = self.start(
+            "--statsd-address",
+            f"127.0.0.1:{port.getHost().port}",
+            "--statsd-interval",
+            "1s",
+            "--statsd-prefix",
+            "nsq.%s",
+            "--broadcast-address",
+            "testhost",
+        )
+        http = proc.addresses["HTTP"]
+        for path in ("/topic/create?topic=s", "/channel/create?topic=s&channel=c", "/pub?topic=s"):
+            resp = yield treq.post(f"http://{http}{path}", b"x", persistent=False)
+            yield resp.content()
+        yield receiver.waiting
+        text = b"".join(receiver.packets).decode()
+        prefix = f"nsq.testhost_{proc.port('HTTP')}."
+        self.assertIn(f"{prefix}topic.s.message_count:1|c\n", text)
+        self.assertIn(f"{prefix}topic.s.channel.c.depth:1|g\n", text)
+        self.assertIn(f"{prefix}mem.heap_objects:", text)
+        self.assertTrue(all(len(p) <= 508 for p in receiver.packets))
