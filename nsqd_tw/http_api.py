@@ -385,7 +385,7 @@ class NSQDHTTPAPI:
             log.error("failure in {path} - {err}", path=request.path.decode(), err=e)
             raise HTTPError(500, "INTERNAL_ERROR") from None
 
-    def _pause_topic(self, request: Request, pause: bool) -> None:
+    def _pause_topic(self, request: Request, pause: bool) -> Any:
         params = _query(request)
         if "topic" not in params:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
@@ -394,14 +394,27 @@ class NSQDHTTPAPI:
         except TopicError:
             raise HTTPError(404, "TOPIC_NOT_FOUND") from None
         topic.pause() if pause else topic.unpause()
+        return self._persisted()
+
+    def _persisted(self) -> Any:
+        # like Go, answer once nsqd.dat is written, so a crash can't undo a (un)pause
+        d = self.nsqd.metadata_synced()
+        if d is None:
+            return None
+
+        def failed(f: Any) -> None:
+            log.error("failed to persist metadata - {err}", err=f.value)
+            raise HTTPError(500, "INTERNAL_ERROR")
+
+        return d.addCallbacks(lambda _: None, failed)
 
     @handler("/topic/pause", "POST")
-    def topic_pause(self, request: Request) -> None:
-        self._pause_topic(request, True)
+    def topic_pause(self, request: Request) -> Any:
+        return self._pause_topic(request, True)
 
     @handler("/topic/unpause", "POST")
-    def topic_unpause(self, request: Request) -> None:
-        self._pause_topic(request, False)
+    def topic_unpause(self, request: Request) -> Any:
+        return self._pause_topic(request, False)
 
     @handler("/channel/create", "POST")
     def channel_create(self, request: Request) -> None:
@@ -433,12 +446,14 @@ class NSQDHTTPAPI:
             raise HTTPError(500, "INTERNAL_ERROR") from None
 
     @handler("/channel/pause", "POST")
-    def channel_pause(self, request: Request) -> None:
+    def channel_pause(self, request: Request) -> Any:
         self._existing_channel(request).pause()
+        return self._persisted()
 
     @handler("/channel/unpause", "POST")
-    def channel_unpause(self, request: Request) -> None:
+    def channel_unpause(self, request: Request) -> Any:
         self._existing_channel(request).unpause()
+        return self._persisted()
 
     @handler("/stats", "GET")
     def stats(self, request: Request) -> Any:

@@ -308,6 +308,14 @@ class NSQD(service.Service):
             return
         self.syncer.persist(self.metadata_path, self.metadata)
 
+    def metadata_synced(self) -> defer.Deferred[None] | None:
+        """A Deferred that fires once nsqd.dat (and every write so far) is on disk,
+        or None when nothing is persisted (memory backends)."""
+        if self.backend_factory is not None or not self.running:
+            return None
+        self.metadata_changed()
+        return self.syncer.commit()
+
     def load_metadata(self) -> None:
         """Create the topics and channels of nsqd.dat, paused as they were."""
         self.loading = True

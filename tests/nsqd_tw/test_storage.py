@@ -277,3 +277,45 @@ class FaultTests(StorageTestCase):
         ch.add_client(c)
         ch.kick()
         self.assertEqual([m.body for m in c.got], [b"before", b"after"])
+
+
+class HTTPStorageTests(StorageTestCase):
+    def api(self, n: NSQD):
+        from treq.testing import StubTreq
+
+        from nsqd_tw.http_api import NSQDHTTPAPI
+
+        return StubTreq(NSQDHTTPAPI(n).resource())
+
+    def test_pause_answers_after_nsqd_dat_is_written(self) -> None:
+        n = self.start()
+        n.get_topic("t")
+        n.reactor.advance(0)
+        api = self.api(n)
+        d = api.post("http://nsqd/topic/pause?topic=t")
+        self.assertNoResult(d)
+        n.reactor.advance(0)
+        api.flush()
+        self.assertEqual(self.successResultOf(d).code, 200)
+        self.assertTrue(self.metadata()["topics"][0]["paused"])
+
+    def test_durable_pub_answers_after_the_sync(self) -> None:
+        n = self.start(mem_queue_size=0, sync_every=1)
+        api = self.api(n)
+        d = api.post("http://nsqd/pub?topic=t", data=b"x")
+        self.assertNoResult(d)
+        n.reactor.advance(0)
+        api.flush()
+        self.assertEqual(self.successResultOf(d).code, 200)
+
+    def test_pub_fails_with_503_when_the_disk_does(self) -> None:
+        n = self.start(mem_queue_size=0)
+        n.get_topic("t").get_channel("c")
+
+        def full(fd, data, offset):
+            raise OSError(28, "No space left on device")
+
+        self.patch(diskqueue.os, "pwrite", full)
+        resp = self.successResultOf(self.api(n).post("http://nsqd/pub?topic=t", data=b"x"))
+        self.assertEqual(resp.code, 503)
+        self.assertEqual(self.successResultOf(resp.content()), b'{"message":"EXITING"}')
