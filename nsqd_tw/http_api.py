@@ -1,11 +1,7 @@
 """nsqd's HTTP API: a Klein app answering every route of Go nsqd 1.3 as Go does.
 
-Responses follow Go's ``http_api.V1`` decorator: ``200`` with the text (``OK``),
-an empty body, or JSON; errors as ``{"message":"TOPIC_NOT_FOUND"}`` with their
-status; every V1 response carries ``X-NSQ-Content-Type: nsq; version=1.0``.
-Routing follows httprouter: ``405 METHOD_NOT_ALLOWED`` with ``Allow`` for a
-known path, ``OPTIONS`` answered with ``Allow``, ``404 NOT_FOUND``, and a
-redirect for a trailing slash or wrong case.
+Go's response conventions and httprouter's routing come from
+:mod:`nsqd_tw.web`; this module has nsqd's routes.
 """
 
 from __future__ import annotations
@@ -20,114 +16,45 @@ import socket
 import sys
 import threading
 import traceback
-from collections.abc import Callable
 from typing import Any
-from urllib.parse import unquote_to_bytes
 
-from klein import Klein
-from twisted.internet import defer, task
-from twisted.web import http
-from twisted.web.server import NOT_DONE_YET, Request, Site
-from werkzeug.exceptions import NotFound
+from twisted.internet import task
+from twisted.web.server import Request, Site
 
-from nsqd_tw import gojson
 from nsqd_tw.log import LEVEL_NUMBERS, Logger, set_log_level
 from nsqd_tw.nsqd import NSQD
 from nsqd_tw.options import LOG_LEVELS, TLS_REQUIRED, VERSION, flag_fields
 from nsqd_tw.stats import get_stats, mem_stats, print_stats, stats_version_line
 from nsqd_tw.topic import TopicError
+from nsqd_tw.web import (
+    BOOL_PARAMS,
+    JSON_TYPE,
+    TEXT_TYPE,
+    GoHTTPAPI,
+    HTTPError,
+    JSONValue,
+    QueryError,
+    QuietSite,
+    Router,
+    content_length,
+    parse_query,
+    query,
+)
+from nsqd_tw.web import body as read_body
 from nsqd_tw.wire import FatalClientError, is_valid_channel_name, is_valid_topic_name
 
 log = Logger(namespace="nsqd_tw.http_api")
 
-BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
-NSQ_CONTENT_TYPE = b"nsq; version=1.0"
-JSON_TYPE = b"application/json; charset=utf-8"
-TEXT_TYPE = b"text/plain; charset=utf-8"
 _TLS_VERSION_NUMBERS = {"tls1.0": 0x0301, "tls1.1": 0x0302, "tls1.2": 0x0303, "tls1.3": 0x0304}
 
-
-class HTTPError(Exception):
-    def __init__(self, code: int, text: str) -> None:
-        super().__init__(text)
-        self.code = code
-        self.text = text
+router = Router()
+handler = router.handler
+ROUTES = router.routes
 
 
-class QueryError(Exception):
-    pass
-
-
-def parse_query(raw: bytes) -> dict[str, list[str]]:
-    """Go's url.ParseQuery: strict %-escapes, ``+`` is a space, no ``;``."""
-    values: dict[str, list[str]] = {}
-    for part in raw.split(b"&"):
-        if not part:
-            continue
-        if b";" in part:
-            raise QueryError("invalid semicolon separator in query")
-        key, _, value = part.partition(b"=")
-        values.setdefault(_unescape(key), []).append(_unescape(value))
-    return values
-
-
-def _unescape(s: bytes) -> str:
-    i = s.find(b"%")
-    while i >= 0:
-        hexpart = s[i + 1 : i + 3]
-        if len(hexpart) < 2 or any(c not in b"0123456789abcdefABCDEF" for c in hexpart):
-            raise QueryError('invalid URL escape "%s"' % s[i : i + 3].decode("latin-1"))
-        i = s.find(b"%", i + 3)
-    return unquote_to_bytes(s.replace(b"+", b" ")).decode("utf-8", "replace")
-
-
-def _query(request: Request) -> dict[str, list[str]]:
-    raw = request.uri.partition(b"?")[2]
-    try:
-        return parse_query(raw)
-    except QueryError as e:
-        log.error("failed to parse request params - {err}", err=e)
-        raise HTTPError(400, "INVALID_REQUEST") from None
-
-
-app = Klein()
-ROUTES: dict[str, tuple[str, ...]] = {}
-
-
-def handler(
-    path: str, *methods: str, style: str = "v1", access_log: bool = True
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register ``path`` for ``methods`` with httprouter's semantics.
-
-    ``style``: ``v1`` (Go's V1 decorator), ``plain`` (PlainText) or ``raw``
-    (the handler writes its own response). ``access_log`` as Go's Log decorator.
-    """
-
-    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-        ROUTES[path] = tuple(methods)
-
-        def route(self: NSQDHTTPAPI, request: Request, **kw: Any) -> Any:
-            early = self._tls_required_response(request)
-            if early is not None:
-                return early
-            method = request.method.decode("ascii", "replace")
-            if method not in methods:
-                allow = ", ".join(sorted(methods)) + ", OPTIONS"
-                request.responseHeaders.setRawHeaders(b"allow", [allow.encode()])
-                if method == "OPTIONS":
-                    return self._finish(request, 200, b"", nsq=False)
-                return self._respond(request, "v1", access_log, lambda: _raise(405, "METHOD_NOT_ALLOWED"))
-            return self._respond(request, style, access_log, lambda: fn(self, request, **kw))
-
-        route.__name__ = fn.__name__
-        app.route(path, methods=None, endpoint=fn.__name__)(route)
-        return fn
-
-    return register
-
-
-class NSQDHTTPAPI:
-    app = app
+class NSQDHTTPAPI(GoHTTPAPI):
+    app = router.app
+    log = log
 
     def __init__(self, nsqd: NSQD, tls_enabled: bool = False) -> None:
         self.nsqd = nsqd
@@ -135,108 +62,13 @@ class NSQDHTTPAPI:
         self._profiling = False
         self._registry: Any = None
 
-    def resource(self) -> Any:
-        return self.app.resource()
-
-    # -- plumbing -----------------------------------------------------------
-
-    def _finish(
-        self,
-        request: Request,
-        code: int,
-        body: bytes,
-        content_type: bytes | None = None,
-        nsq: bool = True,
-    ) -> bytes:
-        request.setResponseCode(code)
-        headers = request.responseHeaders
-        headers.removeHeader(b"server")
-        if content_type is not None:
-            headers.setRawHeaders(b"content-type", [content_type])
-        else:
-            headers.removeHeader(b"content-type")
-        if nsq:
-            headers.setRawHeaders(b"x-nsq-content-type", [NSQ_CONTENT_TYPE])
-        headers.setRawHeaders(b"content-length", [b"%d" % len(body)])
-        return body
-
-    def v1(self, request: Request, code: int, data: Any) -> bytes:
-        """Go's RespondV1."""
-        if code != 200:
-            body = gojson.dumps({"message": data})
-            return self._finish(request, code, body, JSON_TYPE)
-        if data is None:
-            return self._finish(request, 200, b"")
-        if isinstance(data, str):
-            return self._finish(request, 200, data.encode(), TEXT_TYPE)
-        if isinstance(data, bytes):
-            return self._finish(request, 200, data, TEXT_TYPE if data else None)
-        if isinstance(data, _JSONValue):
-            data = data.value
-        return self._finish(request, 200, gojson.dumps(data), JSON_TYPE)
-
-    def _tls_required_response(self, request: Request) -> bytes | None:
+    def refuse(self, request: Request) -> bytes | None:
+        """With --tls-required, the plain HTTP port answers 403 to everything."""
         if self.tls_enabled or self.nsqd.opts.tls_required != TLS_REQUIRED:
             return None
         port = self.nsqd.https_address[1] if self.nsqd.https_address else 0
-        body = b'{"message": "TLS_REQUIRED", "https_port": %d}' % port
-        return self._finish(request, 403, body, JSON_TYPE)
-
-    def _respond(self, request: Request, style: str, access_log: bool, call: Callable[[], Any]) -> Any:
-        d = defer.maybeDeferred(call)
-
-        def ok(data: Any) -> Any:
-            if data is NOT_DONE_YET:
-                return data
-            if style == "plain":
-                return self._finish(request, 200, data.encode() if isinstance(data, str) else data, TEXT_TYPE, False)
-            if style == "raw":
-                return data
-            return self.v1(request, 200, data)
-
-        def failed(f: Any) -> bytes:
-            if f.check(HTTPError):
-                code, text = f.value.code, f.value.text
-            else:
-                log.failure("panic in HTTP handler", f)
-                code, text = 500, "INTERNAL_ERROR"
-            if style == "plain":
-                return self._finish(request, code, text.encode(), TEXT_TYPE, False)
-            return self.v1(request, code, text)
-
-        def logged(result: Any) -> Any:
-            if access_log:
-                log.info(
-                    "{code} {method} {uri} ({addr})",
-                    code=request.code,
-                    method=request.method.decode(),
-                    uri=request.uri.decode("utf-8", "replace"),
-                    addr=_peer(request),
-                )
-            return result
-
-        d.addCallbacks(ok, failed)
-        d.addCallback(logged)
-        return d
-
-    @app.handle_errors(NotFound)  # type: ignore[arg-type]
-    def not_found(self, request: Request, failure: Any) -> bytes:
-        early = self._tls_required_response(request)
-        if early is not None:
-            return early
-        path = request.path.decode("utf-8", "replace")
-        target = _fixed_path(path, ROUTES)
-        if target is not None:
-            query = request.uri.partition(b"?")[2]
-            location = target + ("?" + query.decode() if query else "")
-            code = 301 if request.method == b"GET" else 307
-            request.responseHeaders.setRawHeaders(b"location", [location.encode()])
-            body = b""
-            if request.method == b"GET":
-                body = b'<a href="%s">Moved Permanently</a>.\n\n' % location.encode()
-            return self._finish(request, code, body, b"text/html; charset=utf-8", nsq=False)
-        log.info("404 {method} {uri}", method=request.method.decode(), uri=request.uri.decode("utf-8", "replace"))
-        return self.v1(request, 404, "NOT_FOUND")
+        data = b'{"message": "TLS_REQUIRED", "https_port": %d}' % port
+        return self.finish(request, 403, data, JSON_TYPE)
 
     # -- routes --------------------------------------------------------------------
 
@@ -265,7 +97,7 @@ class NSQDHTTPAPI:
         }
 
     def _topic_from_query(self, request: Request) -> tuple[dict[str, list[str]], str]:
-        params = _query(request)
+        params = query(request)
         if "topic" not in params:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
         name = params["topic"][0]
@@ -274,7 +106,7 @@ class NSQDHTTPAPI:
         return params, name
 
     def _existing_topic_channel(self, request: Request) -> tuple[Any, str]:
-        params = _query(request)
+        params = query(request)
         if "topic" not in params:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
         topic_name = params["topic"][0]
@@ -309,9 +141,9 @@ class NSQDHTTPAPI:
     @handler("/pub", "POST", access_log=False)
     def pub(self, request: Request) -> Any:
         max_size = self.nsqd.opts.max_msg_size
-        if _content_length(request) > max_size:
+        if content_length(request) > max_size:
             raise HTTPError(413, "MSG_TOO_BIG")
-        body = _body(request).read(max_size + 1)
+        body = read_body(request, max_size + 1)
         if len(body) == max_size + 1:
             raise HTTPError(413, "MSG_TOO_BIG")
         if not body:
@@ -331,7 +163,7 @@ class NSQDHTTPAPI:
     @handler("/mpub", "POST", access_log=False)
     def mpub(self, request: Request) -> Any:
         opts = self.nsqd.opts
-        if _content_length(request) > opts.max_body_size:
+        if content_length(request) > opts.max_body_size:
             raise HTTPError(413, "BODY_TOO_BIG")
         params, topic = self._topic_from_query(request)
         binary = False
@@ -341,9 +173,9 @@ class NSQDHTTPAPI:
             if value not in BOOL_PARAMS:
                 log.warn("deprecated value '{v}' used for /mpub binary param", v=value)
         if binary:
-            bodies = _read_binary_mpub(_body(request).read(), opts.max_msg_size, opts.max_body_size)
+            bodies = _read_binary_mpub(read_body(request), opts.max_msg_size, opts.max_body_size)
         else:
-            data = _body(request).read(opts.max_body_size + 1)
+            data = read_body(request, opts.max_body_size + 1)
             if len(data) == opts.max_body_size + 1:
                 raise HTTPError(413, "BODY_TOO_BIG")
             bodies = []
@@ -364,7 +196,7 @@ class NSQDHTTPAPI:
 
     @handler("/topic/delete", "POST")
     def topic_delete(self, request: Request) -> None:
-        params = _query(request)
+        params = query(request)
         if "topic" not in params:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
         try:
@@ -386,7 +218,7 @@ class NSQDHTTPAPI:
             raise HTTPError(500, "INTERNAL_ERROR") from None
 
     def _pause_topic(self, request: Request, pause: bool) -> Any:
-        params = _query(request)
+        params = query(request)
         if "topic" not in params:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
         try:
@@ -457,7 +289,7 @@ class NSQDHTTPAPI:
 
     @handler("/stats", "GET")
     def stats(self, request: Request) -> Any:
-        params = _query(request)
+        params = query(request)
 
         def get(key: str) -> str:
             return params[key][0] if key in params else ""
@@ -487,7 +319,7 @@ class NSQDHTTPAPI:
         nsqd = self.nsqd
         if request.method == b"PUT":
             max_size = nsqd.opts.max_msg_size
-            body = _body(request).read(max_size + 1)
+            body = read_body(request, max_size + 1)
             if len(body) == max_size + 1 or not body:
                 raise HTTPError(413, "INVALID_VALUE")
             if opt == "nsqlookupd_tcp_addresses":
@@ -511,7 +343,7 @@ class NSQDHTTPAPI:
         value = option_by_cfg_name(nsqd.opts, opt)
         if value is _MISSING:
             raise HTTPError(400, "INVALID_OPTION")
-        return _JSONValue(value)
+        return JSONValue(value)
 
     @handler("/metrics", "GET", style="raw", access_log=False)
     def metrics(self, request: Request) -> bytes:
@@ -520,7 +352,7 @@ class NSQDHTTPAPI:
 
         if self._registry is None:
             self._registry = make_registry(self.nsqd)
-        return self._finish(request, 200, render(self._registry), CONTENT_TYPE, nsq=False)
+        return self.finish(request, 200, render(self._registry), CONTENT_TYPE, nsq=False)
 
     # -- /debug: Python's equivalents of Go's pprof endpoints -------------------------
 
@@ -530,15 +362,15 @@ class NSQDHTTPAPI:
         links = "".join(f'<a href="{n}?debug=1">{n}</a><br>\n' for n in names)
         head = "<html><head><title>/debug/pprof/</title></head><body>\n/debug/pprof/<br>\n<br>\n"
         body = f"{head}{links}</body></html>\n"
-        return self._finish(request, 200, body.encode(), b"text/html; charset=utf-8", nsq=False)
+        return self.finish(request, 200, body.encode(), b"text/html; charset=utf-8", nsq=False)
 
     @handler("/debug/pprof/cmdline", "GET", style="raw")
     def pprof_cmdline(self, request: Request) -> bytes:
-        return self._finish(request, 200, "\x00".join(sys.argv).encode(), TEXT_TYPE, nsq=False)
+        return self.finish(request, 200, "\x00".join(sys.argv).encode(), TEXT_TYPE, nsq=False)
 
     @handler("/debug/pprof/symbol", "GET", "POST", style="raw")
     def pprof_symbol(self, request: Request) -> bytes:
-        return self._finish(request, 200, b"num_symbols: 0\n", TEXT_TYPE, nsq=False)
+        return self.finish(request, 200, b"num_symbols: 0\n", TEXT_TYPE, nsq=False)
 
     @handler("/debug/pprof/goroutine", "GET", style="raw")
     def pprof_goroutine(self, request: Request) -> bytes:
@@ -551,7 +383,7 @@ class NSQDHTTPAPI:
             out.write(f"thread {ident} [{names.get(ident, '?')}]:\n")
             out.write("".join(traceback.format_stack(frame)))
             out.write("\n")
-        return self._finish(request, 200, out.getvalue().encode(), TEXT_TYPE, nsq=False)
+        return self.finish(request, 200, out.getvalue().encode(), TEXT_TYPE, nsq=False)
 
     @handler("/debug/pprof/threadcreate", "GET", style="raw")
     def pprof_threadcreate(self, request: Request) -> bytes:
@@ -559,7 +391,7 @@ class NSQDHTTPAPI:
         body = f"threadcreate profile: total {len(threads)}\n" + "".join(
             f"{t.ident} {t.name} daemon={t.daemon}\n" for t in threads
         )
-        return self._finish(request, 200, body.encode(), TEXT_TYPE, nsq=False)
+        return self.finish(request, 200, body.encode(), TEXT_TYPE, nsq=False)
 
     @handler("/debug/pprof/heap", "GET", style="raw")
     def pprof_heap(self, request: Request) -> bytes:
@@ -577,13 +409,13 @@ class NSQDHTTPAPI:
         out.write("\n")
         for name, n in top:
             out.write(f"{n:>10} {name}\n")
-        return self._finish(request, 200, out.getvalue().encode(), TEXT_TYPE, nsq=False)
+        return self.finish(request, 200, out.getvalue().encode(), TEXT_TYPE, nsq=False)
 
     @handler("/debug/pprof/profile", "GET", style="raw")
     def pprof_profile(self, request: Request) -> Any:
         """cProfile the reactor thread for ?seconds=N (default 30); pstats text,
         or the binary pstats file with ?format=pstats (for snakeviz, pstats)."""
-        params = _query(request)
+        params = query(request)
         try:
             seconds = float(params.get("seconds", ["30"])[0] or "30")
         except ValueError:
@@ -592,7 +424,7 @@ class NSQDHTTPAPI:
             seconds = 30.0
         if self._profiling:
             msg = b"Could not enable CPU profiling: cpu profiling already in use\n"
-            return self._finish(request, 500, msg, TEXT_TYPE, nsq=False)
+            return self.finish(request, 500, msg, TEXT_TYPE, nsq=False)
         self._profiling = True
         profiler = cProfile.Profile()
         profiler.enable()
@@ -606,16 +438,16 @@ class NSQDHTTPAPI:
                 request.responseHeaders.setRawHeaders(
                     b"content-disposition", [b'attachment; filename="profile.pstats"']
                 )
-                return self._finish(request, 200, data, b"application/octet-stream", nsq=False)
+                return self.finish(request, 200, data, b"application/octet-stream", nsq=False)
             out = io.StringIO()
             pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(60)
-            return self._finish(request, 200, out.getvalue().encode(), TEXT_TYPE, nsq=False)
+            return self.finish(request, 200, out.getvalue().encode(), TEXT_TYPE, nsq=False)
 
         return task.deferLater(self.nsqd.reactor, seconds, done)
 
     @handler("/debug/setblockrate", "PUT", style="plain")
     def setblockrate(self, request: Request) -> str:
-        params = _query(request)
+        params = query(request)
         try:
             int(params.get("rate", [""])[0])
         except ValueError as e:
@@ -626,13 +458,6 @@ class NSQDHTTPAPI:
     def freememory(self, request: Request) -> str:
         gc.collect()
         return ""
-
-
-class _JSONValue:
-    """A value /config returns as JSON even when it is a string."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
 
 
 _MISSING = object()
@@ -670,18 +495,6 @@ def _go_parse_int(s: str) -> int:
     return value
 
 
-def _body(request: Request) -> Any:
-    return request.content if request.content is not None else io.BytesIO()
-
-
-def _content_length(request: Request) -> int:
-    raw = request.getHeader(b"content-length")
-    try:
-        return int(raw) if raw is not None else -1
-    except ValueError:
-        return -1
-
-
 def _read_binary_mpub(data: bytes, max_msg: int, max_body: int) -> list[bytes]:
     """readMPUB over a request body; errors are 413 with the code minus ``E_``."""
     from nsqd_tw.wire import V2Parser
@@ -700,69 +513,8 @@ def _read_binary_mpub(data: bytes, max_msg: int, max_body: int) -> list[bytes]:
     return cmd.bodies
 
 
-def _fixed_path(path: str, routes: dict[str, tuple[str, ...]]) -> str | None:
-    """httprouter's redirects: a trailing slash added or removed, or the case fixed."""
-    static = [r for r in routes if "<" not in r]
-    candidates = [path[:-1]] if path.endswith("/") else [path + "/"]
-    candidates.append(path.lower())
-    candidates.append(path.lower().rstrip("/"))
-    for cand in candidates:
-        if cand in static and cand != path:
-            return cand
-    return None
-
-
-def _raise(code: int, text: str) -> None:
-    raise HTTPError(code, text)
-
-
-def _peer(request: Request) -> str:
-    peer = request.getClientAddress()
-    host = getattr(peer, "host", "")
-    port = getattr(peer, "port", "")
-    return f"{host}:{port}" if host else str(peer)
-
-
-class HTTPChannel(http.HTTPChannel):
-    """Answer 400 at once to bytes that cannot start an HTTP request (like the
-    V2 magic ``"  V2"``), instead of waiting for a request line."""
-
-    _first_bytes_pending = True
-    transport: Any
-
-    def dataReceived(self, data: bytes) -> None:
-        if self._first_bytes_pending:
-            stripped = data.lstrip(b"\r\n")
-            if stripped:
-                self._first_bytes_pending = False
-                first = stripped[:1]
-                if not (first.isalpha() or first in b"!#$%&'*+-.^_`|~0123456789"):
-                    self.transport.write(
-                        b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
-                        b"Connection: close\r\n\r\n400 Bad Request"
-                    )
-                    self.transport.loseConnection()
-                    return
-        super().dataReceived(data)
-
-    def connectionMade(self) -> None:
-        self._first_bytes_pending = True
-        super().connectionMade()
-
-    def allContentReceived(self) -> None:
-        self._first_bytes_pending = True
-        super().allContentReceived()
-
-
-class QuietSite(Site):
-    """A Site with our channel and no access log line per request."""
-
-    noisy = False
-    protocol = HTTPChannel  # type: ignore[assignment]
-
-    def log(self, request: Any) -> None:
-        pass
-
-
 def make_site(nsqd: NSQD, tls_enabled: bool = False) -> Site:
     return QuietSite(NSQDHTTPAPI(nsqd, tls_enabled).resource())
+
+
+__all__ = ["NSQDHTTPAPI", "QueryError", "make_site", "parse_query"]
