@@ -11,7 +11,7 @@ setup(
     # twisted/plugins has no __init__.py: it is Twisted's plugin namespace, and
     # listing it here ships our plugin modules into it
     packages=["nsqd_tw", "lookupd_tw", "twisted.plugins"],
-    package_data={"twisted.plugins": ["nsqd_tw_plugin.py"]},
+    package_data={"twisted.plugins": ["nsqd_tw_plugin.py", "lookupd_tw_plugin.py"]},
     install_requires=[
         "twisted>=24.7",
         "klein>=24.8",
@@ -43,6 +43,7 @@ setup(
     entry_points={
         "console_scripts": [
             "nsqd = nsqd_tw.cli:main",
+            "nsqlookupd = lookupd_tw.cli:main",
         ],
     },
     classifiers=[

@@ -1,3 +1,7 @@
-"""nsq-tw nsqlookupd: NSQ's discovery service on Twisted (arrives with its own issue)."""
+"""nsq-tw nsqlookupd: NSQ's discovery service on Twisted.
+
+Public pieces: :func:`lookupd_tw.tap.makeService`, :class:`lookupd_tw.nsqlookupd.NSQLookupd`,
+:class:`lookupd_tw.registration_db.RegistrationDB`, :class:`lookupd_tw.options.NSQLookupdOptions`.
+"""
 
 __version__ = "1.3.0"

@@ -291,3 +291,93 @@ class Consumer:
             pass
         conn.close()
         yield conn.closed_d
+
+
+class LookupdConsumer:
+    """A consumer that finds nsqd nodes through nsqlookupd.
+
+    Every ``poll_interval`` it asks each lookupd's ``/lookup?topic=`` for the
+    topic's producers and subscribes to the ones it is not connected to yet;
+    a node that goes away is dropped and picked up again when it is listed.
+    ``max_in_flight`` applies to each connection.
+    """
+
+    def __init__(
+        self,
+        reactor: Any,
+        lookupd_http_addresses: list[str],
+        topic: str,
+        channel: str,
+        handler: Callable[[ReceivedMessage], Any],
+        max_in_flight: int = 1,
+        poll_interval: float = 60.0,
+        **identify: Any,
+    ) -> None:
+        self.reactor = reactor
+        self.lookupds = lookupd_http_addresses
+        self.topic = topic
+        self.channel = channel
+        self.handler = handler
+        self.max_in_flight = max_in_flight
+        self.identify = identify
+        self.consumers: dict[tuple[str, int], Consumer] = {}
+        self._connecting: set[tuple[str, int]] = set()
+        from twisted.internet.task import LoopingCall
+
+        self._poll = LoopingCall(self.poll)
+        self._poll.clock = reactor
+        self.poll_interval = poll_interval
+
+    def start(self) -> Any:
+        """Start polling; fires after the first poll."""
+        self._poll.start(self.poll_interval, now=False)
+        return self.poll()
+
+    @defer.inlineCallbacks
+    def poll(self) -> Any:
+        """One look at the lookupds (a failure is logged, never raised)."""
+        import treq
+
+        nodes: set[tuple[str, int]] = set()
+        for address in self.lookupds:
+            url = f"http://{address}/lookup?topic={self.topic}"
+            try:
+                resp = yield treq.get(url, persistent=False, timeout=5)
+                body = yield resp.content()
+            except Exception as e:
+                log.warn("lookupd {url} failed - {err}", url=url, err=e)
+                continue
+            if resp.code != 200:
+                continue
+            data = json.loads(body)
+            for p in data.get("producers") or []:
+                nodes.add((p["broadcast_address"], int(p["tcp_port"])))
+        for node in nodes:
+            if node not in self.consumers and node not in self._connecting:
+                self._connect(node)
+
+    def _connect(self, node: tuple[str, int]) -> None:
+        self._connecting.add(node)
+        host, port = node
+        d = Consumer.connect(
+            self.reactor, host, port, self.topic, self.channel, self.handler, self.max_in_flight, **self.identify
+        )
+
+        def connected(consumer: Consumer) -> None:
+            self._connecting.discard(node)
+            self.consumers[node] = consumer
+            assert consumer.conn is not None
+            consumer.conn.closed_d.addCallback(lambda _: self.consumers.pop(node, None))
+
+        def failed(f: Failure) -> None:
+            self._connecting.discard(node)
+            log.warn("could not subscribe on {node} - {err}", node=node, err=f.value)
+
+        d.addCallbacks(connected, failed)
+
+    @defer.inlineCallbacks
+    def stop(self) -> Any:
+        if self._poll.running:
+            self._poll.stop()
+        for consumer in list(self.consumers.values()):
+            yield consumer.close()

@@ -6,19 +6,10 @@ Go's response conventions and httprouter's routing come from
 
 from __future__ import annotations
 
-import cProfile
-import gc
-import io
 import json
-import marshal
-import pstats
 import socket
-import sys
-import threading
-import traceback
 from typing import Any
 
-from twisted.internet import task
 from twisted.web.server import Request, Site
 
 from nsqd_tw.log import LEVEL_NUMBERS, Logger, set_log_level
@@ -29,13 +20,13 @@ from nsqd_tw.topic import TopicError
 from nsqd_tw.web import (
     BOOL_PARAMS,
     JSON_TYPE,
-    TEXT_TYPE,
     GoHTTPAPI,
     HTTPError,
     JSONValue,
     QueryError,
     QuietSite,
     Router,
+    add_debug_routes,
     content_length,
     parse_query,
     query,
@@ -52,6 +43,9 @@ handler = router.handler
 ROUTES = router.routes
 
 
+add_debug_routes(router, "/debug/pprof/", nsqd_extras=True)
+
+
 class NSQDHTTPAPI(GoHTTPAPI):
     app = router.app
     log = log
@@ -59,7 +53,8 @@ class NSQDHTTPAPI(GoHTTPAPI):
     def __init__(self, nsqd: NSQD, tls_enabled: bool = False) -> None:
         self.nsqd = nsqd
         self.tls_enabled = tls_enabled
-        self._profiling = False
+        self.reactor = nsqd.reactor
+        self.profiling = False
         self._registry: Any = None
 
     def refuse(self, request: Request) -> bytes | None:
@@ -353,111 +348,6 @@ class NSQDHTTPAPI(GoHTTPAPI):
         if self._registry is None:
             self._registry = make_registry(self.nsqd)
         return self.finish(request, 200, render(self._registry), CONTENT_TYPE, nsq=False)
-
-    # -- /debug: Python's equivalents of Go's pprof endpoints -------------------------
-
-    @handler("/debug/pprof/", "GET", style="raw")
-    def pprof_index(self, request: Request) -> bytes:
-        names = ["cmdline", "goroutine", "heap", "profile", "symbol", "threadcreate"]
-        links = "".join(f'<a href="{n}?debug=1">{n}</a><br>\n' for n in names)
-        head = "<html><head><title>/debug/pprof/</title></head><body>\n/debug/pprof/<br>\n<br>\n"
-        body = f"{head}{links}</body></html>\n"
-        return self.finish(request, 200, body.encode(), b"text/html; charset=utf-8", nsq=False)
-
-    @handler("/debug/pprof/cmdline", "GET", style="raw")
-    def pprof_cmdline(self, request: Request) -> bytes:
-        return self.finish(request, 200, "\x00".join(sys.argv).encode(), TEXT_TYPE, nsq=False)
-
-    @handler("/debug/pprof/symbol", "GET", "POST", style="raw")
-    def pprof_symbol(self, request: Request) -> bytes:
-        return self.finish(request, 200, b"num_symbols: 0\n", TEXT_TYPE, nsq=False)
-
-    @handler("/debug/pprof/goroutine", "GET", style="raw")
-    def pprof_goroutine(self, request: Request) -> bytes:
-        """The stack of every thread (the reactor's included)."""
-        names = {t.ident: t.name for t in threading.enumerate()}
-        out = io.StringIO()
-        frames = sys._current_frames()
-        out.write(f"threads: {len(frames)}\n\n")
-        for ident, frame in frames.items():
-            out.write(f"thread {ident} [{names.get(ident, '?')}]:\n")
-            out.write("".join(traceback.format_stack(frame)))
-            out.write("\n")
-        return self.finish(request, 200, out.getvalue().encode(), TEXT_TYPE, nsq=False)
-
-    @handler("/debug/pprof/threadcreate", "GET", style="raw")
-    def pprof_threadcreate(self, request: Request) -> bytes:
-        threads = threading.enumerate()
-        body = f"threadcreate profile: total {len(threads)}\n" + "".join(
-            f"{t.ident} {t.name} daemon={t.daemon}\n" for t in threads
-        )
-        return self.finish(request, 200, body.encode(), TEXT_TYPE, nsq=False)
-
-    @handler("/debug/pprof/heap", "GET", style="raw")
-    def pprof_heap(self, request: Request) -> bytes:
-        """Live objects by type (the most numerous first) and allocator totals."""
-        counts: dict[str, int] = {}
-        for obj in gc.get_objects():
-            name = type(obj).__qualname__
-            counts[name] = counts.get(name, 0) + 1
-        top = sorted(counts.items(), key=lambda kv: -kv[1])[:50]
-        mem = mem_stats()
-        out = io.StringIO()
-        out.write(f"heap profile: {sum(counts.values())} gc-tracked objects\n")
-        for k, v in mem.items():
-            out.write(f"# {k} = {v}\n")
-        out.write("\n")
-        for name, n in top:
-            out.write(f"{n:>10} {name}\n")
-        return self.finish(request, 200, out.getvalue().encode(), TEXT_TYPE, nsq=False)
-
-    @handler("/debug/pprof/profile", "GET", style="raw")
-    def pprof_profile(self, request: Request) -> Any:
-        """cProfile the reactor thread for ?seconds=N (default 30); pstats text,
-        or the binary pstats file with ?format=pstats (for snakeviz, pstats)."""
-        params = query(request)
-        try:
-            seconds = float(params.get("seconds", ["30"])[0] or "30")
-        except ValueError:
-            seconds = 30.0
-        if seconds <= 0:
-            seconds = 30.0
-        if self._profiling:
-            msg = b"Could not enable CPU profiling: cpu profiling already in use\n"
-            return self.finish(request, 500, msg, TEXT_TYPE, nsq=False)
-        self._profiling = True
-        profiler = cProfile.Profile()
-        profiler.enable()
-
-        def done() -> bytes:
-            profiler.disable()
-            self._profiling = False
-            if params.get("format", [""])[0] == "pstats":
-                profiler.create_stats()
-                data = marshal.dumps(profiler.stats)  # type: ignore[attr-defined]
-                request.responseHeaders.setRawHeaders(
-                    b"content-disposition", [b'attachment; filename="profile.pstats"']
-                )
-                return self.finish(request, 200, data, b"application/octet-stream", nsq=False)
-            out = io.StringIO()
-            pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(60)
-            return self.finish(request, 200, out.getvalue().encode(), TEXT_TYPE, nsq=False)
-
-        return task.deferLater(self.nsqd.reactor, seconds, done)
-
-    @handler("/debug/setblockrate", "PUT", style="plain")
-    def setblockrate(self, request: Request) -> str:
-        params = query(request)
-        try:
-            int(params.get("rate", [""])[0])
-        except ValueError as e:
-            raise HTTPError(400, f"invalid block rate : {e}") from None
-        return ""
-
-    @handler("/debug/freememory", "POST", style="plain")
-    def freememory(self, request: Request) -> str:
-        gc.collect()
-        return ""
 
 
 _MISSING = object()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.application import service
 from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
+from twisted.python.failure import Failure
 
 from nsqd_tw.backend import DummyBackendQueue, IBackendQueue, MemoryBackendQueue
 from nsqd_tw.channel import Channel
@@ -90,6 +91,8 @@ class NSQD(service.Service):
         # observers of topic/channel changes (lookupd registration) and of options
         self.change_observers: list[Callable[[str, Topic | Channel], None]] = []
         self.option_observers: list[Callable[[str], None]] = []
+        # the lookup service asks nsqlookupd for a new topic's channels (see get_topic)
+        self.pre_create_channels: Callable[[str], defer.Deferred[list[str]] | None] | None = None
 
     # -- time and scheduling --------------------------------------------
 
@@ -172,8 +175,28 @@ class NSQD(service.Service):
         self.topics[name] = topic
         self.log.info("TOPIC({name}): created", name=name)
         self._changed("topic_created", topic)
-        if not self.loading:
+        if self.loading:
+            return topic  # started once its channels are loaded
+        query = self.pre_create_channels(name) if self.pre_create_channels is not None else None
+        if query is None:
             topic.start()
+            return topic
+
+        # messages published meanwhile are held by the topic, not lost
+        def create(channels: list[str]) -> None:
+            if self.topics.get(name) is not topic or topic.exiting:
+                return
+            for channel in channels:
+                if is_valid_channel_name(channel) and not channel.endswith("#ephemeral"):
+                    topic.get_channel(channel)
+
+        def start(result: Any) -> Any:
+            if isinstance(result, Failure):
+                self.log.failure("failed to pre-create channels for topic {name}", result, name=name)
+            if not topic.exiting:
+                topic.start()
+
+        query.addCallback(create).addBoth(start)
         return topic
 
     def publish(self, topic_name: str, bodies: list[bytes], delay: float = 0.0) -> defer.Deferred[None] | None:
@@ -207,10 +230,11 @@ class NSQD(service.Service):
         topic = self.topics.get(name)
         if topic is None:
             raise TopicError("topic does not exist")
+        topic.exiting = True
+        self._changed("topic_deleted", topic)  # as Go: the topic's UNREGISTER, then its channels'
         topic.delete()
         del self.topics[name]
         self._scan_channels = None
-        self._changed("topic_deleted", topic)
 
     def channels(self) -> list[Channel]:
         return [c for t in self.topics.values() for c in t.channels.values()]

@@ -134,6 +134,7 @@ def makeService(config: Any, reactor: Any = None) -> service.MultiService:
     tune_gc()
 
     from nsqd_tw.http_api import make_site
+    from nsqd_tw.lookup import LookupService
     from nsqd_tw.protocol_v2 import V2Factory
     from nsqd_tw.statsd import StatsdService
     from nsqd_tw.tls import server_tls
@@ -165,6 +166,7 @@ def makeService(config: Any, reactor: Any = None) -> service.MultiService:
         ListeningService("HTTPS", reactor, opts.https_address, site, https_bound, tls=tls).setServiceParent(top)
     if opts.statsd_address:
         StatsdService(nsqd).setServiceParent(top)
+    LookupService(nsqd).setServiceParent(top)  # after the listeners: it announces their ports
 
     scan = TimerService(opts.queue_scan_interval, nsqd.queue_scan)
     scan.clock = reactor

@@ -19,6 +19,7 @@ class PluginTests(unittest.TestCase):
     def test_found_in_this_environment(self) -> None:
         names = {p.tapname for p in getPlugins(IServiceMaker)}
         self.assertIn("nsqd", names)
+        self.assertIn("nsqlookupd", names)
 
     def test_wheel_ships_the_plugin_and_pip_install_finds_it(self) -> None:
         out = Path(self.mktemp()).resolve()
@@ -32,6 +33,7 @@ class PluginTests(unittest.TestCase):
         (wheel,) = out.glob("nsq_tw-*.whl")
         names = zipfile.ZipFile(wheel).namelist()
         self.assertIn("twisted/plugins/nsqd_tw_plugin.py", names)
+        self.assertIn("twisted/plugins/lookupd_tw_plugin.py", names)
         self.assertNotIn("twisted/__init__.py", names)
         self.assertNotIn("twisted/plugins/__init__.py", names)
 
@@ -46,6 +48,7 @@ class PluginTests(unittest.TestCase):
             "from twisted.application.service import IServiceMaker\n"
             "import nsqd_tw, sys\n"
             "p = [p for p in getPlugins(IServiceMaker) if p.tapname == 'nsqd']\n"
+            "assert [q for q in getPlugins(IServiceMaker) if q.tapname == 'nsqlookupd']\n"
             "import os, twisted.plugins\n"
             "assert nsqd_tw.__file__.startswith(sys.argv[1]), nsqd_tw.__file__\n"
             "here = os.path.join(sys.argv[1], 'twisted', 'plugins')\n"

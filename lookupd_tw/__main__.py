@@ -1,0 +1,5 @@
+import sys
+
+from lookupd_tw.cli import main
+
+sys.exit(main())

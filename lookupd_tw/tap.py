@@ -1,0 +1,58 @@
+"""``twistd nsqlookupd`` and the service hierarchy the ``nsqlookupd`` command runs."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from twisted.application import service
+
+from lookupd_tw.nsqlookupd import NSQLookupd
+from lookupd_tw.options import NSQLookupdOptions
+from nsqd_tw.log import set_log_level
+from nsqd_tw.nsqd import python_version
+from nsqd_tw.options import VERSION, usage_options
+from nsqd_tw.tap import ListeningService
+
+_BaseOptions = usage_options(NSQLookupdOptions, "NSQ discovery service (nsqlookupd): V1 TCP protocol and HTTP API.")
+
+
+def version_string() -> str:
+    return f"nsqlookupd v{VERSION} (built w/{python_version()})"
+
+
+class Options(_BaseOptions):  # type: ignore[misc,valid-type]
+    """``twistd nsqlookupd`` options: the same table as the ``nsqlookupd`` command."""
+
+    def opt_version(self) -> None:
+        """print version string"""
+        print(version_string())
+        sys.exit(0)
+
+
+def makeService(config: Any, reactor: Any = None) -> service.MultiService:
+    opts: NSQLookupdOptions = config if isinstance(config, NSQLookupdOptions) else config.resolved
+    if reactor is None:
+        from twisted.internet import reactor as _reactor
+
+        reactor = _reactor
+    opts.validate()
+    set_log_level(opts.log_level)
+
+    from lookupd_tw.http_api import make_site
+    from lookupd_tw.protocol_v1 import LookupFactory
+
+    top = service.MultiService()
+    lookupd = NSQLookupd(opts, reactor)
+    lookupd.setServiceParent(top)
+
+    def tcp_bound(host: Any) -> None:
+        lookupd.tcp_address = (getattr(host, "host", ""), getattr(host, "port", 0))
+
+    def http_bound(host: Any) -> None:
+        lookupd.http_address = (getattr(host, "host", ""), getattr(host, "port", 0))
+
+    ListeningService("TCP", reactor, opts.tcp_address, LookupFactory(lookupd), tcp_bound).setServiceParent(top)
+    ListeningService("HTTP", reactor, opts.http_address, make_site(lookupd), http_bound).setServiceParent(top)
+    top.lookupd = lookupd  # type: ignore[attr-defined]
+    return top

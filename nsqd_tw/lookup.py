@@ -1,0 +1,365 @@
+"""nsqd's side of discovery: register topics and channels with every nsqlookupd.
+
+For each ``--lookupd-tcp-address`` a :class:`LookupPeer` keeps a connection
+(reconnecting with backoff). On every connection it sends the V1 magic,
+IDENTIFY (broadcast address, ports, version, hostname) and REGISTERs every
+topic and channel, as Go's connect callback does; then REGISTER/UNREGISTER on
+every change, and PING every 15 s. ``PUT /config/nsqlookupd_tcp_addresses``
+adds and removes peers live. When a topic is created, nsqd asks the lookupds
+(over HTTP) for the topic's channels and creates them before messages flow,
+so what is published before consumers connect is not lost.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections import deque
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from twisted.application import service
+from twisted.application.internet import ClientService, backoffPolicy
+from twisted.internet import defer, endpoints, protocol
+from twisted.internet.task import LoopingCall
+from twisted.python.failure import Failure
+
+from nsqd_tw.log import Logger
+from nsqd_tw.options import VERSION, hostname
+from nsqd_tw.wire import MAGIC_V1, is_ephemeral
+
+if TYPE_CHECKING:
+    from nsqd_tw.channel import Channel
+    from nsqd_tw.nsqd import NSQD
+    from nsqd_tw.topic import Topic
+
+log = Logger(namespace="nsqd_tw.lookup")
+
+_SIZE = struct.Struct(">i")
+PING_INTERVAL = 15.0
+COMMAND_TIMEOUT = 5.0
+
+
+def identify_command(body: bytes) -> bytes:
+    return b"IDENTIFY\n" + _SIZE.pack(len(body)) + body
+
+
+def register_command(topic: str, channel: str = "", unregister: bool = False) -> bytes:
+    verb = b"UNREGISTER" if unregister else b"REGISTER"
+    parts = [verb, topic.encode()]
+    if channel:
+        parts.append(channel.encode())
+    return b" ".join(parts) + b"\n"
+
+
+class LookupdError(Exception):
+    pass
+
+
+class LookupPeerProtocol(protocol.Protocol):
+    """One connection to an nsqlookupd; commands are answered in order."""
+
+    transport: Any
+
+    def __init__(self, peer: LookupPeer) -> None:
+        self.peer = peer
+        self._buf = b""
+        self._pending: deque[tuple[defer.Deferred[bytes], Any]] = deque()
+        self.closed = False
+
+    def connectionMade(self) -> None:
+        self.transport.write(MAGIC_V1)
+        self.peer.connected(self)
+
+    def command(self, data: bytes) -> defer.Deferred[bytes]:
+        d: defer.Deferred[bytes] = defer.Deferred()
+        if self.closed:
+            d.errback(LookupdError("not connected"))
+            return d
+        timer = self.peer.reactor.callLater(COMMAND_TIMEOUT, self._timed_out)
+        self._pending.append((d, timer))
+        self.transport.write(data)
+        return d
+
+    def _timed_out(self) -> None:
+        log.error("LOOKUPD({addr}): no response in {t}s, reconnecting", addr=self.peer.address, t=COMMAND_TIMEOUT)
+        self.transport.abortConnection()
+
+    def dataReceived(self, data: bytes) -> None:
+        self._buf += data
+        while len(self._buf) >= 4:
+            (size,) = _SIZE.unpack_from(self._buf)
+            if size < 0 or size > self.peer.max_body_size:
+                log.error(
+                    "LOOKUPD({addr}): response body size ({size}) is greater than limit ({limit})",
+                    addr=self.peer.address,
+                    size=size,
+                    limit=self.peer.max_body_size,
+                )
+                self.transport.abortConnection()
+                return
+            if len(self._buf) < 4 + size:
+                return
+            payload, self._buf = self._buf[4 : 4 + size], self._buf[4 + size :]
+            if not self._pending:
+                continue
+            d, timer = self._pending.popleft()
+            if timer.active():
+                timer.cancel()
+            d.callback(payload)
+
+    def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
+        self.closed = True
+        pending, self._pending = self._pending, deque()
+        for d, timer in pending:
+            if timer.active():
+                timer.cancel()
+            d.errback(LookupdError(f"connection lost - {reason.getErrorMessage()}"))
+        self.peer.disconnected(self)
+
+
+class _PeerFactory(protocol.Factory):
+    noisy = False
+
+    def __init__(self, peer: LookupPeer) -> None:
+        self.peer = peer
+
+    def buildProtocol(self, addr: Any) -> LookupPeerProtocol:
+        p = LookupPeerProtocol(self.peer)
+        p.factory = self
+        return p
+
+
+class LookupPeer(service.Service):
+    """A reconnecting connection to one nsqlookupd (Go's lookupPeer)."""
+
+    def __init__(self, lookup: LookupService, address: str) -> None:
+        self.lookup = lookup
+        self.nsqd = lookup.nsqd
+        self.reactor = lookup.nsqd.reactor
+        self.address = address
+        self.max_body_size = lookup.nsqd.opts.max_body_size
+        self.info: dict[str, Any] = {}
+        self.proto: LookupPeerProtocol | None = None
+        host, _, port = address.rpartition(":")
+        endpoint = endpoints.HostnameEndpoint(self.reactor, host.strip("[]"), int(port), timeout=1)
+        self.client = ClientService(
+            endpoint, _PeerFactory(self), retryPolicy=backoffPolicy(initialDelay=0.2, maxDelay=15.0), clock=self.reactor
+        )
+        self.setName(address)
+
+    def __str__(self) -> str:
+        return self.address
+
+    def startService(self) -> None:
+        service.Service.startService(self)
+        log.info("LOOKUP({addr}): adding peer", addr=self.address)
+        self.client.startService()
+
+    def stopService(self) -> Any:
+        service.Service.stopService(self)
+        self.proto = None
+        return self.client.stopService()
+
+    @property
+    def http_address(self) -> str | None:
+        addr = self.info.get("broadcast_address")
+        if not addr:
+            return None
+        return f"{addr}:{self.info.get('http_port')}"
+
+    def connected(self, proto: LookupPeerProtocol) -> None:
+        log.info("LOOKUP connected to {addr}", addr=self.address)
+        self.proto = proto
+        self._identify_and_register(proto)
+
+    @defer.inlineCallbacks
+    def _identify_and_register(self, proto: LookupPeerProtocol) -> Any:
+        opts = self.nsqd.opts
+        ci = {
+            "broadcast_address": opts.broadcast_address,
+            "hostname": hostname(),
+            "http_port": opts.broadcast_http_port,
+            "tcp_port": opts.broadcast_tcp_port,
+            "version": VERSION,
+        }
+        cmd = identify_command(json.dumps(ci, separators=(",", ":")).encode())
+        try:
+            resp = yield proto.command(cmd)
+        except Exception as e:
+            log.error("LOOKUPD({addr}): IDENTIFY - {err}", addr=self.address, err=e)
+            return
+        if resp.startswith(b"E_"):
+            text = resp.decode("utf-8", "replace")
+            log.info("LOOKUPD({addr}): lookupd returned {resp}", addr=self.address, resp=text)
+            proto.transport.loseConnection()
+            return
+        try:
+            info = json.loads(resp)
+            if not isinstance(info, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            log.error("LOOKUPD({addr}): parsing response - {resp}", addr=self.address, resp=resp)
+            proto.transport.loseConnection()
+            return
+        self.info = info
+        log.info("LOOKUPD({addr}): peer info {info}", addr=self.address, info=info)
+        if not info.get("broadcast_address"):
+            log.error("LOOKUPD({addr}): no broadcast address", addr=self.address)
+        commands = []
+        for topic in self.nsqd.topics.values():
+            if not topic.channels:
+                commands.append(register_command(topic.name))
+            for channel in topic.channels.values():
+                commands.append(register_command(topic.name, channel.name))
+        for cmd in commands:
+            log.info("LOOKUPD({addr}): {cmd}", addr=self.address, cmd=cmd.decode().strip())
+            try:
+                yield proto.command(cmd)
+            except Exception as e:
+                log.error("LOOKUPD({addr}): {cmd} - {err}", addr=self.address, cmd=cmd.decode().strip(), err=e)
+                return
+
+    def disconnected(self, proto: LookupPeerProtocol) -> None:
+        if self.proto is proto:
+            self.proto = None
+
+    def command(self, cmd: bytes) -> None:
+        """Send a command if connected (a reconnection re-sends everything)."""
+        proto = self.proto
+        if proto is None:
+            return
+        d = proto.command(cmd)
+        d.addErrback(
+            lambda f: log.error(
+                "LOOKUPD({addr}): {cmd} - {err}", addr=self.address, cmd=cmd.decode().strip(), err=f.value
+            )
+        )
+
+
+class LookupService(service.MultiService):
+    """Every lookupd peer, the change notifications and the 15 s PINGs."""
+
+    name = "lookup"
+
+    def __init__(self, nsqd: NSQD) -> None:
+        super().__init__()
+        self.nsqd = nsqd
+        self._ping = LoopingCall(self.ping)
+        self._ping.clock = nsqd.reactor
+        nsqd.change_observers.append(self.changed)
+        nsqd.option_observers.append(self.options_changed)
+        nsqd.pre_create_channels = self.topic_channels
+        self._queries: set[defer.Deferred[Any]] = set()
+
+    @property
+    def peers(self) -> list[LookupPeer]:
+        return list(self)  # type: ignore[arg-type]
+
+    def startService(self) -> None:
+        self._sync_peers()
+        super().startService()
+        self._ping.start(PING_INTERVAL, now=False)
+
+    def stopService(self) -> Any:
+        if self._ping.running:
+            self._ping.stop()
+        for query in list(self._queries):
+            query.cancel()
+        log.info("LOOKUP: closing")
+        return super().stopService()
+
+    def _sync_peers(self) -> None:
+        wanted = list(self.nsqd.opts.lookupd_tcp_addresses)
+        for peer in self.peers:
+            if peer.address not in wanted:
+                log.info("LOOKUP({addr}): removing peer", addr=peer.address)
+                peer.disownServiceParent()
+        have = {p.address for p in self.peers}
+        for address in wanted:
+            if address not in have:
+                LookupPeer(self, address).setServiceParent(self)
+
+    def options_changed(self, name: str) -> None:
+        if name == "lookupd_tcp_addresses" and self.running:
+            self._sync_peers()
+
+    def ping(self) -> None:
+        for peer in self.peers:
+            log.debug("LOOKUPD({addr}): sending heartbeat", addr=peer.address)
+            peer.command(b"PING\n")
+
+    def changed(self, what: str, obj: Topic | Channel) -> None:
+        if what.startswith("topic"):
+            branch, cmd = "topic", register_command(obj.name, unregister=what == "topic_deleted")
+        else:
+            channel: Any = obj
+            branch = "channel"
+            cmd = register_command(channel.topic_name, channel.name, unregister=what == "channel_deleted")
+        for peer in self.peers:
+            log.info("LOOKUPD({addr}): {branch} {cmd}", addr=peer.address, branch=branch, cmd=cmd.decode().strip())
+            peer.command(cmd)
+
+    def lookupd_http_addresses(self) -> list[str]:
+        return [a for a in (p.http_address for p in self.peers) if a]
+
+    def topic_channels(self, topic: str) -> defer.Deferred[list[str]] | None:
+        """The topic's channels known to the lookupds (None: don't wait)."""
+        addresses = self.lookupd_http_addresses()
+        if not addresses:
+            if self.nsqd.opts.lookupd_tcp_addresses:
+                log.error("no available nsqlookupd to query for channels to pre-create for topic {topic}", topic=topic)
+            return None
+        d = self._query_channels(topic, addresses)
+        self._queries.add(d)
+
+        def done(result: Any) -> Any:
+            self._queries.discard(d)
+            return result
+
+        return d.addBoth(done)
+
+    @defer.inlineCallbacks
+    def _query_channels(self, topic: str, addresses: list[str]) -> Any:
+        import treq
+        from twisted.web.client import Agent, HTTPConnectionPool
+
+        opts = self.nsqd.opts
+        agent = Agent(
+            self.nsqd.reactor,
+            connectTimeout=opts.http_client_connect_timeout,
+            pool=HTTPConnectionPool(self.nsqd.reactor, persistent=False),
+        )
+        client = treq.client.HTTPClient(agent)
+
+        @defer.inlineCallbacks
+        def one(address: str) -> Any:
+            url = f"http://{address}/channels?topic={quote(topic, safe='')}"
+            log.info("CI: querying nsqlookupd {url}", url=url)
+            headers: Any = {b"Accept": b"application/vnd.nsq; version=1.0"}
+            resp = yield client.get(url, headers=headers, timeout=opts.http_client_request_timeout)
+            body = yield resp.content()
+            if resp.code != 200:
+                raise LookupdError(f"got response {resp.code} {resp.phrase.decode()} {body!r}")
+            data = json.loads(body)
+            if "data" in data and isinstance(data["data"], dict):  # pre-1.0 lookupd shape
+                data = data["data"]
+            return [c for c in data.get("channels") or [] if isinstance(c, str)]
+
+        results = yield defer.DeferredList([one(a) for a in addresses], consumeErrors=True)
+        channels: set[str] = set()
+        errors = []
+        for ok, value in results:
+            if ok:
+                channels.update(value)
+            else:
+                errors.append(value.getErrorMessage())
+        if errors:
+            prefix = "failed to query any nsqlookupd: " if len(errors) == len(addresses) else ""
+            log.warn(
+                "failed to query nsqlookupd for channels to pre-create for topic {topic} - {prefix}{err}",
+                topic=topic,
+                prefix=prefix,
+                err="; ".join(errors),
+            )
+        return sorted(c for c in channels if not is_ephemeral(c))
