@@ -20,6 +20,7 @@ setup(
         "service-identity>=24.1",
         "ddsketch>=3.0",  # end-to-end latency quantiles
         "prometheus-client>=0.20",  # GET /metrics
+        "python-snappy>=0.7",  # IDENTIFY snappy: the framing format, via cramjam
     ],
     extras_require={
         "test": [

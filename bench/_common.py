@@ -7,14 +7,17 @@ import json
 import multiprocessing as mp
 import os
 import socket
+import ssl
 import struct
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from nsqd_tw.compression import DeflateCodec, SnappyCodec
 from nsqd_tw.options import parse_duration
 from nsqd_tw.wire import MAGIC_V2, encode_command
 
@@ -29,16 +32,74 @@ def base_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--runfor", "-runfor", type=parse_duration, default=10.0, help="duration of time to run")
     p.add_argument("--workers", "-workers", type=int, default=os.cpu_count() or 1, help="worker processes")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of text")
+    p.add_argument("--tls", action="store_true", help="upgrade to TLS (certificates are not verified)")
+    p.add_argument("--snappy", action="store_true", help="negotiate snappy compression")
+    p.add_argument("--deflate", action="store_true", help="negotiate deflate compression")
     return p
 
 
-def connect(address: str, user_agent: str) -> socket.socket:
+FEATURES: dict[str, bool] = {}  # set from the flags by the tools: tls_v1, snappy, deflate
+
+
+def features(args: argparse.Namespace) -> dict[str, bool]:
+    return {"tls_v1": args.tls, "snappy": args.snappy, "deflate": args.deflate}
+
+
+class CompressedSocket:
+    """A blocking socket (plain or TLS) with a negotiated stream codec."""
+
+    def __init__(self, sock: socket.socket, codec: SnappyCodec | DeflateCodec) -> None:
+        self.sock = sock
+        self.codec = codec
+
+    def sendall(self, data: bytes) -> None:
+        self.sock.sendall(self.codec.encode(data))
+
+    def recv(self, n: int) -> bytes:
+        while True:
+            raw = self.sock.recv(n)
+            if not raw:
+                return b""
+            out = b"".join(self.codec.decode(raw))
+            if out:
+                return out
+
+    def settimeout(self, t: float | None) -> None:
+        self.sock.settimeout(t)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def connect(address: str, user_agent: str, feats: dict[str, bool] | None = None) -> Any:
+    """A V2 connection after IDENTIFY and the upgrades asked for."""
+    feats = FEATURES if feats is None else feats
     host, _, port = address.rpartition(":")
-    s = socket.create_connection((host, int(port)))
+    s: Any = socket.create_connection((host, int(port)))
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    body = json.dumps({"client_id": user_agent, "hostname": user_agent, "user_agent": user_agent}).encode()
-    s.sendall(MAGIC_V2 + encode_command(b"IDENTIFY", body=body))
-    expect_ok(s)
+    ident = {"client_id": user_agent, "hostname": user_agent, "user_agent": user_agent}
+    if any(feats.values()):
+        ident.update(feature_negotiation=True, **feats)
+    s.sendall(MAGIC_V2 + encode_command(b"IDENTIFY", body=json.dumps(ident).encode()))
+    if not any(feats.values()):
+        expect_ok(s)
+        return s
+    buf = bytearray()
+    _ft, data = read_frame(s, buf)
+    agreed = json.loads(data)
+    if agreed.get("tls_v1"):
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        s = ctx.wrap_socket(s, server_hostname=host)
+        expect_ok(s)
+    for name in ("snappy", "deflate"):
+        if agreed.get(name):
+            codec = SnappyCodec() if name == "snappy" else DeflateCodec(agreed.get("deflate_level", 6))
+            s = CompressedSocket(s, codec)
+            rest = bytes(buf)
+            buf = bytearray(b"".join(codec.decode(rest))) if rest else bytearray()
+            expect_ok(s, buf)
     return s
 
 
@@ -68,12 +129,17 @@ def run_workers(
     """Start workers, release them together, report msg/s, MB/s and µs/op."""
     ready = mp.Barrier(workers + 1)
     results: mp.Queue = mp.Queue()
-    procs = [mp.Process(target=_worker, args=(target, args, ready, results, runfor)) for _ in range(workers)]
+    procs = [mp.Process(target=_worker, args=(target, args, ready, results, runfor, FEATURES)) for _ in range(workers)]
     for p in procs:
         p.start()
     ready.wait()
     start = time.perf_counter()
-    counts = [results.get() for _ in procs]
+    try:
+        counts = [results.get(timeout=runfor + 60) for _ in procs]
+    except Exception:
+        for p in procs:
+            p.kill()
+        raise SystemExit(f"{name}: a worker failed (see above)") from None
     duration = time.perf_counter() - start
     for p in procs:
         p.join()
@@ -96,5 +162,6 @@ def run_workers(
     return report
 
 
-def _worker(target: Callable[..., int], args: tuple, ready, results, runfor: float) -> None:  # type: ignore[no-untyped-def]
+def _worker(target: Callable[..., int], args: tuple, ready, results, runfor: float, feats: dict) -> None:  # type: ignore[no-untyped-def]
+    FEATURES.update(feats)
     results.put(target(*args, ready=ready, runfor=runfor))

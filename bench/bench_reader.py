@@ -8,7 +8,7 @@ from __future__ import annotations
 import struct
 import time
 
-from _common import base_parser, connect, expect_ok, run_workers
+from _common import FEATURES, base_parser, connect, expect_ok, features, run_workers
 
 from nsqd_tw.wire import encode_command
 
@@ -67,6 +67,7 @@ def main() -> None:
     p.add_argument("--channel", "-channel", default="ch", help="channel to receive messages on")
     p.add_argument("--rdy", "-rdy", type=int, default=2500, help="RDY count to use")
     a = p.parse_args()
+    FEATURES.update(features(a))
     run_workers(
         "bench_reader",
         sub_worker,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from _common import base_parser, connect, expect_ok, run_workers
+from _common import FEATURES, base_parser, connect, expect_ok, features, run_workers
 
 from nsqd_tw.wire import encode_mpub
 
@@ -33,6 +33,7 @@ def main() -> None:
     p = base_parser("bench_writer")
     p.add_argument("--batch-size", "-batch-size", type=int, default=200, help="batch size of messages")
     a = p.parse_args()
+    FEATURES.update(features(a))
     run_workers(
         "bench_writer",
         pub_worker,

@@ -69,6 +69,7 @@ def tool(name: str, address: str, a: argparse.Namespace) -> dict:
         argv += ["--batch-size", str(a.batch_size)]
     if a.workers:
         argv += ["--workers", str(a.workers)]
+    argv += [f"--{f}" for f in ("tls", "snappy", "deflate") if getattr(a, f)]
     out = subprocess.run(argv, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -122,13 +123,22 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=0, help="bench worker processes (default: one per core)")
     p.add_argument("--mem-queue-size", type=int, default=1_000_000)
     p.add_argument("--profile", type=Path, help="directory for py-spy profiles of the server")
+    p.add_argument("--tls", action="store_true", help="clients upgrade to TLS (nsqd gets a throwaway certificate)")
+    p.add_argument("--snappy", action="store_true", help="clients negotiate snappy")
+    p.add_argument("--deflate", action="store_true", help="clients negotiate deflate")
     p.add_argument("nsqd_args", nargs="*", help="extra nsqd flags (after --)")
     a = p.parse_args()
 
     data = tempfile.mkdtemp(prefix="nsq-bench-")
-    proc, address = launch(["--mem-queue-size", str(a.mem_queue_size), "--data-path", data, *a.nsqd_args])
+    extra = []
+    if a.tls:
+        from tests.certs import make_certs
+
+        files = make_certs(os.path.join(data, "certs"))
+        extra = ["--tls-cert", files.cert, "--tls-key", files.key]
+    proc, address = launch(["--mem-queue-size", str(a.mem_queue_size), "--data-path", data, *extra, *a.nsqd_args])
     try:
-        s = connect(address, "bench_setup")
+        s = connect(address, "bench_setup", {})
         s.sendall(encode_command(b"SUB", "sub_bench", "ch"))
         s.recv(100)
         s.close()

@@ -24,6 +24,7 @@ from twisted.internet import defer, endpoints, protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from nsqd_tw.compression import DeflateCodec, SnappyCodec
 from nsqd_tw.wire import (
     FRAME_TYPE_ERROR,
     FRAME_TYPE_MESSAGE,
@@ -87,6 +88,9 @@ class NSQClientProtocol(protocol.Protocol):
 
     def __init__(self) -> None:
         self._buf = b""
+        self._codec: SnappyCodec | DeflateCodec | None = None
+        self._switched = False  # the stream changed (TLS or compression) mid-buffer
+        self.tls_options: Any = None  # a client TLS connection creator, for tls_v1
         self._pending: deque[defer.Deferred[bytes]] = deque()
         self.on_message: Callable[[ReceivedMessage], Any] | None = None
         self.on_error: Callable[[NSQError], Any] | None = None
@@ -104,7 +108,16 @@ class NSQClientProtocol(protocol.Protocol):
         self.connected_d.callback(self)
 
     def dataReceived(self, data: bytes) -> None:
+        if self._codec is not None:
+            data = b"".join(self._codec.decode(data))
         buf = self._buf + data if self._buf else data
+        self._buf = b""
+        while buf:
+            buf = self._frames(buf)
+
+    def _frames(self, buf: bytes) -> bytes:
+        """Handle the complete frames; returns bytes to parse again after a
+        switch to compression, else keeps the partial frame for later."""
         pos = 0
         end = len(buf)
         unpack = _FRAME_HEADER.unpack_from
@@ -118,7 +131,7 @@ class NSQClientProtocol(protocol.Protocol):
                 self._message(payload)
             elif frame_type == FRAME_TYPE_RESPONSE:
                 if payload == HEARTBEAT:
-                    self.transport.write(b"NOP\n")
+                    self.write(b"NOP\n")
                 elif self._pending:
                     self._pending.popleft().callback(payload)
             elif frame_type == FRAME_TYPE_ERROR:
@@ -129,7 +142,16 @@ class NSQClientProtocol(protocol.Protocol):
                     self.on_error(err)
                 else:
                     log.warn("nsqd error: {err}", err=err)
+            if self._switched:
+                self._switched = False
+                rest = buf[pos:]
+                if self._codec is None:  # TLS: what follows is the server's TLS records
+                    if rest:
+                        self.transport.protocol.dataReceived(rest)
+                    return b""
+                return b"".join(self._codec.decode(rest))
         self._buf = buf[pos:]
+        return b""
 
     def _message(self, payload: bytes) -> None:
         timestamp, attempts = _MSG_HEADER.unpack_from(payload)
@@ -152,19 +174,60 @@ class NSQClientProtocol(protocol.Protocol):
             d.errback(ConnectionError("connection closed"))
             return d
         self._pending.append(d)
-        self.transport.write(data)
+        self.write(data)
         return d
 
     def identify(self, **data: Any) -> defer.Deferred[bytes]:
+        """IDENTIFY, then the upgrades nsqd agreed to (TLS, snappy, deflate);
+        fires with nsqd's JSON answer once the stream has switched."""
         body = json.dumps(data).encode()
         d = self._request(encode_command(b"IDENTIFY", body=body))
 
-        def parsed(resp: bytes) -> bytes:
-            if resp.startswith(b"{"):
-                self.identify_response = json.loads(resp)
-            return resp
+        def parsed(resp: bytes) -> Any:
+            if not resp.startswith(b"{"):
+                return resp
+            self.identify_response = info = json.loads(resp)
+            steps = []
+            if info.get("tls_v1"):
+                steps.append(self._start_tls)
+            if info.get("snappy"):
+                steps.append(lambda: self._set_codec(SnappyCodec()))
+            if info.get("deflate"):
+                steps.append(lambda: self._set_codec(DeflateCodec(info.get("deflate_level", 6))))
+            if not steps:
+                return resp
+            done: defer.Deferred[bytes] = defer.Deferred()
+
+            def step(ok: bytes | None) -> None:
+                if ok is not None and ok != b"OK":
+                    done.errback(NSQError(b"E_IDENTIFY_FAILED unexpected " + ok))
+                    return
+                if not steps:
+                    done.callback(resp)
+                    return
+                steps.pop(0)()
+                # the OK for this upgrade arrives over the new stream
+                waiter: defer.Deferred[bytes] = defer.Deferred()
+                waiter.addCallbacks(step, done.errback)
+                self._pending.appendleft(waiter)
+
+            step(None)
+            return done
 
         return d.addCallback(parsed)
+
+    def _start_tls(self) -> None:
+        if self.tls_options is None:
+            raise ValueError("nsqd offered TLS but no tls_options were given")
+        self.transport.startTLS(self.tls_options)
+        self._switched = True
+
+    def _set_codec(self, codec: SnappyCodec | DeflateCodec) -> None:
+        self._codec = codec
+        self._switched = True
+
+    def auth(self, secret: bytes) -> defer.Deferred[bytes]:
+        return self._request(encode_command(b"AUTH", body=secret))
 
     def sub(self, topic: str, channel: str) -> defer.Deferred[bytes]:
         return self._request(encode_command(b"SUB", topic, channel))
@@ -182,19 +245,24 @@ class NSQClientProtocol(protocol.Protocol):
         return self._request(b"CLS\n")
 
     def rdy(self, count: int) -> None:
-        self.transport.write(b"RDY %d\n" % count)
+        self.write(b"RDY %d\n" % count)
 
     def fin(self, msg_id: bytes) -> None:
-        self.transport.write(b"FIN " + msg_id + b"\n")
+        self.write(b"FIN " + msg_id + b"\n")
 
     def req(self, msg_id: bytes, delay_ms: int = 0) -> None:
-        self.transport.write(b"REQ " + msg_id + b" %d\n" % delay_ms)
+        self.write(b"REQ " + msg_id + b" %d\n" % delay_ms)
 
     def touch(self, msg_id: bytes) -> None:
-        self.transport.write(b"TOUCH " + msg_id + b"\n")
+        self.write(b"TOUCH " + msg_id + b"\n")
 
     def nop(self) -> None:
-        self.transport.write(b"NOP\n")
+        self.write(b"NOP\n")
+
+    def write(self, data: bytes) -> None:
+        if self._codec is not None:
+            data = self._codec.encode(data)
+        self.transport.write(data)
 
     def close(self) -> None:
         self.transport.loseConnection()
@@ -205,11 +273,20 @@ def _client_endpoint(reactor: Any, host: str, port: int) -> Any:
 
 
 @defer.inlineCallbacks
-def connect(reactor: Any, host: str, port: int, **identify: Any) -> Any:
-    """Connect and IDENTIFY; fires with the :class:`NSQClientProtocol`."""
+def connect(
+    reactor: Any, host: str, port: int, tls_options: Any = None, auth_secret: bytes | None = None, **identify: Any
+) -> Any:
+    """Connect and IDENTIFY; fires with the :class:`NSQClientProtocol`.
+
+    ``identify`` are IDENTIFY's fields (``snappy=True``, ``deflate=True``,
+    ``tls_v1=True``...); ``tls_options`` is a client connection creator
+    (:func:`twisted.internet.ssl.optionsForClientTLS`) for the TLS upgrade;
+    ``auth_secret`` is sent with AUTH once identified.
+    """
     factory = protocol.Factory.forProtocol(NSQClientProtocol)
     factory.noisy = False
     conn = yield _client_endpoint(reactor, host, port).connect(factory)
+    conn.tls_options = tls_options
     data = {
         "client_id": socket.gethostname().split(".")[0],
         "hostname": socket.gethostname(),
@@ -218,6 +295,8 @@ def connect(reactor: Any, host: str, port: int, **identify: Any) -> Any:
     }
     data.update(identify)
     yield conn.identify(**data)
+    if auth_secret is not None:
+        yield conn.auth(auth_secret)
     return conn
 
 

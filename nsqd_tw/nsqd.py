@@ -17,6 +17,7 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 
+from nsqd_tw.auth import AuthClient
 from nsqd_tw.backend import DummyBackendQueue, IBackendQueue, MemoryBackendQueue
 from nsqd_tw.channel import Channel
 from nsqd_tw.diskqueue import DiskQueue, Syncer, write_atomic
@@ -82,6 +83,7 @@ class NSQD(service.Service):
         self.http_address: tuple[str, int] | None = None
         self.https_address: tuple[str, int] | None = None
         self.tls_context: Any = None  # nsqd_tw.tls.ServerTLS when --tls-cert/--tls-key are set
+        self.auth = AuthClient(self)  # asks --auth-http-address servers about AUTH secrets
 
         self._scan_channels: list[Channel] | None = None
         self._scan_refresh_at = 0.0

@@ -376,6 +376,9 @@ class NSQDOptions:
         "<addr>:<port> or a full url to query auth server (may be given multiple times)",
         cfg="auth_http_addresses",
     )
+    auth_http_request_method: str = opt(
+        "auth-http-request-method", STRING, "get", "HTTP method to use for auth server requests"
+    )
     broadcast_address: str = opt(
         "broadcast-address",
         STRING,
@@ -538,6 +541,8 @@ class NSQDOptions:
             self.tls_required = TLS_REQUIRED
         if self.tls_required != TLS_NOT_REQUIRED and not (self.tls_cert and self.tls_key):
             raise ConfigError("cannot require TLS client connections without TLS key and cert")
+        if self.auth_http_request_method not in ("post", "get"):
+            raise ConfigError("--auth-http-request-method must be post or get")
         for p in self.e2e_processing_latency_percentiles:
             if p <= 0 or p > 1:
                 raise ConfigError(f"invalid E2E processing latency percentile: {p:g}")

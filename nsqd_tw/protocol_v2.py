@@ -15,11 +15,16 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import defer, protocol
+from twisted.internet.interfaces import IHandshakeListener
 from twisted.internet.task import LoopingCall
 from twisted.protocols.policies import TimeoutMixin
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
+from nsqd_tw import gojson
+from nsqd_tw.auth import AuthState
 from nsqd_tw.channel import Channel, ChannelError
+from nsqd_tw.compression import CompressionError, DeflateCodec, SnappyCodec
 from nsqd_tw.log import Logger
 from nsqd_tw.message import Message
 from nsqd_tw.nsqd import NSQD
@@ -53,6 +58,85 @@ STATE_SUBSCRIBED = 3
 STATE_CLOSING = 4
 
 DEFAULT_BUFFER_SIZE = 16 * 1024
+
+# the TLS upgrade after IDENTIFY: waiting for the ClientHello, then handshaking
+TLS_HANDSHAKE_TIMEOUT = 5.0
+_TLS_NONE, _TLS_AWAIT_HELLO, _TLS_HANDSHAKE, _TLS_DONE = range(4)
+
+# crypto/tls names nsqd 1.3 reports in /stats; other suites are "Unknown <id>"
+_GO_CIPHER_NAMES = {
+    "RC4-SHA": (0x0005, "TLS_RSA_WITH_RC4_128_SHA"),
+    "DES-CBC3-SHA": (0x000A, "TLS_RSA_WITH_3DES_EDE_CBC_SHA"),
+    "AES128-SHA": (0x002F, "TLS_RSA_WITH_AES_128_CBC_SHA"),
+    "AES256-SHA": (0x0035, "TLS_RSA_WITH_AES_256_CBC_SHA"),
+    "ECDHE-ECDSA-RC4-SHA": (0xC007, "TLS_ECDHE_ECDSA_WITH_RC4_128_SHA"),
+    "ECDHE-ECDSA-AES128-SHA": (0xC009, "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA"),
+    "ECDHE-ECDSA-AES256-SHA": (0xC00A, "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA"),
+    "ECDHE-RSA-RC4-SHA": (0xC011, "TLS_ECDHE_RSA_WITH_RC4_128_SHA"),
+    "ECDHE-RSA-DES-CBC3-SHA": (0xC012, "TLS_ECDHE_RSA_WITH_3DES_EDE_CBC_SHA"),
+    "ECDHE-RSA-AES128-SHA": (0xC013, "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA"),
+    "ECDHE-RSA-AES256-SHA": (0xC014, "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA"),
+    "ECDHE-RSA-AES128-GCM-SHA256": (0xC02F, "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256"),
+    "ECDHE-ECDSA-AES128-GCM-SHA256": (0xC02B, "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256"),
+}
+_CIPHER_IDS = {
+    "TLS_AES_128_GCM_SHA256": 0x1301,
+    "TLS_AES_256_GCM_SHA384": 0x1302,
+    "TLS_CHACHA20_POLY1305_SHA256": 0x1303,
+    "AES128-GCM-SHA256": 0x009C,
+    "AES256-GCM-SHA384": 0x009D,
+    "DHE-RSA-AES128-GCM-SHA256": 0x009E,
+    "DHE-RSA-AES256-GCM-SHA384": 0x009F,
+    "ECDHE-ECDSA-AES256-GCM-SHA384": 0xC02C,
+    "ECDHE-RSA-AES256-GCM-SHA384": 0xC030,
+    "ECDHE-RSA-AES128-SHA256": 0xC027,
+    "ECDHE-RSA-AES256-SHA384": 0xC028,
+    "ECDHE-ECDSA-AES128-SHA256": 0xC023,
+    "ECDHE-ECDSA-AES256-SHA384": 0xC024,
+    "ECDHE-RSA-CHACHA20-POLY1305": 0xCCA8,
+    "ECDHE-ECDSA-CHACHA20-POLY1305": 0xCCA9,
+    "DHE-RSA-CHACHA20-POLY1305": 0xCCAA,
+}
+
+
+def go_cipher_suite(openssl_name: str) -> str:
+    """The ``tls_cipher_suite`` Go's nsqd would report for a negotiated suite."""
+    known = _GO_CIPHER_NAMES.get(openssl_name)
+    if known is not None:
+        return known[1]
+    suite_id = _CIPHER_IDS.get(openssl_name)
+    return f"Unknown {suite_id}" if suite_id is not None else f"Unknown {openssl_name}"
+
+
+def go_tls_version(openssl_version: str) -> str:
+    return {"TLSv1": "TLS1.0", "TLSv1.1": "TLS1.1", "TLSv1.2": "TLS1.2", "TLSv1.3": "TLS1.3"}.get(
+        openssl_version, f"Unknown {openssl_version}"
+    )
+
+
+def _tls_error(e: BaseException) -> str:
+    from twisted.internet import error
+
+    from nsqd_tw.tls import ssl_error
+
+    if isinstance(e, (error.ConnectionDone, error.ConnectionLost)):
+        return "EOF"
+    return ssl_error(e)
+
+
+class Pause:
+    """A handler's answer that is not ready yet: no further command is read
+    until ``deferred`` fires with the response (bytes, a Deferred, or None).
+
+    ``pause_reading`` also stops reading the socket meanwhile (AUTH waits for
+    the auth server); a TLS upgrade must keep reading to handshake.
+    """
+
+    __slots__ = ("deferred", "pause_reading")
+
+    def __init__(self, deferred: defer.Deferred[Any], pause_reading: bool) -> None:
+        self.deferred = deferred
+        self.pause_reading = pause_reading
 
 
 def _s(b: bytes) -> str:
@@ -111,6 +195,7 @@ def decode_identify(body: bytes) -> dict[str, Any]:
     return out
 
 
+@implementer(IHandshakeListener)
 class V2Protocol(protocol.Protocol, TimeoutMixin):
     log = Logger(namespace="nsqd_tw.protocol_v2")
     transport: Any
@@ -144,7 +229,8 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
         self.tls = False
         self.snappy = False
         self.deflate = False
-        self.auth_state: Any = None
+        self.auth_state: AuthState | None = None
+        self.auth_secret = b""
 
         self._magic = b""
         self._parser: V2Parser | None = None
@@ -157,6 +243,15 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
         self._wlen = 0
         self._flush_pending = False
         self._heartbeat: LoopingCall | None = None
+        self._codec: SnappyCodec | DeflateCodec | None = None
+        self._waiting = False  # a handler's Pause is outstanding
+        self._reading_paused = False
+        self._drain_waiters: list[defer.Deferred[None]] = []
+        self._hold_writes = False  # during the TLS handshake
+        self._tls_state = _TLS_NONE
+        self._tls_buf = b""
+        self._tls_timer: Any = None
+        self._tls_done: defer.Deferred[None] | None = None
         self._handlers: dict[bytes, Callable[[Command], Any]] = {
             b"FIN": self.FIN,
             b"RDY": self.RDY,
@@ -210,11 +305,26 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
             self._start()
             if not data:
                 return
+        if self._tls_state == _TLS_AWAIT_HELLO:
+            self._tls_hello(data)
+            return
         self.resetTimeout()
         parser = self._parser
         assert parser is not None
-        parser.feed(data)
-        self._process(parser)
+        codec = self._codec
+        if codec is None:
+            parser.feed(data)
+            self._process(parser)
+            return
+        try:
+            for chunk in codec.decode(data):
+                parser.feed(chunk)
+                self._process(parser)
+                if self._closed:
+                    return
+        except CompressionError as e:
+            self.log.error("client({client}) - failed to read command - {err}", client=self, err=e)
+            self._close()
 
     def _start(self) -> None:
         opts = self.nsqd.opts
@@ -222,6 +332,8 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
         self._set_heartbeat(self.heartbeat_interval)
 
     def _process(self, parser: V2Parser) -> None:
+        if self._waiting:
+            return
         handlers = self._handlers
         tls_required = self.nsqd.opts.tls_required != TLS_NOT_REQUIRED
         try:
@@ -245,10 +357,10 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
                     continue
                 if response is None:
                     continue
-                if isinstance(response, defer.Deferred):
-                    self._respond_later(response, name)
-                else:
-                    self._respond(FRAME_TYPE_RESPONSE, response)
+                if isinstance(response, Pause):
+                    self._pause(response, name)
+                    break
+                self._deliver(response, name)
         except FatalClientError as e:
             self.log.error("[{client}] - {err}", client=self, err=e)
             self._respond(FRAME_TYPE_ERROR, e.wire(), fatal=True)
@@ -262,6 +374,59 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
             self._kick = False
             if self.channel is not None:
                 self.channel.kick()
+
+    def _deliver(self, response: Any, name: bytes) -> None:
+        if isinstance(response, defer.Deferred):
+            self._respond_later(response, name)
+        else:
+            self._respond(FRAME_TYPE_RESPONSE, response)
+
+    def _pause(self, pause: Pause, name: bytes) -> None:
+        """Stop reading commands until the paused handler has its answer."""
+        self._waiting = True
+        if pause.pause_reading:
+            self._reading_paused = True
+            self.transport.pauseProducing()
+
+        def resume() -> bool:
+            self._waiting = False
+            if self._reading_paused:
+                self._reading_paused = False
+                if not self._closed:
+                    self.transport.resumeProducing()
+            return not self._closed
+
+        def done(response: Any) -> None:
+            if not resume():
+                return
+            if response is not None:
+                self._deliver(response, name)
+            assert self._parser is not None
+            self._process(self._parser)
+
+        def failed(f: Failure) -> None:
+            if not resume():
+                return
+            err = f.value
+            if not isinstance(err, ClientError):
+                self.log.failure("[{client}] - internal error, closing connection", f, client=self)
+                self._close()
+                return
+            self.log.error("[{client}] - {err}", client=self, err=err)
+            self._respond(FRAME_TYPE_ERROR, err.wire(), fatal=err.fatal)
+            if not err.fatal:
+                assert self._parser is not None
+                self._process(self._parser)
+
+        pause.deferred.addCallbacks(done, failed)
+
+    def _drained(self) -> defer.Deferred[None]:
+        """Fires when every response held back so far has been sent."""
+        if not self._pending:
+            return defer.succeed(None)
+        d: defer.Deferred[None] = defer.Deferred()
+        self._drain_waiters.append(d)
+        return d
 
     # Responses and errors keep the order of the commands. One that waits (a
     # durable publish waiting for its fsync) holds back those behind it, while
@@ -306,6 +471,10 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
             if fatal:
                 pending.clear()
                 self._close()
+        if not pending and self._drain_waiters and not self._closed:
+            waiters, self._drain_waiters = self._drain_waiters, []
+            for w in waiters:
+                w.callback(None)
 
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
         self._closed = True
@@ -313,6 +482,11 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
         self.setTimeout(None)
         self._set_heartbeat(0)
         self._wbuf = []
+        if self._tls_state in (_TLS_AWAIT_HELLO, _TLS_HANDSHAKE):
+            self._cancel_tls_timer()
+            self._tls_state = _TLS_NONE
+            err = FatalClientError("E_IDENTIFY_FAILED", f"IDENTIFY failed {_tls_error(reason.value or Exception())}")
+            self.log.error("[{client}] - {err}", client=self, err=err)
         if self.channel is not None:
             self.channel.remove_client(self.id)
         self.nsqd.remove_client(self.id)
@@ -368,8 +542,11 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
 
     def flush(self) -> None:
         self._flush_pending = False
-        if self._wbuf:
-            self.transport.writeSequence(self._wbuf)
+        if self._wbuf and not self._hold_writes:
+            if self._codec is None:
+                self.transport.writeSequence(self._wbuf)
+            else:
+                self.transport.write(self._codec.encode(b"".join(self._wbuf)))
             self._wbuf = []
             self._wlen = 0
 
@@ -385,7 +562,145 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
 
     def tls_info(self) -> dict[str, Any]:
         """Cipher suite, version and ALPN of the TLS session (for /stats)."""
-        return {}
+        if not self.tls:
+            return {}
+        conn = self.transport.getHandle()
+        return {
+            "cipher_suite": go_cipher_suite(conn.get_cipher_name() or ""),
+            "version": go_tls_version(conn.get_protocol_version_name() or ""),
+            "negotiated_protocol": (conn.get_alpn_proto_negotiated() or b"").decode("ascii", "replace"),
+            # crypto/tls: "Deprecated: this value is always true"
+            "negotiated_protocol_is_mutual": True,
+        }
+
+    def peer_common_name(self) -> str:
+        """The subject common name of the client's TLS certificate, if any."""
+        if not self.tls:
+            return ""
+        cert = self.transport.getPeerCertificate()
+        if cert is None:
+            return ""
+        return cert.get_subject().commonName or ""
+
+    # -- upgrades after IDENTIFY ---------------------------------------------
+
+    def _upgrade(
+        self, response: bytes, tls_v1: bool, snappy: bool, deflate: bool, deflate_level: int
+    ) -> defer.Deferred[None]:
+        """Send IDENTIFY's response, then switch the stream as Go does: TLS
+        first (the OK after the handshake goes over TLS), then snappy or
+        deflate (their OK is the first compressed frame)."""
+
+        def send_response(_: Any) -> Any:
+            self._send_frame(FRAME_TYPE_RESPONSE, response)
+            self.flush()
+            if tls_v1:
+                return self._start_tls()
+            return None
+
+        def compress(_: Any) -> None:
+            if snappy:
+                self.log.info("PROTOCOL(V2): [{client}] upgrading connection to snappy", client=self)
+                self._set_codec(SnappyCodec())
+                self.snappy = True
+            if deflate:
+                self.log.info(
+                    "PROTOCOL(V2): [{client}] upgrading connection to deflate (level {deflate_level})",
+                    client=self,
+                    deflate_level=deflate_level,
+                )
+                self._set_codec(DeflateCodec(deflate_level))
+                self.deflate = True
+
+        d = self._drained()
+        d.addCallback(send_response)
+        d.addCallback(compress)
+        return d
+
+    def _set_codec(self, codec: SnappyCodec | DeflateCodec) -> None:
+        self.flush()
+        self._codec = codec
+        assert self._parser is not None
+        rest = self._parser.take_remainder()
+        self._send_frame(FRAME_TYPE_RESPONSE, OK)
+        self.flush()
+        if rest:  # bytes pipelined after IDENTIFY are compressed already
+            for chunk in codec.decode(rest):
+                self._parser.feed(chunk)
+
+    def _start_tls(self) -> defer.Deferred[None]:
+        self.log.info("PROTOCOL(V2): [{client}] upgrading connection to TLS", client=self)
+        self._tls_done = defer.Deferred()
+        self._tls_state = _TLS_AWAIT_HELLO
+        self._hold_writes = True
+        self._tls_timer = self.callLater(TLS_HANDSHAKE_TIMEOUT, self._tls_timed_out)
+        assert self._parser is not None
+        rest = self._parser.take_remainder()
+        d = self._tls_done
+        if rest:
+            self._tls_hello(rest)
+        return d
+
+    def _tls_hello(self, data: bytes) -> None:
+        """Look at the first bytes: a TLS record, or garbage answered in plain text."""
+        self._tls_buf += data
+        buf = self._tls_buf
+        if len(buf) < 3:
+            return
+        self._tls_buf = b""
+        if buf[0] != 0x16 or buf[1] != 0x03:
+            self._tls_failed("tls: first record does not look like a TLS handshake")
+            return
+        self._tls_state = _TLS_HANDSHAKE
+        self.transport.startTLS(self.nsqd.tls_context)
+        self.transport.protocol.dataReceived(buf)
+
+    def handshakeCompleted(self) -> None:
+        """IHandshakeListener: the TLS session is up; OK goes over it."""
+        self._cancel_tls_timer()
+        self._tls_state = _TLS_DONE
+        self.tls = True
+        self._hold_writes = False
+        # heartbeats held during the handshake go after the OK, as Go's write lock orders them
+        frame = pack_frame(FRAME_TYPE_RESPONSE, OK)
+        self._wbuf.insert(0, frame)
+        self._wlen += len(frame)
+        self.flush()
+        d, self._tls_done = self._tls_done, None
+        if d is not None:
+            d.callback(None)
+
+    def _tls_failed(self, text: str) -> None:
+        self._cancel_tls_timer()
+        self._tls_state = _TLS_NONE
+        self._hold_writes = False
+        self._wbuf = []
+        self._wlen = 0
+        d, self._tls_done = self._tls_done, None
+        if d is not None:
+            d.errback(FatalClientError("E_IDENTIFY_FAILED", f"IDENTIFY failed {text}"))
+
+    def _tls_timed_out(self) -> None:
+        self._tls_timer = None
+        host = self.transport.getHost()
+        local = f"{getattr(host, 'host', '')}:{getattr(host, 'port', '')}"
+        text = f"read tcp {local}->{self.remote_address}: i/o timeout"
+        if self._tls_state == _TLS_AWAIT_HELLO:
+            # nothing TLS was said yet: the error goes back in plain text, as Go's
+            self._tls_failed(text)
+            return
+        self._tls_state = _TLS_NONE
+        err = FatalClientError("E_IDENTIFY_FAILED", f"IDENTIFY failed {text}")
+        self.log.error("[{client}] - {err}", client=self, err=err)
+        self._closed = True
+        self._halted = True
+        self.transport.abortConnection()
+
+    def _cancel_tls_timer(self) -> None:
+        if self._tls_timer is not None:
+            if self._tls_timer.active():
+                self._tls_timer.cancel()
+            self._tls_timer = None
 
     # -- what the channel calls ----------------------------------------------
 
@@ -416,8 +731,8 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
             if len(params) < 2:
                 raise FatalClientError("E_INVALID", "MPUB insufficient number of parameters")
             topic_name = self._topic_name(b"MPUB", params[1])
-            self.check_auth("MPUB", topic_name, "")
-            self.nsqd.get_topic(topic_name)
+            if self._check_auth_early("MPUB", topic_name):
+                self.nsqd.get_topic(topic_name)
         elif name == b"DPUB":
             if len(params) < 3:
                 raise FatalClientError("E_INVALID", "DPUB insufficient number of parameters")
@@ -449,10 +764,61 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
             raise FatalClientError("E_INVALID", f"DPUB timeout {timeout_ms} out of range 0-{max_ns // 1_000_000}")
         return duration_ns / 1e9
 
-    def check_auth(self, cmd: str, topic: str, channel: str) -> None:
-        """Authorisation seam: with no --auth-http-address everything is allowed."""
-        if self.nsqd.opts.auth_http_addresses:
+    # -- authorisation ----------------------------------------------------------
+
+    def has_authorizations(self) -> bool:
+        return self.auth_state is not None and bool(self.auth_state.authorizations)
+
+    def check_auth(self, cmd: str, topic: str, channel: str) -> defer.Deferred[None] | None:
+        """Go's CheckAuth: raises the refusal, or returns a Deferred while an
+        expired authorisation is fetched again (the command waits for it)."""
+        if not self.nsqd.opts.auth_http_addresses:
+            return None
+        state = self.auth_state
+        if state is None or not state.authorizations:
             raise FatalClientError("E_AUTH_FIRST", f"AUTH required before {cmd}")
+        if not state.is_expired(self.nsqd.now()):
+            self._authorize(state, cmd, topic, channel)
+            return None
+
+        def refreshed(new_state: AuthState) -> None:
+            self.auth_state = new_state
+            self._authorize(new_state, cmd, topic, channel)
+
+        d: defer.Deferred[Any] = self._query_auth()
+        d.addErrback(self._auth_failed)
+        d.addCallback(refreshed)
+        return d
+
+    def _check_auth_early(self, cmd: str, topic: str) -> bool:
+        """MPUB's check before its body is read: False when the authorisation
+        has expired and must be fetched again first (the handler does it)."""
+        if not self.nsqd.opts.auth_http_addresses:
+            return True
+        state = self.auth_state
+        if state is None or not state.authorizations:
+            raise FatalClientError("E_AUTH_FIRST", f"AUTH required before {cmd}")
+        if state.is_expired(self.nsqd.now()):
+            return False
+        self._authorize(state, cmd, topic, "")
+        return True
+
+    @staticmethod
+    def _authorize(state: AuthState, cmd: str, topic: str, channel: str) -> None:
+        if not state.is_allowed(topic, channel):
+            raise FatalClientError(
+                "E_UNAUTHORIZED", f"AUTH failed for {cmd} on {go_quote(topic.encode())} {go_quote(channel.encode())}"
+            )
+
+    def _query_auth(self) -> defer.Deferred[AuthState]:
+        peer = self.transport.getPeer()
+        remote_ip = getattr(peer, "host", "") if getattr(peer, "type", "") in ("TCP", "TCP6") else ""
+        return self.nsqd.auth.query_any(remote_ip, self.tls, self.peer_common_name(), self.auth_secret)
+
+    def _auth_failed(self, f: Failure) -> None:
+        # the auth server's errors are logged, never shown to an untrusted client
+        self.log.warn("PROTOCOL(V2): [{client}] AUTH failed {err}", client=self, err=f.getErrorMessage())
+        raise FatalClientError("E_AUTH_FAILED", "AUTH failed")
 
     def _message_id(self, params: list[bytes]) -> bytes:
         msg_id = params[1]
@@ -462,7 +828,7 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
 
     # -- commands --------------------------------------------------------------
 
-    def IDENTIFY(self, cmd: Command) -> bytes | None:
+    def IDENTIFY(self, cmd: Command) -> bytes | Pause | None:
         assert cmd.body is not None
         try:
             data = decode_identify(cmd.body)
@@ -484,13 +850,13 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
             return OK
 
         opts = self.nsqd.opts
-        tls_v1 = False  # TLS upgrades arrive with the security issue
-        deflate = False  # compression is negotiated off until it is implemented
+        tls_v1 = self.nsqd.tls_context is not None and data["tls_v1"]
+        deflate = opts.deflate and data["deflate"]
         deflate_level = 6
         if deflate and data["deflate_level"] > 0:
             deflate_level = data["deflate_level"]
         deflate_level = min(deflate_level, opts.max_deflate_level)
-        snappy = False
+        snappy = opts.snappy and data["snappy"]
         if deflate and snappy:
             raise FatalClientError("E_IDENTIFY_FAILED", "cannot enable both deflate and snappy compression")
         resp = {
@@ -508,7 +874,10 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
             "output_buffer_size": self.output_buffer_size,
             "output_buffer_timeout": round(self.output_buffer_timeout * 1000),
         }
-        return json.dumps(resp, separators=(",", ":")).encode()
+        body = json.dumps(resp, separators=(",", ":")).encode()
+        if not (tls_v1 or snappy or deflate):
+            return body
+        return Pause(self._upgrade(body, tls_v1, snappy, deflate, deflate_level), pause_reading=False)
 
     def _identify(self, data: dict[str, Any]) -> None:
         opts = self.nsqd.opts
@@ -560,12 +929,32 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
         else:
             raise ValueError(f"msg timeout ({msg_timeout}) is invalid")
 
-    def AUTH(self, cmd: Command) -> bytes | None:
+    def AUTH(self, cmd: Command) -> Pause:
+        assert cmd.body is not None
+        if self.has_authorizations():
+            raise FatalClientError("E_INVALID", "AUTH already set")
         if not self.nsqd.opts.auth_http_addresses:
             raise FatalClientError("E_AUTH_DISABLED", "AUTH disabled")
-        raise FatalClientError("E_AUTH_FAILED", "AUTH failed")
+        self.auth_secret = cmd.body
 
-    def SUB(self, cmd: Command) -> bytes | None:
+        def authorized(state: AuthState) -> bytes:
+            self.auth_state = state
+            if not state.authorizations:
+                raise FatalClientError("E_UNAUTHORIZED", "AUTH no authorizations found")
+            return gojson.dumps(
+                {
+                    "identity": state.identity,
+                    "identity_url": state.identity_url,
+                    "permission_count": len(state.authorizations),
+                }
+            )
+
+        d = self._query_auth()
+        d.addErrback(self._auth_failed)
+        d.addCallback(authorized)
+        return Pause(d, pause_reading=True)
+
+    def SUB(self, cmd: Command) -> bytes | Pause | None:
         if self.state != STATE_INIT:
             raise FatalClientError("E_INVALID", "cannot SUB in current state")
         if self.heartbeat_interval <= 0:
@@ -579,7 +968,13 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
             raise FatalClientError("E_BAD_CHANNEL", f"SUB channel name {go_quote(params[2])} is not valid")
         topic_name = params[1].decode("ascii")
         channel_name = params[2].decode("ascii")
-        self.check_auth("SUB", topic_name, channel_name)
+        wait = self.check_auth("SUB", topic_name, channel_name)
+        if wait is not None:
+            wait.addCallback(lambda _: self._subscribe(topic_name, channel_name))
+            return Pause(wait, pause_reading=True)
+        return self._subscribe(topic_name, channel_name)
+
+    def _subscribe(self, topic_name: str, channel_name: str) -> bytes:
         channel = self.nsqd.get_topic(topic_name).get_channel(channel_name)
         try:
             channel.add_client(self)
@@ -692,22 +1087,27 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
         return OK if committed is None else committed
 
-    def PUB(self, cmd: Command) -> bytes | defer.Deferred[None] | None:
-        assert cmd.body is not None
-        topic_name = cmd.params[1].decode("ascii")
-        self.check_auth("PUB", topic_name, "")
-        return self._publish("PUB", topic_name, [cmd.body])
+    def _authorized_publish(
+        self, verb: str, topic_name: str, bodies: list[bytes], delay: float = 0.0
+    ) -> bytes | defer.Deferred[None] | Pause:
+        wait = self.check_auth(verb, topic_name, "")
+        if wait is not None:
+            wait.addCallback(lambda _: self._publish(verb, topic_name, bodies, delay))
+            return Pause(wait, pause_reading=True)
+        return self._publish(verb, topic_name, bodies, delay)
 
-    def MPUB(self, cmd: Command) -> bytes | defer.Deferred[None] | None:
+    def PUB(self, cmd: Command) -> bytes | defer.Deferred[None] | Pause:
+        assert cmd.body is not None
+        return self._authorized_publish("PUB", cmd.params[1].decode("ascii"), [cmd.body])
+
+    def MPUB(self, cmd: Command) -> bytes | defer.Deferred[None] | Pause:
         assert cmd.bodies is not None
-        return self._publish("MPUB", cmd.params[1].decode("ascii"), cmd.bodies)
+        return self._authorized_publish("MPUB", cmd.params[1].decode("ascii"), cmd.bodies)
 
-    def DPUB(self, cmd: Command) -> bytes | defer.Deferred[None] | None:
+    def DPUB(self, cmd: Command) -> bytes | defer.Deferred[None] | Pause:
         assert cmd.body is not None
-        topic_name = cmd.params[1].decode("ascii")
         delay = self._dpub_delay(cmd.params[2])
-        self.check_auth("DPUB", topic_name, "")
-        return self._publish("DPUB", topic_name, [cmd.body], delay)
+        return self._authorized_publish("DPUB", cmd.params[1].decode("ascii"), [cmd.body], delay)
 
 
 class V2Factory(protocol.ServerFactory):

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from OpenSSL import SSL
+from twisted.internet.interfaces import IOpenSSLContextFactory
+from zope.interface import implementer
 
 from nsqd_tw.options import ConfigError, NSQDOptions
 
@@ -21,6 +23,7 @@ MIN_VERSIONS = {
 }
 
 
+@implementer(IOpenSSLContextFactory)
 class ServerTLS:
     """A context factory for Twisted's TLS (``getContext``), built once."""
 
@@ -33,12 +36,12 @@ class ServerTLS:
             ctx.use_privatekey_file(opts.tls_key.encode())
             ctx.check_privatekey()
         except (SSL.Error, OSError) as e:
-            raise ConfigError(f"failed to build TLS config - {_ssl_error(e)}") from None
+            raise ConfigError(f"failed to build TLS config - {ssl_error(e)}") from None
         if opts.tls_root_ca_file:
             try:
                 ctx.load_verify_locations(opts.tls_root_ca_file.encode())
             except (SSL.Error, OSError) as e:
-                raise ConfigError(f"failed to build TLS config - {_ssl_error(e)}") from None
+                raise ConfigError(f"failed to build TLS config - {ssl_error(e)}") from None
         policy = opts.tls_client_auth_policy
         if policy == "require":
             ctx.set_verify(SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT, _accept_any)
@@ -59,7 +62,7 @@ def _verified(conn: Any, cert: Any, errnum: int, depth: int, ok: int) -> bool:
     return bool(ok)
 
 
-def _ssl_error(e: BaseException) -> str:
+def ssl_error(e: BaseException) -> str:
     if isinstance(e, SSL.Error) and e.args and isinstance(e.args[0], list):
         return "; ".join(str(part[-1]) for part in e.args[0] if part) or str(e)
     return str(e)

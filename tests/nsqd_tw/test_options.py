@@ -155,6 +155,7 @@ class ValidateTests(unittest.TestCase):
         self.check("--max-deflate-level must be [1,9]", max_deflate_level=0)
         self.check("cannot require TLS client connections without TLS key and cert", tls_required=TLS_REQUIRED)
         self.check("invalid E2E processing latency percentile: 1.5", e2e_processing_latency_percentiles=[1.5])
+        self.check("--auth-http-request-method must be post or get", auth_http_request_method="put")
 
     def test_client_auth_policy_implies_tls_required(self) -> None:
         o = NSQDOptions(tls_client_auth_policy="require", tls_cert="c", tls_key="k")

@@ -1,0 +1,93 @@
+"""Stream compression a client negotiates with IDENTIFY.
+
+``snappy`` is the snappy framing format (python-snappy's stream classes, as
+Go's github.com/golang/snappy Reader/Writer); ``deflate`` is raw DEFLATE
+(no zlib header, as Go's compress/flate) with a sync flush each time nsqd
+flushes its output buffer, so the client can decode every frame at once.
+
+Decoding is bounded: :meth:`decode` yields the inflated bytes in slices of at
+most :data:`DECODE_SLICE`, so a small "bomb" never becomes one huge buffer.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+
+import snappy
+
+DECODE_SLICE = 1 << 20
+
+# the largest chunk the framing format allows: 64 KiB of input compressed in
+# the worst case (32 + n + n/6), plus the 4-byte checksum
+_SNAPPY_MAX_CHUNK = 4 + 32 + 65536 + 65536 // 6
+
+
+class CompressionError(Exception):
+    pass
+
+
+class SnappyCodec:
+    name = "snappy"
+
+    def __init__(self) -> None:
+        self._compressor = snappy.StreamCompressor()
+        self._decompressor = snappy.StreamDecompressor()
+        self._pending = b""
+
+    def encode(self, data: bytes) -> bytes:
+        return bytes(self._compressor.add_chunk(bytes(data)))
+
+    def decode(self, data: bytes) -> Iterator[bytes]:
+        buf = self._pending + data if self._pending else data
+        # check the headers of the complete chunks ourselves: a corrupt length
+        # would otherwise make the decompressor wait for up to 16 MiB
+        pos = 0
+        while len(buf) - pos >= 4:
+            kind = buf[pos]
+            length = int.from_bytes(buf[pos + 1 : pos + 4], "little")
+            if length > _SNAPPY_MAX_CHUNK:
+                raise CompressionError("snappy: corrupt input")
+            if kind == 0x01 and length < 4:
+                raise CompressionError("snappy: corrupt input")
+            if 0x02 <= kind <= 0x7F:
+                raise CompressionError("snappy: unsupported input")
+            if len(buf) - pos - 4 < length:
+                break
+            pos += 4 + length
+        complete, self._pending = buf[:pos], buf[pos:]
+        if not complete:
+            return
+        try:
+            out = self._decompressor.decompress(complete)
+        except Exception as e:  # cramjam.DecompressionError and friends
+            raise CompressionError(f"snappy: corrupt input ({e})") from None
+        for i in range(0, len(out), DECODE_SLICE):
+            yield out[i : i + DECODE_SLICE]
+
+
+class DeflateCodec:
+    name = "deflate"
+
+    def __init__(self, level: int) -> None:
+        self.level = level
+        self._compressor = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS)
+        self._decompressor = zlib.decompressobj(-zlib.MAX_WBITS)
+
+    def encode(self, data: bytes) -> bytes:
+        c = self._compressor
+        return c.compress(data) + c.flush(zlib.Z_SYNC_FLUSH)
+
+    def decode(self, data: bytes) -> Iterator[bytes]:
+        d = self._decompressor
+        try:
+            while data:
+                out = d.decompress(data, DECODE_SLICE)
+                data = d.unconsumed_tail
+                if out:
+                    yield out
+                if d.eof:
+                    # the client ended its deflate stream: nothing may follow
+                    raise CompressionError("flate: stream ended")
+        except zlib.error as e:
+            raise CompressionError(f"flate: corrupt input ({e})") from None
