@@ -92,7 +92,8 @@ def connect(address: str, user_agent: str, feats: dict[str, bool] | None = None)
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
         s = ctx.wrap_socket(s, server_hostname=host)
-        expect_ok(s)
+        buf = bytearray()  # what follows the TLS OK (a compressed OK) stays in it
+        expect_ok(s, buf)
     for name in ("snappy", "deflate"):
         if agreed.get(name):
             codec = SnappyCodec() if name == "snappy" else DeflateCodec(agreed.get("deflate_level", 6))
