@@ -10,7 +10,7 @@ setup(
     python_requires=">=3.11",
     # twisted/plugins has no __init__.py: it is Twisted's plugin namespace, and
     # listing it here ships our plugin modules into it
-    packages=["nsqd_tw", "lookupd_tw", "twisted.plugins"],
+    packages=["nsqd_tw", "lookupd_tw", "nsq_spark", "twisted.plugins"],
     package_data={"twisted.plugins": ["nsqd_tw_plugin.py", "lookupd_tw_plugin.py"]},
     install_requires=[
         "twisted>=24.7",
@@ -23,6 +23,11 @@ setup(
         "python-snappy>=0.7",  # IDENTIFY snappy: the framing format, via cramjam
     ],
     extras_require={
+        # the Spark source, sink and archive job (nsq_spark); Spark needs Java 17+
+        "spark": [
+            "pyspark>=4.2,<5",
+            "pyarrow>=15",
+        ],
         "test": [
             "pynsq>=0.9.1",
             "pyyaml>=6",
@@ -45,6 +50,7 @@ setup(
         "console_scripts": [
             "nsqd = nsqd_tw.cli:main",
             "nsqlookupd = lookupd_tw.cli:main",
+            "nsq-spark-archive = nsq_spark.archive:main",
         ],
     },
     classifiers=[

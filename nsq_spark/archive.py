@@ -1,0 +1,210 @@
+"""nsq-spark-archive: land an NSQ topic in Parquet, partitioned by date and hour.
+
+    nsq-spark-archive --nsqd-tcp-address 127.0.0.1:4150 --topic events --output ./archive
+
+consumes ``events`` on channel ``nsq_to_parquet`` until it is drained (the
+default trigger, ``available-now``) and appends to ``./archive/date=YYYY-MM-DD/
+hour=HH/part-*.parquet`` (the hour of each message's nsqd timestamp, UTC).
+``--trigger 30s`` keeps running, a micro-batch every 30 seconds. The
+checkpoint (``<output>/_checkpoint`` unless ``--checkpoint`` says otherwise)
+makes a restart carry on where the last run stopped: every message is in
+Parquet at least once (the ``id`` column tells duplicates apart).
+
+Runs on ``local[*]`` unless ``--master`` names a cluster; under spark-submit
+the master spark-submit was given is used:
+
+    spark-submit --master spark://host:7077 "$(python -m nsq_spark.archive --path)" --topic events ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any
+
+log = logging.getLogger("nsq_spark.archive")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="nsq-spark-archive", description=__doc__.split("\n\n")[0])
+    p.add_argument("--topic", required=True, help="NSQ topic to archive")
+    p.add_argument("--channel", default="nsq_to_parquet", help="channel to consume (default %(default)s)")
+    p.add_argument("--nsqd-tcp-address", action="append", default=[], help="nsqd TCP address (repeatable)")
+    p.add_argument("--lookupd-http-address", action="append", default=[], help="nsqlookupd HTTP address (repeatable)")
+    p.add_argument("--output", required=True, help="directory (or any Hadoop URL) for the Parquet files")
+    p.add_argument("--checkpoint", help="streaming checkpoint location (default <output>/_checkpoint)")
+    p.add_argument(
+        "--trigger",
+        default="available-now",
+        help="'available-now' (drain the channel, then exit) or an interval such as 30s or '1 minute'",
+    )
+    p.add_argument("--max-messages-per-batch", type=int, default=10000)
+    p.add_argument("--max-in-flight", type=int, default=0, help="default: --max-messages-per-batch")
+    p.add_argument("--idle-timeout", default="2s", help="available-now: drained after this long without a message")
+    p.add_argument("--master", help="Spark master URL (default: spark-submit's, else local[*])")
+    p.add_argument("--tls", action="store_true", help="connect to nsqd with TLS")
+    p.add_argument("--tls-root-ca-file")
+    p.add_argument("--tls-cert")
+    p.add_argument("--tls-key")
+    p.add_argument("--auth-secret", help="secret for nsqd's AUTH (or NSQ_AUTH_SECRET in the environment)")
+    p.add_argument("--snappy", action="store_true")
+    p.add_argument("--deflate", action="store_true")
+    p.add_argument("--compression", default="snappy", help="Parquet compression codec (default %(default)s)")
+    p.add_argument("--path", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if not args.nsqd_tcp_address and not args.lookupd_http_address:
+        p.error("give --nsqd-tcp-address or --lookupd-http-address")
+    return args
+
+
+def source_options(args: argparse.Namespace) -> dict[str, str]:
+    options = {
+        "topic": args.topic,
+        "channel": args.channel,
+        "maxMessagesPerBatch": str(args.max_messages_per_batch),
+        "maxInFlight": str(args.max_in_flight or args.max_messages_per_batch),
+        "idleTimeout": args.idle_timeout,
+    }
+    if args.nsqd_tcp_address:
+        options["nsqdTcpAddresses"] = ",".join(args.nsqd_tcp_address)
+    if args.lookupd_http_address:
+        options["lookupdHttpAddresses"] = ",".join(args.lookupd_http_address)
+    if args.tls:
+        options["tls"] = "true"
+    for key, value in (
+        ("tlsRootCaFile", args.tls_root_ca_file),
+        ("tlsCertFile", args.tls_cert),
+        ("tlsKeyFile", args.tls_key),
+    ):
+        if value:
+            options[key] = value
+    secret = args.auth_secret or os.environ.get("NSQ_AUTH_SECRET")
+    if secret:
+        options["authSecret"] = secret
+    if args.snappy:
+        options["snappy"] = "true"
+    if args.deflate:
+        options["deflate"] = "true"
+    return options
+
+
+def spark_session(master: str | None, app_name: str) -> Any:
+    # executors' Python is this one, so they find pyarrow and nsq_spark
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    if master:
+        builder = builder.master(master)
+    elif not SparkConf().contains("spark.master"):
+        builder = builder.master("local[*]")
+    return builder.getOrCreate()
+
+
+def archive_query(spark: Any, args: argparse.Namespace) -> Any:
+    """Start the streaming query; the caller waits for it."""
+    from pyspark.sql import functions as F
+
+    from nsq_spark import register
+
+    register(spark)
+    reader = spark.readStream.format("nsq")
+    for key, value in source_options(args).items():
+        reader = reader.option(key, value)
+    messages = reader.load()
+    utc = F.to_utc_timestamp(F.col("timestamp"), spark.conf.get("spark.sql.session.timeZone"))
+    rows = messages.withColumn("date", F.date_format(utc, "yyyy-MM-dd")).withColumn("hour", F.date_format(utc, "HH"))
+    output = args.output.rstrip("/")
+    writer = (
+        rows.writeStream.format("parquet")
+        .option("path", output)
+        .option("checkpointLocation", args.checkpoint or f"{output}/_checkpoint")
+        .option("compression", args.compression)
+        .partitionBy("date", "hour")
+        .queryName(f"nsq-archive-{args.topic}")
+    )
+    if args.trigger == "available-now":
+        writer = writer.trigger(availableNow=True)
+    else:
+        interval = args.trigger if " " in args.trigger else _spark_interval(args.trigger)
+        writer = writer.trigger(processingTime=interval)
+    return writer.start()
+
+
+def _spark_interval(go_duration: str) -> str:
+    from nsqd_tw.options import parse_duration
+
+    return f"{int(parse_duration(go_duration) * 1000)} milliseconds"
+
+
+class _ProgressLogger:
+    """Logs each micro-batch's count as it completes."""
+
+    def __init__(self, topic: str) -> None:
+        from pyspark.sql.streaming import StreamingQueryListener
+
+        outer = self
+
+        class Listener(StreamingQueryListener):  # type: ignore[misc]
+            def onQueryStarted(self, event: Any) -> None:
+                log.info("archiving %s: query %s started", topic, event.id)
+
+            def onQueryProgress(self, event: Any) -> None:
+                p = event.progress
+                if p.numInputRows:
+                    outer.total += p.numInputRows
+                    log.info(
+                        "batch %d: %d messages archived (%d this run, %.0f rows/s)",
+                        p.batchId,
+                        p.numInputRows,
+                        outer.total,
+                        p.processedRowsPerSecond or 0.0,
+                    )
+
+            def onQueryIdle(self, event: Any) -> None:
+                pass
+
+            def onQueryTerminated(self, event: Any) -> None:
+                if event.exception:
+                    log.error("archive query failed: %s", event.exception)
+
+        self.total = 0
+        self.listener = Listener()
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None and "--path" in sys.argv[1:]:
+        print(os.path.abspath(__file__))  # for spark-submit
+        return 0
+    args = parse_args(argv)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+    ours = logging.getLogger("nsq_spark")
+    ours.addHandler(handler)
+    ours.setLevel(logging.INFO)
+    spark = spark_session(args.master, f"nsq-spark-archive {args.topic}")
+    progress = _ProgressLogger(args.topic)
+    spark.streams.addListener(progress.listener)
+    query = archive_query(spark, args)
+    try:
+        query.awaitTermination()
+    except KeyboardInterrupt:
+        query.stop()
+    except Exception as e:
+        log.error("archiving %s failed: %s", args.topic, e)
+        return 1
+    finally:
+        spark.streams.removeListener(progress.listener)
+    log.info("done: %d messages of %s archived in %s", progress.total, args.topic, args.output)
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    if __package__ in (None, ""):
+        # run as a file by spark-submit: import nsq_spark from where this file lives
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.exit(main())
