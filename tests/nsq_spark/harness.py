@@ -121,3 +121,13 @@ def consume_all(address: str, topic: str, channel: str, count: int, timeout: flo
     finally:
         conn.close()
     return bodies
+
+
+def wait_rows(table: str, n: int, timeout: float = 60) -> None:
+    """Wait until the memory sink ``table`` holds ``n`` rows."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if spark().sql(f"SELECT count(*) AS n FROM {table}").first().n >= n:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{table} did not reach {n} rows")

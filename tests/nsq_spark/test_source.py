@@ -8,11 +8,12 @@ import tempfile
 import time
 from typing import Any
 
+from twisted.internet import threads
 from twisted.trial import unittest
 
 from tests.certs import make_certs
 from tests.integration.procs import ServerProcess
-from tests.nsq_spark.harness import publish, settled, shared_nsqd, spark, start_nsqd, tcp
+from tests.nsq_spark.harness import publish, settled, shared_nsqd, spark, start_nsqd, tcp, wait_rows
 
 
 def bodies(prefix: str, n: int) -> list[bytes]:
@@ -40,6 +41,15 @@ class SourceTests(unittest.TestCase):
             .option("path", os.path.join(self.dir, name))
             .option("checkpointLocation", os.path.join(self.dir, name + "-checkpoint"))
             .trigger(**(trigger or {"availableNow": True}))
+            .start()
+        )
+
+    def for_each_batch(self, df: Any, fn: Any) -> Any:
+        """An availableNow query handing each micro-batch to ``fn`` (one checkpoint per test)."""
+        return (
+            df.writeStream.foreachBatch(fn)
+            .option("checkpointLocation", os.path.join(self.dir, "foreach-checkpoint"))
+            .trigger(availableNow=True)
             .start()
         )
 
@@ -105,13 +115,7 @@ class SourceTests(unittest.TestCase):
             seen.extend(bytes(r.body) for r in batch.select("body").collect())
             time.sleep(3)
 
-        df = self.stream("spark_slow", msgTimeout="1s", maxMessagesPerBatch="100")
-        query = (
-            df.writeStream.foreachBatch(slow_batch)
-            .option("checkpointLocation", os.path.join(self.dir, "slow-checkpoint"))
-            .trigger(availableNow=True)
-            .start()
-        )
+        query = self.for_each_batch(self.stream("spark_slow", msgTimeout="1s", maxMessagesPerBatch="100"), slow_batch)
         query.awaitTermination(120)
         self.assertIsNone(query.exception())
         self.assertEqual(sorted(seen), sorted(expected))
@@ -133,13 +137,7 @@ class SourceTests(unittest.TestCase):
             seen.extend(rows)
 
         def run() -> Any:
-            df = self.stream("spark_fail", maxMessagesPerBatch="500", maxInFlight="500")
-            q = (
-                df.writeStream.foreachBatch(sink)
-                .option("checkpointLocation", os.path.join(self.dir, "fail-checkpoint"))
-                .trigger(availableNow=True)
-                .start()
-            )
+            q = self.for_each_batch(self.stream("spark_fail", maxMessagesPerBatch="500", maxInFlight="500"), sink)
             try:
                 q.awaitTermination(120)
             except Exception:
@@ -161,21 +159,13 @@ class SourceTests(unittest.TestCase):
         query = df.writeStream.format("memory").queryName("live").trigger(processingTime="200 milliseconds").start()
         try:
             publish(self.address, "spark_live", bodies("early", 100))
-            self._wait_rows("live", 100)
+            wait_rows("live", 100)
             publish(self.address, "spark_live", bodies("late", 100))
-            self._wait_rows("live", 200)
+            wait_rows("live", 200)
         finally:
             query.stop()
         got = {bytes(r.body) for r in spark().sql("SELECT body FROM live").collect()}
         self.assertEqual(got, set(bodies("early", 100) + bodies("late", 100)))
-
-    def _wait_rows(self, table: str, n: int, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if spark().sql(f"SELECT count(*) AS n FROM {table}").first().n >= n:
-                return
-            time.sleep(0.2)
-        self.fail(f"{table} did not reach {n} rows")
 
     def test_option_errors_are_clear(self):
         with self.assertRaises(Exception) as e:
@@ -218,26 +208,18 @@ class DiscoveryTests(unittest.TestCase):
         )
         query = df.writeStream.format("memory").queryName("cluster").trigger(processingTime="200 milliseconds").start()
         try:
-            self._wait_rows("cluster", 50)
+            wait_rows("cluster", 50)
             second = start_nsqd(
                 "-lookupd-tcp-address", lookupd_tcp, "-broadcast-address", "127.0.0.1", cwd=os.path.join(base, "n1")
             )
             self.addCleanup(second.kill)
             publish(tcp(second), "spark_cluster", bodies("n1", 50))
-            self._wait_rows("cluster", 100)
+            wait_rows("cluster", 100)
         finally:
             query.stop()
         rows = spark().sql("SELECT body, nsqd_address FROM cluster").collect()
         self.assertEqual({bytes(r.body) for r in rows}, set(bodies("n0", 50) + bodies("n1", 50)))
         self.assertEqual({r.nsqd_address for r in rows}, {tcp(first), tcp(second)})
-
-    def _wait_rows(self, table: str, n: int, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if spark().sql(f"SELECT count(*) AS n FROM {table}").first().n >= n:
-                return
-            time.sleep(0.2)
-        self.fail(f"{table} did not reach {n} rows")
 
 
 class SecureSourceTests(unittest.TestCase):
@@ -254,17 +236,13 @@ class SecureSourceTests(unittest.TestCase):
             "identity": "spark",
             "authorizations": [{"topic": "^spark_", "channels": [".*"], "permissions": ["publish", "subscribe"]}],
         }
-        # the auth server runs in this process's reactor, which trial does not
-        # spin during a synchronous test: run it in a thread of its own
-        import threading
-
-        from twisted.internet import reactor
-
+        # the auth server runs in trial's reactor; the blocking Spark part runs
+        # in a thread meanwhile
         address = auth.listen()
-        runner = threading.Thread(target=reactor.run, kwargs={"installSignalHandlers": False}, daemon=True)
-        runner.start()
-        self.addCleanup(lambda: reactor.callFromThread(reactor.stop))
-        self.addCleanup(lambda: reactor.callFromThread(auth.port.stopListening))
+        self.addCleanup(auth.port.stopListening)
+        return threads.deferToThread(self._secure_run, base, certs, address, auth)
+
+    def _secure_run(self, base: str, certs: Any, address: str, auth: Any) -> None:
         nsqd = start_nsqd(
             "-tls-cert",
             certs.cert,

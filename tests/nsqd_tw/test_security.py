@@ -95,6 +95,11 @@ class NSQDTestCase(unittest.TestCase):
         return conn
 
     @defer.inlineCallbacks
+    def assert_handshake_refused(self, server: InProcessNSQD, tls_options: Any) -> Any:
+        with self.assertRaises(HANDSHAKE_REFUSED):
+            yield connect(reactor, "127.0.0.1", server.tcp_port, tls_v1=True, tls_options=tls_options)
+
+    @defer.inlineCallbacks
     def assert_roundtrip(self, server: InProcessNSQD, topic: str, **kwargs: Any) -> Any:
         """PUB, MPUB (a large one too) and SUB over one negotiated connection."""
         conn = yield self.connect(server, **kwargs)
@@ -188,22 +193,14 @@ class TLSTests(NSQDTestCase):
     @defer.inlineCallbacks
     def test_min_version(self):
         server = self.start_nsqd(**tls_opts(tls_min_version="tls1.3"))
-        with self.assertRaises(HANDSHAKE_REFUSED):
-            yield connect(
-                reactor,
-                "127.0.0.1",
-                server.tcp_port,
-                tls_v1=True,
-                tls_options=client_tls(lowerMaximumSecurityTo=ssl.TLSVersion.TLSv1_2),
-            )
+        yield self.assert_handshake_refused(server, client_tls(lowerMaximumSecurityTo=ssl.TLSVersion.TLSv1_2))
         yield self.assert_roundtrip(server, "v13", tls_v1=True, tls_options=client_tls())
 
     @defer.inlineCallbacks
     def test_client_auth_require_wants_any_certificate(self):
         files = certs()
         server = self.start_nsqd(**tls_opts(tls_client_auth_policy="require"))
-        with self.assertRaises(HANDSHAKE_REFUSED):
-            yield connect(reactor, "127.0.0.1", server.tcp_port, tls_v1=True, tls_options=client_tls())
+        yield self.assert_handshake_refused(server, client_tls())
         # "require" does not verify: a certificate from another CA will do
         opts = client_tls(files.other_client_cert, files.other_client_key)
         yield self.assert_roundtrip(server, "anycert", tls_v1=True, tls_options=opts)
@@ -213,16 +210,8 @@ class TLSTests(NSQDTestCase):
         files = certs()
         server = self.start_nsqd(**tls_opts(tls_client_auth_policy="require-verify", tls_root_ca_file=files.ca))
         bystander = yield self.connect(server, tls_v1=True, tls_options=client_tls(files.client_cert, files.client_key))
-        with self.assertRaises(HANDSHAKE_REFUSED):
-            yield connect(
-                reactor,
-                "127.0.0.1",
-                server.tcp_port,
-                tls_v1=True,
-                tls_options=client_tls(files.other_client_cert, files.other_client_key),
-            )
-        with self.assertRaises(HANDSHAKE_REFUSED):
-            yield connect(reactor, "127.0.0.1", server.tcp_port, tls_v1=True, tls_options=client_tls())
+        yield self.assert_handshake_refused(server, client_tls(files.other_client_cert, files.other_client_key))
+        yield self.assert_handshake_refused(server, client_tls())
         # the refused clients did not disturb anyone else
         self.assertEqual((yield bystander.pub("bystander", b"x")), b"OK")
         yield self.assert_roundtrip(
@@ -323,18 +312,13 @@ class CompressionTests(NSQDTestCase):
         self.assertEqual((yield conn.pub("off", b"x")), b"OK")
 
     @defer.inlineCallbacks
-    def test_tls_and_snappy(self):
+    def test_compression_inside_tls(self):
         server = self.start_nsqd(**tls_opts())
-        yield self.assert_roundtrip(server, "tls-snappy", tls_v1=True, snappy=True, tls_options=client_tls())
-        clients = yield self.client_stats(server, "tls-snappy")
-        self.assertTrue(clients and all(c["tls"] and c["snappy"] for c in clients))
-
-    @defer.inlineCallbacks
-    def test_tls_and_deflate(self):
-        server = self.start_nsqd(**tls_opts())
-        yield self.assert_roundtrip(server, "tls-deflate", tls_v1=True, deflate=True, tls_options=client_tls())
-        clients = yield self.client_stats(server, "tls-deflate")
-        self.assertTrue(clients and all(c["tls"] and c["deflate"] for c in clients))
+        for codec in ("snappy", "deflate"):
+            topic = f"tls-{codec}"
+            yield self.assert_roundtrip(server, topic, tls_v1=True, tls_options=client_tls(), **{codec: True})
+            clients = yield self.client_stats(server, topic)
+            self.assertTrue(clients and all(c["tls"] and c[codec] for c in clients), clients)
 
     @defer.inlineCallbacks
     def test_corrupt_compressed_input_closes_that_connection_only(self):
