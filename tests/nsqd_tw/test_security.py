@@ -126,9 +126,9 @@ class NSQDTestCase(unittest.TestCase):
     @defer.inlineCallbacks
     def client_stats(self, server: InProcessNSQD, topic: str) -> Any:
         stats = yield get_json(f"http://127.0.0.1:{server.http_port}/stats?format=json&topic={topic}")
-        return [c for t in stats["topics"] for ch in t["channels"] for c in ch["clients"]] + [
-            c for c in stats.get("producers", [])
-        ]
+        # producers are every client that published; keep those of this topic
+        producers = [p for p in stats.get("producers") or [] if p.get("pub_counts")]
+        return [c for t in stats["topics"] for ch in t["channels"] for c in ch["clients"]] + producers
 
 
 class TLSTests(NSQDTestCase):
