@@ -157,7 +157,7 @@ class _ProgressLogger:
                 if p.numInputRows:
                     outer.total += p.numInputRows
                     log.info(
-                        "batch %d: %d messages archived (%d this run, %.0f rows/s)",
+                        "batch %d: %d messages archived (%d this run, %.1f rows/s)",
                         p.batchId,
                         p.numInputRows,
                         outer.total,

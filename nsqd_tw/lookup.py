@@ -203,7 +203,7 @@ class LookupPeer(service.Service):
             proto.transport.loseConnection()
             return
         self.info = info
-        log.info("LOOKUPD({addr}): peer info {info}", addr=self.address, info=info)
+        log.info("LOOKUPD({addr}): peer info {info}", addr=self.address, info=go_peer_info(info))
         if not info.get("broadcast_address"):
             log.error("LOOKUPD({addr}): no broadcast address", addr=self.address)
         commands = []
@@ -363,3 +363,16 @@ class LookupService(service.MultiService):
                 err="; ".join(errors),
             )
         return sorted(c for c in channels if not is_ephemeral(c))
+
+
+def go_peer_info(info: dict[str, Any]) -> str:
+    """nsqlookupd's IDENTIFY answer as Go's %+v prints nsqd's peerInfo struct."""
+
+    def field(key: str, default: Any) -> Any:
+        value = info.get(key, default)
+        return default if value is None else value
+
+    return (
+        f"{{TCPPort:{field('tcp_port', 0)} HTTPPort:{field('http_port', 0)} "
+        f"Version:{field('version', '')} BroadcastAddress:{field('broadcast_address', '')}}}"
+    )

@@ -182,3 +182,18 @@ class LookupTests(unittest.TestCase):
             yield deferLater(reactor, 0.02, lambda: None)
         self.assertEqual(list(topic.channels), ["archive"], "ephemeral channels are not pre-created")
         self.assertEqual(topic.channels["archive"].depth(), 1)
+
+
+class PeerInfoLogTests(unittest.TestCase):
+    def test_logged_as_go_prints_the_struct(self):
+        from nsqd_tw.lookup import go_peer_info
+
+        info = {
+            "broadcast_address": "10.0.0.2",
+            "hostname": "h",
+            "http_port": 4161,
+            "tcp_port": 4160,
+            "version": "1.3.0",
+        }
+        self.assertEqual(go_peer_info(info), "{TCPPort:4160 HTTPPort:4161 Version:1.3.0 BroadcastAddress:10.0.0.2}")
+        self.assertEqual(go_peer_info({}), "{TCPPort:0 HTTPPort:0 Version: BroadcastAddress:}")
