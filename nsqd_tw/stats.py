@@ -253,7 +253,8 @@ def _percentile(perc: float, arr: list[float]) -> float:
 
 
 def mem_stats() -> dict[str, int]:
-    """Go's memStats keys with CPython's nearest equivalents (docs/monitoring.md)."""
+    """Go's memStats keys, in the order /stats prints them, with CPython's nearest
+    equivalents (docs/monitoring.md)."""
     info = _mallinfo()
     pauses = sorted(GC_PAUSES.pauses)
     threshold = gc.get_threshold()[0]
@@ -338,18 +339,8 @@ def print_stats(
     w.append(f"\nHealth: {health}\n")
     if mem is not None:
         w.append("\nMemory:\n")
-        for key in (
-            "heap_objects",
-            "heap_idle_bytes",
-            "heap_in_use_bytes",
-            "heap_released_bytes",
-            "gc_pause_usec_100",
-            "gc_pause_usec_99",
-            "gc_pause_usec_95",
-            "next_gc_bytes",
-            "gc_total_runs",
-        ):
-            w.append(f"   {key:<25}\t{mem[key]}\n")
+        for key, value in mem.items():
+            w.append(f"   {key:<25}\t{value}\n")
     topics = stats["topics"] or []
     w.append("\nTopics: None\n" if not topics else "\nTopics:")
     for t in topics:

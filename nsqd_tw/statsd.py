@@ -86,17 +86,9 @@ def metric_lines(
     mem = None
     if opts.statsd_mem_stats:
         mem = mem_stats()
-        for k in (
-            "heap_objects",
-            "heap_idle_bytes",
-            "heap_in_use_bytes",
-            "heap_released_bytes",
-            "gc_pause_usec_100",
-            "gc_pause_usec_99",
-            "gc_pause_usec_95",
-            "next_gc_bytes",
-        ):
-            gauge(f"mem.{k}", mem[k])
+        for k, value in mem.items():
+            if k != "gc_total_runs":  # sent as the counter mem.gc_runs below
+                gauge(f"mem.{k}", value)
         incr("mem.gc_runs", mem["gc_total_runs"] - (last_mem or {}).get("gc_total_runs", 0))
     return lines, stats, mem
 
