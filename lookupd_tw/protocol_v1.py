@@ -15,7 +15,9 @@ import struct
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import protocol
+from twisted.internet.interfaces import IPushProducer
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from lookupd_tw.registration_db import PeerInfo, Producer, Registration
 from nsqd_tw.log import Logger
@@ -28,13 +30,95 @@ if TYPE_CHECKING:
 _SIZE = struct.Struct(">i")
 MAX_LINE = 16 * 1024
 MAX_IDENTIFY_BODY = 1 << 20
+COMMANDS_PER_TURN = 128  # per connection and reactor turn
 
 
-def send_response(transport: Any, data: bytes) -> None:
-    transport.write(_SIZE.pack(len(data)) + data)
+# what Go's strings.TrimSpace trims (unicode.IsSpace); str.strip() would also trim \x1c-\x1f
+GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
 
 
+class V1Parser:
+    """The V1 stream after the magic, as commands; no I/O.
+
+    :meth:`feed` bytes, then :meth:`next` until it returns None: a command line
+    split into its parameters, or (after :meth:`expect_body`) an IDENTIFY body.
+    The work is linear in the bytes fed: the newline search never looks at a
+    byte twice, and consumed bytes are dropped only once they are at least as
+    many as the bytes kept, so each byte is moved at most once on average.
+    ``work`` counts the bytes searched and moved.
+    """
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._pos = 0  # the first byte not consumed
+        self._scan = 0  # where the newline search goes on
+        self._want_body = False
+        self._body_size: int | None = None
+        self.work = 0
+
+    def feed(self, data: bytes) -> None:
+        buf = self._buf
+        pos = self._pos
+        if pos and pos * 2 >= len(buf):
+            self.work += len(buf) - pos
+            del buf[:pos]
+            self._scan -= pos
+            self._pos = 0
+        buf += data
+
+    def expect_body(self) -> None:
+        """The next item is an IDENTIFY body: a 4-byte size, then that many bytes."""
+        self._want_body = True
+
+    def next(self) -> list[str] | bytes | None:
+        buf = self._buf
+        pos = self._pos
+        if self._want_body:
+            if self._body_size is None:
+                if len(buf) - pos < 4:
+                    return None
+                (size,) = _SIZE.unpack_from(buf, pos)
+                pos = self._pos = self._scan = pos + 4
+                if size < 0 or size > MAX_IDENTIFY_BODY:
+                    raise FatalClientError("E_BAD_BODY", "IDENTIFY failed to read body")
+                self._body_size = size
+            end = pos + self._body_size
+            if len(buf) < end:
+                return None
+            self._pos = self._scan = end
+            self._want_body = False
+            self._body_size = None
+            return bytes(buf[pos:end])
+        start = self._scan
+        idx = buf.find(b"\n", start)
+        if idx < 0:
+            self.work += len(buf) - start
+            self._scan = len(buf)
+            if len(buf) - pos > MAX_LINE:
+                raise FatalClientError("E_INVALID", "line too long")
+            return None
+        self.work += idx + 1 - start
+        self._pos = self._scan = idx + 1
+        return buf[pos:idx].decode("utf-8", "surrogateescape").strip(GO_SPACE).split(" ")
+
+
+def frame(data: bytes) -> bytes:
+    """A V1 answer: a 4-byte big-endian size, then the bytes."""
+    return _SIZE.pack(len(data)) + data
+
+
+@implementer(IPushProducer)
 class LookupProtocolV1(protocol.Protocol):
+    """One peer's V1 connection.
+
+    Commands are handled at most ``COMMANDS_PER_TURN`` at a time: past that,
+    reading stops and the rest waits for the next reactor turn, so a peer
+    pipelining commands cannot hold the reactor. The connection is its
+    transport's streaming producer: when the answers the peer has not read
+    fill the transport's buffer (``bufferSize``), reading stops until they
+    are sent, so a peer that never reads costs a bounded amount of memory.
+    """
+
     log = Logger(namespace="lookupd_tw.protocol_v1")
     transport: Any
 
@@ -42,11 +126,14 @@ class LookupProtocolV1(protocol.Protocol):
         self.lookupd = lookupd
         self.peer_info: PeerInfo | None = None
         self.remote_address = ""
-        self._buf = b""
-        self._magic = True
+        self._magic = b""
+        self._parser: V1Parser | None = None
         self._closed = False
-        self._identify_size: int | None = None
-        self._in_identify = False
+        self._out: list[bytes] = []  # answers of the current batch, written together
+        self._write_paused = False  # the transport holds more unsent answers than its bufferSize
+        self._next_turn: Any = None  # the delayed call that handles the next batch of commands
+        self._reading = True
+        self._registered = False
 
     def __str__(self) -> str:
         return self.remote_address
@@ -56,16 +143,17 @@ class LookupProtocolV1(protocol.Protocol):
         host = getattr(peer, "host", "")
         self.remote_address = f"[{host}]:{peer.port}" if ":" in host else f"{host}:{getattr(peer, 'port', '')}"
         self.log.info("TCP: new client({addr})", addr=self.remote_address)
+        self.transport.registerProducer(self, True)
+        self._registered = True
 
     def dataReceived(self, data: bytes) -> None:
         if self._closed:
             return
-        self._buf += data
-        if self._magic:
-            if len(self._buf) < 4:
+        if self._parser is None:
+            self._magic += data
+            if len(self._magic) < 4:
                 return
-            magic, self._buf = self._buf[:4], self._buf[4:]
-            self._magic = False
+            magic, data = self._magic[:4], self._magic[4:]
             self.log.info(
                 "CLIENT({addr}): desired protocol magic '{magic}'",
                 addr=self.remote_address,
@@ -77,58 +165,97 @@ class LookupProtocolV1(protocol.Protocol):
                     addr=self.remote_address,
                     magic=magic.decode("latin-1"),
                 )
-                send_response(self.transport, b"E_BAD_PROTOCOL")
+                self._out.append(frame(b"E_BAD_PROTOCOL"))
                 self._close()
                 return
+            self._parser = V1Parser()
+        self._parser.feed(data)
+        if self._next_turn is None:
+            self._run()
+
+    # -- IPushProducer: the transport's view of us ---------------------------------
+
+    def pauseProducing(self) -> None:
+        self._write_paused = True
+        self._update_reading()
+
+    def resumeProducing(self) -> None:
+        self._write_paused = False
+        self._schedule()
+
+    def stopProducing(self) -> None:
+        pass
+
+    # -- batches of commands ---------------------------------------------------------
+
+    def _schedule(self) -> None:
+        if self._next_turn is None and not self._closed:
+            self._next_turn = self.lookupd.reactor.callLater(0, self._run)
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        """Read while no commands wait for a turn and the peer reads its answers."""
+        if self._closed:
+            return
+        want = not (self._write_paused or self._next_turn is not None)
+        if want != self._reading:
+            self._reading = want
+            if want:
+                self.transport.resumeProducing()
+            else:
+                self.transport.pauseProducing()
+
+    def _run(self) -> None:
+        """Handle the commands received, ``COMMANDS_PER_TURN`` at most."""
+        self._next_turn = None
+        parser = self._parser
+        assert parser is not None
         try:
-            self._process()
+            budget = COMMANDS_PER_TURN
+            while not self._closed and not self._write_paused:
+                if not budget:
+                    self._schedule()
+                    break
+                cmd = parser.next()
+                if cmd is None:
+                    break
+                budget -= 1
+                if isinstance(cmd, bytes):
+                    self._out.append(frame(self.IDENTIFY(cmd)))
+                else:
+                    self._exec(cmd)
         except FatalClientError as e:
             self.log.error("[{client}] - {err}", client=self, err=e)
-            send_response(self.transport, e.wire())
+            self._out.append(frame(e.wire()))
             self._close()
+            return
         except Exception:
             self.log.failure("[{client}] - internal error", client=self)
             self._close()
+            return
+        self._flush()
+        self._update_reading()
 
-    def _process(self) -> None:
-        while not self._closed:
-            if self._in_identify:
-                if self._identify_size is None:
-                    if len(self._buf) < 4:
-                        return
-                    (size,) = _SIZE.unpack_from(self._buf)
-                    self._buf = self._buf[4:]
-                    if size < 0 or size > MAX_IDENTIFY_BODY:
-                        raise FatalClientError("E_BAD_BODY", "IDENTIFY failed to read body")
-                    self._identify_size = size
-                if len(self._buf) < self._identify_size:
-                    return
-                body = self._buf[: self._identify_size]
-                self._buf = self._buf[self._identify_size :]
-                self._identify_size = None
-                self._in_identify = False
-                send_response(self.transport, self.IDENTIFY(body))
-                continue
-            idx = self._buf.find(b"\n")
-            if idx < 0:
-                if len(self._buf) > MAX_LINE:
-                    raise FatalClientError("E_INVALID", "line too long")
-                return
-            line, self._buf = self._buf[:idx], self._buf[idx + 1 :]
-            params = line.decode("utf-8", "surrogateescape").strip().split(" ")
-            name = params[0]
-            if name == "PING":
-                send_response(self.transport, self.PING())
-            elif name == "IDENTIFY":
-                if self.peer_info is not None:
-                    raise FatalClientError("E_INVALID", "cannot IDENTIFY again")
-                self._in_identify = True
-            elif name == "REGISTER":
-                send_response(self.transport, self.REGISTER(params[1:]))
-            elif name == "UNREGISTER":
-                send_response(self.transport, self.UNREGISTER(params[1:]))
-            else:
-                raise FatalClientError("E_INVALID", f"invalid command {name}")
+    def _exec(self, params: list[str]) -> None:
+        name = params[0]
+        if name == "PING":
+            self._out.append(frame(self.PING()))
+        elif name == "IDENTIFY":
+            if self.peer_info is not None:
+                raise FatalClientError("E_INVALID", "cannot IDENTIFY again")
+            assert self._parser is not None
+            self._parser.expect_body()
+        elif name == "REGISTER":
+            self._out.append(frame(self.REGISTER(params[1:])))
+        elif name == "UNREGISTER":
+            self._out.append(frame(self.UNREGISTER(params[1:])))
+        else:
+            raise FatalClientError("E_INVALID", f"invalid command {name}")
+
+    def _flush(self) -> None:
+        if self._out:
+            out, self._out = self._out, []
+            self.transport.writeSequence(out)
 
     # -- commands ----------------------------------------------------------------
 
@@ -250,11 +377,26 @@ class LookupProtocolV1(protocol.Protocol):
     # -- connection end ----------------------------------------------------------------
 
     def _close(self) -> None:
+        """Send what is pending, then close."""
+        self._flush()
         self._closed = True
+        self._cancel_turn()
+        if self._registered:
+            # a registered producer would keep a paused transport from closing
+            self._registered = False
+            self.transport.unregisterProducer()
         self.transport.loseConnection()
+
+    def _cancel_turn(self) -> None:
+        if self._next_turn is not None:
+            if self._next_turn.active():
+                self._next_turn.cancel()
+            self._next_turn = None
 
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
         self._closed = True
+        self._registered = False
+        self._cancel_turn()
         self.log.info("PROTOCOL(V1): [{client}] exiting ioloop", client=self)
         if self.peer_info is not None:
             db = self.lookupd.db

@@ -1,17 +1,20 @@
 """The V1 exchange, byte for byte as Go nsqlookupd answers it (recorded from Go 1.3)."""
 
 import json
+import socket
 import struct
 
+from twisted.internet import defer, endpoints, reactor, task
 from twisted.internet.address import IPv4Address
-from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
+from twisted.internet.task import Clock, deferLater
+from twisted.internet.testing import AccumulatingProtocol, StringTransport
 from twisted.trial import unittest
 
 from lookupd_tw.nsqlookupd import NSQLookupd
 from lookupd_tw.options import NSQLookupdOptions
-from lookupd_tw.protocol_v1 import LookupProtocolV1
+from lookupd_tw.protocol_v1 import COMMANDS_PER_TURN, MAX_LINE, LookupFactory, LookupProtocolV1, V1Parser, frame
 from lookupd_tw.registration_db import Registration
+from nsqd_tw.wire import FatalClientError
 
 IDENTIFY_BODY = json.dumps(
     {"version": "1.3.0", "tcp_port": 4150, "http_port": 4151, "hostname": "h", "broadcast_address": "127.0.0.1"}
@@ -28,6 +31,19 @@ GO_NSQD_SESSION = (
 )
 
 
+class TurnClock(Clock):
+    """A Clock that can run one reactor turn: the calls due now, not the ones they schedule."""
+
+    def turn(self) -> int:
+        due = [c for c in self.calls if c.getTime() <= self.seconds()]
+        for c in due:
+            if c.active():
+                self.calls.remove(c)
+                c.called = True
+                c.func(*c.args, **c.kw)
+        return len(due)
+
+
 def responses(data: bytes) -> list[bytes]:
     out = []
     while len(data) >= 4:
@@ -39,7 +55,7 @@ def responses(data: bytes) -> list[bytes]:
 
 class V1Tests(unittest.TestCase):
     def setUp(self) -> None:
-        self.clock = Clock()
+        self.clock = TurnClock()
         self.clock.advance(1000)
         self.lookupd = NSQLookupd(NSQLookupdOptions(broadcast_address="127.0.0.1"), self.clock)
         self.lookupd.tcp_address = ("127.0.0.1", 4160)
@@ -136,8 +152,14 @@ class V1Tests(unittest.TestCase):
             self.assertTrue(transport.disconnecting)
 
     def test_whitespace_and_crlf(self) -> None:
-        out, _ = self.session(b"  V1  PING  \nPING\r\n")
-        self.assertEqual(out, [b"OK", b"OK"])
+        out, _ = self.session(b"  V1  PING  \nPING\r\n\xc2\xa0\tPING\xe3\x80\x80\n")
+        self.assertEqual(out, [b"OK", b"OK", b"OK"])
+
+    def test_only_gos_whitespace_is_trimmed(self) -> None:
+        # Go's strings.TrimSpace keeps the ASCII separators \x1c-\x1f (str.strip() does not)
+        out, transport = self.session(b"  V1PING\x1c\n")
+        self.assertEqual(out, [b"E_INVALID invalid command PING\x1c"])
+        self.assertTrue(transport.disconnecting)
 
     def test_byte_at_a_time(self) -> None:
         proto, transport = self.client()
@@ -145,6 +167,175 @@ class V1Tests(unittest.TestCase):
             proto.dataReceived(GO_NSQD_SESSION[i : i + 1])
         self.assertEqual(len(responses(transport.value())), 7)
 
+    def test_pipelined_commands_take_turns(self) -> None:
+        proto, transport = self.identified()
+        proto.dataReceived(b"PING\n" * 600 + b"REGISTER t\n" + b"PING\n" * 99)
+        self.assertEqual(len(responses(transport.value())), COMMANDS_PER_TURN)
+        self.assertEqual(transport.producerState, "paused", "no reading while commands wait")
+        answered = [COMMANDS_PER_TURN]
+        while self.clock.turn():
+            answered.append(len(responses(transport.value())) - sum(answered))
+        self.assertEqual(
+            answered,
+            [COMMANDS_PER_TURN] * (700 // COMMANDS_PER_TURN)
+            + [700 % COMMANDS_PER_TURN] * bool(700 % COMMANDS_PER_TURN),
+        )
+        self.assertEqual(transport.producerState, "producing")
+        self.assertEqual(responses(transport.value()), [b"OK"] * 700)
+        self.assertEqual(len(self.lookupd.db.find_producers("topic", "t", "")), 1)
+
+    def test_no_reading_while_answers_are_unsent(self) -> None:
+        proto, transport = self.identified()
+        self.assertIs(transport.producer, proto, "the connection is its transport's producer")
+        proto.pauseProducing()  # what the transport does when its buffer is over bufferSize
+        self.assertEqual(transport.producerState, "paused")
+        proto.dataReceived(b"PING\n" * 10)  # already read when the transport paused
+        self.assertEqual(transport.value(), b"", "nothing answered while the peer does not read")
+        proto.resumeProducing()
+        self.clock.advance(0)
+        self.assertEqual(responses(transport.value()), [b"OK"] * 10)
+        self.assertEqual(transport.producerState, "producing")
+
+    def test_an_error_closes_a_paused_connection(self) -> None:
+        proto, transport = self.identified()
+        proto.pauseProducing()
+        proto.dataReceived(b"NOPE\n")
+        proto.resumeProducing()
+        self.clock.advance(0)
+        self.assertEqual(responses(transport.value()), [b"E_INVALID invalid command NOPE"])
+        self.assertTrue(transport.disconnecting)
+        self.assertIsNone(transport.producer, "unregistered, or the paused transport would never close")
+
     def test_negative_identify_size(self) -> None:
         out, _transport = self.session(b"  V1IDENTIFY\n" + struct.pack(">i", -5))
         self.assertEqual(out, [b"E_BAD_BODY IDENTIFY failed to read body"])
+
+
+def parse_all(parser: V1Parser, data: bytes, chunk: int) -> list[list[str] | bytes]:
+    """Feed ``data`` in pieces of ``chunk`` bytes; every command parsed, in order."""
+    out: list[list[str] | bytes] = []
+    for i in range(0, len(data), chunk):
+        parser.feed(data[i : i + chunk])
+        while (cmd := parser.next()) is not None:
+            out.append(cmd)
+            if cmd == ["IDENTIFY"]:
+                parser.expect_body()
+    return out
+
+
+class V1ParserTests(unittest.TestCase):
+    """The buffer work (bytes searched and moved) is linear in the bytes fed."""
+
+    def test_pipelined_pings_linear(self) -> None:
+        data = b"PING\n" * 50_000
+        for chunk in (len(data), 65536, 4093, 7, 1):
+            parser = V1Parser()
+            out = parse_all(parser, data, chunk)
+            self.assertEqual(len(out), 50_000, chunk)
+            self.assertLessEqual(parser.work, 2 * len(data), f"chunks of {chunk}")
+
+    def test_long_lines_fed_byte_by_byte(self) -> None:
+        # a line just under the limit, then a PING, each fed a byte at a time
+        line = b"PING" + b" " * (MAX_LINE - 10) + b"\n"
+        data = line * 20
+        parser = V1Parser()
+        self.assertEqual(parse_all(parser, data, 1), [["PING"]] * 20)
+        self.assertLessEqual(parser.work, 2 * len(data))
+
+    def test_identify_bodies_among_lines(self) -> None:
+        body = b"x" * 100_000
+        data = (b"PING\nIDENTIFY\n" + struct.pack(">i", len(body)) + body + b"PING\n") * 10
+        for chunk in (len(data), 1000, 3):
+            parser = V1Parser()
+            out = parse_all(parser, data, chunk)
+            self.assertEqual(out, [["PING"], ["IDENTIFY"], body, ["PING"]] * 10, chunk)
+            self.assertLessEqual(parser.work, 2 * len(data), chunk)
+
+    def test_line_too_long(self) -> None:
+        parser = V1Parser()
+        parser.feed(b"x" * (MAX_LINE + 1))
+        with self.assertRaises(FatalClientError) as e:
+            parser.next()
+        self.assertEqual(str(e.exception), "E_INVALID line too long")
+
+
+def unsent(transport) -> int:
+    """Bytes a Twisted TCP transport holds that the kernel has not taken yet."""
+    return len(transport.dataBuffer) - transport.offset + transport._tempDataLen
+
+
+@defer.inlineCallbacks
+def until(check, what: str, timeout: float = 60.0, step: float = 0.01):
+    for _ in range(int(timeout / step)):
+        if check():
+            return
+        yield deferLater(reactor, step, lambda: None)
+    raise AssertionError(f"not met in time: {what}")
+
+
+class SlowReaderTests(unittest.TestCase):
+    """Over loopback: a peer pipelining PINGs and reading nothing costs a bounded buffer."""
+
+    @defer.inlineCallbacks
+    def test_peer_that_never_reads(self):
+        lookupd = NSQLookupd(NSQLookupdOptions(broadcast_address="127.0.0.1"), reactor)
+        protos: list[LookupProtocolV1] = []
+        factory = LookupFactory(lookupd)
+        build = factory.buildProtocol
+        factory.buildProtocol = lambda addr: protos.append(build(addr)) or protos[-1]
+        port = reactor.listenTCP(0, factory, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        address = ("127.0.0.1", port.getHost().port)
+
+        # the attacker: a small receive window, never reads, sends without blocking
+        attacker = socket.socket()
+        attacker.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        attacker.connect(address)
+        attacker.setblocking(False)
+        self.addCleanup(attacker.close)
+        pings = 200_000
+        pending = [memoryview(b"  V1" + b"PING\n" * pings)]
+
+        def send() -> None:
+            try:
+                while pending[0]:
+                    pending[0] = pending[0][attacker.send(pending[0]) :]
+            except BlockingIOError:
+                pass
+
+        yield until(lambda: protos and protos[0].transport, "connected")
+        server = protos[0].transport
+        # small kernel buffers, so that the answers the attacker leaves fill user space soon
+        server.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        sender = task.LoopingCall(send)
+        sender.start(0.005)
+        self.addCleanup(lambda: sender.running and sender.stop())
+        bound = server.bufferSize + COMMANDS_PER_TURN * len(b"\0\0\0\2OK")
+        yield until(lambda: server.producerPaused or unsent(server) > bound, "the server's buffer filled")
+        self.assertLessEqual(unsent(server), bound)
+        self.assertNotIn(server, reactor.getReaders(), "the server stopped reading from the attacker")
+
+        # another peer does not notice
+        other = yield endpoints.connectProtocol(endpoints.TCP4ClientEndpoint(reactor, *address), AccumulatingProtocol())
+        other.transport.write(b"  V1PING\n")
+        yield until(lambda: other.data == frame(b"OK"), "the other peer's PING answered")
+        other.transport.loseConnection()
+
+        # once the attacker reads, every PING is answered
+        got = [0]
+        buf = bytearray()
+
+        def read() -> None:
+            try:
+                while chunk := attacker.recv(1 << 16):
+                    buf.extend(chunk)
+            except BlockingIOError:
+                pass
+            got[0] += len(buf) // 6
+            del buf[: len(buf) // 6 * 6]
+
+        reader = task.LoopingCall(read)
+        reader.start(0.005)
+        self.addCleanup(lambda: reader.running and reader.stop())
+        yield until(lambda: got[0] == pings, "every PING answered", timeout=120)
+        self.assertEqual(bytes(buf), b"")
