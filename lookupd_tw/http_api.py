@@ -114,6 +114,8 @@ class LookupdHTTPAPI(GoHTTPAPI):
         for r, producers in sorted(self.db.registrations.items()):
             for p in producers.values():
                 info = p.peer_info
+                if info.gone:
+                    continue
                 data.setdefault(f"{r.category}:{r.key}:{r.subkey}", []).append(
                     {
                         "broadcast_address": info.broadcast_address,

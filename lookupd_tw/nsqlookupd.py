@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from twisted.application import service
 
 from lookupd_tw.options import NSQLookupdOptions
-from lookupd_tw.registration_db import RegistrationDB
+from lookupd_tw.registration_db import PeerInfo, Registration, RegistrationDB
 from nsqd_tw.log import Logger
 from nsqd_tw.nsqd import python_version
 from nsqd_tw.options import VERSION
+
+REMOVALS_PER_TURN = 200  # registrations of disconnected peers removed per reactor turn
+
+
+class _Removal:
+    __slots__ = ("done", "info", "next", "registrations")
+
+    def __init__(self, info: PeerInfo, registrations: list[Registration], done: Callable[[Registration], None]):
+        self.info = info
+        self.registrations = registrations
+        self.next = 0
+        self.done = done
 
 
 class NSQLookupd(service.Service):
@@ -27,6 +41,8 @@ class NSQLookupd(service.Service):
         self.db = RegistrationDB()
         self.tcp_address: tuple[str, int] | None = None
         self.http_address: tuple[str, int] | None = None
+        self._removals: deque[_Removal] = deque()
+        self._removing: Any = None  # the delayed call of the next batch of removals
 
     def now(self) -> float:
         return float(self.reactor.seconds())
@@ -34,3 +50,41 @@ class NSQLookupd(service.Service):
     def privilegedStartService(self) -> None:
         self.log.info("nsqlookupd v{version} (built w/{python})", version=VERSION, python=python_version())
         service.Service.privilegedStartService(self)
+
+    def stopService(self) -> None:
+        if self._removing is not None and self._removing.active():
+            self._removing.cancel()
+        self._removing = None
+        service.Service.stopService(self)
+
+    def remove_peer(self, info: PeerInfo, removed: Callable[[Registration], None]) -> None:
+        """Take a disconnected peer out of the DB.
+
+        Queries stop seeing it at once; its registrations are removed (and
+        ``removed`` called for each) ``REMOVALS_PER_TURN`` per reactor turn,
+        over all the peers that left, so the reactor is never held for long.
+        """
+        self._removals.append(_Removal(info, self.db.retire(info), removed))
+        if self._removing is None:
+            self._removing = self.reactor.callLater(0, self._remove_some)
+
+    def _remove_some(self) -> None:
+        self._removing = None
+        budget = REMOVALS_PER_TURN
+        try:
+            while self._removals and budget:
+                job = self._removals[0]
+                end = min(len(job.registrations), job.next + budget)
+                for r in job.registrations[job.next : end]:
+                    if self.db.remove_retired(r, job.info):
+                        job.done(r)
+                budget -= end - job.next
+                job.next = end
+                if end == len(job.registrations):
+                    self._removals.popleft()
+        except Exception:
+            self.log.failure("removing a disconnected peer's registrations")
+            self._removals.popleft()
+        finally:
+            if self._removals:
+                self._removing = self.reactor.callLater(0, self._remove_some)

@@ -399,11 +399,7 @@ class LookupProtocolV1(protocol.Protocol):
         self._cancel_turn()
         self.log.info("PROTOCOL(V1): [{client}] exiting ioloop", client=self)
         if self.peer_info is not None:
-            db = self.lookupd.db
-            for r in db.lookup_registrations(self.peer_info.id):
-                removed, _ = db.remove_producer(r, self.peer_info.id)
-                if removed:
-                    self._logdb("UNREGISTER", r.category, r.key, r.subkey)
+            self.lookupd.remove_peer(self.peer_info, lambda r: self._logdb("UNREGISTER", r.category, r.key, r.subkey))
 
 
 def _str(data: dict[str, Any], key: str) -> str:

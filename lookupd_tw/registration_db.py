@@ -5,11 +5,16 @@ for every identified nsqd, ``("topic", T, "")`` and ``("channel", T, C)``. Each
 maps peer IDs (the nsqd connection's remote address) to a :class:`Producer`.
 As in Go, a key stays when its last producer leaves (``/topics`` keeps listing
 it) unless it is removed explicitly.
+
+A peer that disconnects is *retired* at once (:meth:`RegistrationDB.retire`):
+from then on no query sees it, as if all its registrations were gone, while
+its entries are removed in batches (:meth:`RegistrationDB.remove_retired`)
+so that a peer with many registrations never holds the reactor for long.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 # Go reports time.Time{}.UnixNano() for a producer never tombstoned
@@ -37,6 +42,8 @@ class PeerInfo:
     http_port: int = 0
     version: str = ""
     last_update: float = 0.0
+    # disconnected: invisible, its entries wait for removal
+    gone: bool = field(default=False, repr=False, compare=False)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -72,28 +79,40 @@ class Producer:
 class RegistrationDB:
     def __init__(self) -> None:
         self.registrations: dict[Registration, dict[str, Producer]] = {}
+        # each connected peer's registrations, so that finding them does not scan the DB
+        self._by_peer: dict[str, dict[Registration, None]] = {}
 
     def add_registration(self, k: Registration) -> None:
         self.registrations.setdefault(k, {})
 
     def add_producer(self, k: Registration, p: Producer) -> bool:
         """Add ``p`` under ``k``; False if that peer was there already."""
+        peer_id = p.peer_info.id
         producers = self.registrations.setdefault(k, {})
-        if p.peer_info.id in producers:
+        old = producers.get(peer_id)
+        if old is not None and not old.peer_info.gone:
             return False
-        producers[p.peer_info.id] = p
+        # a retired peer's entry with the same ID (a reconnection) is replaced
+        producers[peer_id] = p
+        self._by_peer.setdefault(peer_id, {})[k] = None
         return True
 
     def remove_producer(self, k: Registration, peer_id: str) -> tuple[bool, int]:
-        """Remove a peer from ``k``: (was it there, how many are left)."""
+        """Remove a connected peer from ``k``: (was it there, how many are left)."""
         producers = self.registrations.get(k)
         if producers is None:
             return False, 0
-        removed = producers.pop(peer_id, None) is not None
-        return removed, len(producers)
+        p = producers.get(peer_id)
+        removed = p is not None and not p.peer_info.gone
+        if removed:
+            del producers[peer_id]
+            self._by_peer.get(peer_id, {}).pop(k, None)
+        return removed, sum(1 for p in producers.values() if not p.peer_info.gone)
 
     def remove_registration(self, k: Registration) -> None:
-        self.registrations.pop(k, None)
+        for peer_id, p in self.registrations.pop(k, {}).items():
+            if not p.peer_info.gone:
+                self._by_peer.get(peer_id, {}).pop(k, None)
 
     def find_registrations(self, category: str, key: str, subkey: str) -> list[Registration]:
         if key != "*" and subkey != "*":
@@ -103,16 +122,35 @@ class RegistrationDB:
 
     def find_producers(self, category: str, key: str, subkey: str) -> list[Producer]:
         if key != "*" and subkey != "*":
-            return list(self.registrations.get(Registration(category, key, subkey), {}).values())
+            producers = self.registrations.get(Registration(category, key, subkey), {})
+            return [p for p in producers.values() if not p.peer_info.gone]
         seen: dict[str, Producer] = {}
         for k, producers in self.registrations.items():
             if k.is_match(category, key, subkey):
                 for peer_id, p in producers.items():
-                    seen.setdefault(peer_id, p)
+                    if not p.peer_info.gone:
+                        seen.setdefault(peer_id, p)
         return list(seen.values())
 
     def lookup_registrations(self, peer_id: str) -> list[Registration]:
-        return [k for k, producers in self.registrations.items() if peer_id in producers]
+        """A connected peer's registrations."""
+        return list(self._by_peer.get(peer_id, ()))
+
+    def retire(self, info: PeerInfo) -> list[Registration]:
+        """Hide a disconnected peer from every query now; its registrations, to remove."""
+        info.gone = True
+        return list(self._by_peer.pop(info.id, ()))
+
+    def remove_retired(self, k: Registration, info: PeerInfo) -> bool:
+        """Remove retired ``info`` from ``k``; False if it was not there (or was replaced)."""
+        producers = self.registrations.get(k)
+        if producers is None:
+            return False
+        p = producers.get(info.id)
+        if p is None or p.peer_info is not info:
+            return False
+        del producers[info.id]
+        return True
 
 
 def filter_by_active(

@@ -4,13 +4,16 @@ import json
 import socket
 import struct
 
+from treq.testing import StubTreq
 from twisted.internet import defer, endpoints, reactor, task
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock, deferLater
 from twisted.internet.testing import AccumulatingProtocol, StringTransport
+from twisted.logger import globalLogPublisher
 from twisted.trial import unittest
 
-from lookupd_tw.nsqlookupd import NSQLookupd
+from lookupd_tw.http_api import LookupdHTTPAPI
+from lookupd_tw.nsqlookupd import REMOVALS_PER_TURN, NSQLookupd
 from lookupd_tw.options import NSQLookupdOptions
 from lookupd_tw.protocol_v1 import COMMANDS_PER_TURN, MAX_LINE, LookupFactory, LookupProtocolV1, V1Parser, frame
 from lookupd_tw.registration_db import Registration
@@ -117,6 +120,78 @@ class V1Tests(unittest.TestCase):
         proto.connectionLost(None)
         self.assertEqual(self.lookupd.db.find_producers("topic", "t", ""), [])
         self.assertEqual(self.lookupd.db.find_producers("client", "", ""), [])
+
+    @defer.inlineCallbacks
+    def test_disconnect_of_a_peer_with_many_registrations(self):
+        """Queries see the peer gone at once; its entries go a batch per reactor turn."""
+        unregistered: list[str] = []  # the log lines of the disconnected peer's removals
+
+        def observe(event) -> None:
+            if event.get("what") == "UNREGISTER" and event.get("client") is big:
+                unregistered.append(f"{event['category']}:{event['key']}:{event['subkey']}")
+
+        globalLogPublisher.addObserver(observe)
+        self.addCleanup(globalLogPublisher.removeObserver, observe)
+        api = StubTreq(LookupdHTTPAPI(self.lookupd).resource())
+
+        @defer.inlineCallbacks
+        def get(path: str):
+            resp = yield api.get("http://lookupd" + path)
+            return json.loads((yield resp.content()))
+
+        big, _ = self.identified()
+        topics = REMOVALS_PER_TURN + 50
+        big.dataReceived(b"".join(b"REGISTER t%d c\n" % i for i in range(topics)) + b"REGISTER t0 e#ephemeral\n")
+        while self.clock.turn():
+            pass
+        other, _ = self.identified()
+        other.dataReceived(b"REGISTER t0 c\n")
+        entries = 2 * topics + 2  # topics, channels, the ephemeral channel, the client
+        address = big.transport.getPeer()
+
+        big.connectionLost(None)
+        self.assertEqual([p["tcp_port"] for p in (yield get("/lookup?topic=t0"))["producers"]], [4150])
+        lookup = yield get("/lookup?topic=t5")
+        self.assertEqual(lookup, {"channels": ["c"], "producers": []}, "keys stay, as in Go")
+        self.assertEqual([n["remote_address"] for n in (yield get("/nodes"))["producers"]], [other.remote_address])
+        debug = yield get("/debug")
+        self.assertEqual(sorted(debug), ["channel:t0:c", "client::", "topic:t0:"])
+        self.assertEqual(len((yield get("/topics"))["topics"]), topics)
+        self.assertEqual(unregistered, [], "nothing removed yet")
+
+        # the same address connects again before the removal is over
+        again = LookupProtocolV1(self.lookupd)
+        again.makeConnection(StringTransport(peerAddress=address))
+        again.dataReceived(
+            b"  V1IDENTIFY\n"
+            + struct.pack(">i", len(IDENTIFY_BODY))
+            + IDENTIFY_BODY
+            + b"REGISTER t1 c\nREGISTER t0 e#ephemeral\nUNREGISTER t0 e#ephemeral\n"
+        )
+        self.assertNotIn(Registration("channel", "t0", "e#ephemeral"), self.lookupd.db.registrations)
+        nodes = {n["remote_address"]: n["topics"] for n in (yield get("/nodes"))["producers"]}
+        self.assertEqual(nodes, {other.remote_address: ["t0"], again.remote_address: ["t1", "t0"]})
+
+        per_turn = []
+        while self.clock.turn():
+            per_turn.append(len(unregistered) - sum(per_turn))
+        self.assertEqual(len(per_turn), -(-entries // REMOVALS_PER_TURN))
+        self.assertLessEqual(max(per_turn), REMOVALS_PER_TURN)
+        # the new connection's client, t1, t1:c and t0 replaced the old ones; the ephemeral channel was removed
+        self.assertEqual(len(unregistered), entries - 5)
+        self.assertFalse({"client::", "topic:t1:", "channel:t1:c", "topic:t0:"} & set(unregistered))
+        db = self.lookupd.db
+        left = {k: sorted(producers) for k, producers in db.registrations.items() if producers}
+        self.assertEqual(
+            left,
+            {
+                Registration("client", "", ""): sorted([other.remote_address, again.remote_address]),
+                Registration("topic", "t0", ""): sorted([other.remote_address, again.remote_address]),
+                Registration("channel", "t0", "c"): [other.remote_address],
+                Registration("topic", "t1", ""): [again.remote_address],
+                Registration("channel", "t1", "c"): [again.remote_address],
+            },
+        )
 
     def test_ping_updates_last_update(self) -> None:
         proto, _ = self.identified()

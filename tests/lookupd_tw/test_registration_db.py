@@ -39,3 +39,25 @@ class RegistrationDBTests(unittest.TestCase):
         buried.tombstone(now=95.0)
         self.assertEqual(filter_by_active([fresh, stale, buried], 30.0, 45.0, now=105.0), [fresh])
         self.assertEqual(filter_by_active([buried], 60.0, 45.0, now=141.0), [buried], "the tombstone expired")
+
+    def test_retired_peer(self) -> None:
+        db = RegistrationDB()
+        t, c = Registration("topic", "t", ""), Registration("channel", "t", "c")
+        a, b = producer("a"), producer("b")
+        for p in (a, b):
+            db.add_producer(t, p)
+            db.add_producer(c, p)
+        self.assertEqual(db.retire(a.peer_info), [t, c])
+        self.assertEqual([p.peer_info.id for p in db.find_producers("topic", "t", "")], ["b"], "hidden at once")
+        self.assertEqual([p.peer_info.id for p in db.find_producers("topic", "*", "")], ["b"])
+        self.assertEqual(db.lookup_registrations("a"), [])
+        self.assertEqual(db.remove_producer(c, "b"), (True, 0), "a retired peer is not counted")
+        self.assertEqual(db.remove_producer(t, "a"), (False, 1), "nor removed as if connected")
+        # the same ID connects again: its entries replace the retired ones
+        again = producer("a")
+        self.assertTrue(db.add_producer(t, again))
+        self.assertFalse(db.remove_retired(t, a.peer_info), "not the retired peer's entry any more")
+        self.assertTrue(db.remove_retired(c, a.peer_info))
+        self.assertFalse(db.remove_retired(c, a.peer_info))
+        self.assertEqual(db.registrations, {t: {"b": b, "a": again}, c: {}})
+        self.assertEqual(db.lookup_registrations("a"), [t])
