@@ -11,6 +11,7 @@ is closed after it, and the peer's registrations are removed.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from typing import TYPE_CHECKING, Any
 
@@ -271,21 +272,16 @@ class LookupProtocolV1(protocol.Protocol):
         return b"OK"
 
     def IDENTIFY(self, body: bytes) -> bytes:
-        try:
-            data = json.loads(body)
-            if not isinstance(data, dict):
-                raise ValueError("not an object")
-            info = PeerInfo(
-                id=self.remote_address,
-                remote_address=self.remote_address,
-                hostname=_str(data, "hostname"),
-                broadcast_address=_str(data, "broadcast_address"),
-                tcp_port=_int(data, "tcp_port"),
-                http_port=_int(data, "http_port"),
-                version=_str(data, "version"),
-            )
-        except (ValueError, TypeError):
-            raise FatalClientError("E_BAD_BODY", "IDENTIFY failed to decode JSON body") from None
+        fields = decode_peer_info(body)
+        info = PeerInfo(
+            id=self.remote_address,
+            remote_address=self.remote_address,
+            hostname=fields["hostname"],
+            broadcast_address=fields["broadcast_address"],
+            tcp_port=fields["tcp_port"],
+            http_port=fields["http_port"],
+            version=fields["version"],
+        )
         if not info.broadcast_address or not info.tcp_port or not info.http_port or not info.version:
             raise FatalClientError("E_BAD_BODY", "IDENTIFY missing fields")
         info.last_update = self.lookupd.now()
@@ -402,22 +398,92 @@ class LookupProtocolV1(protocol.Protocol):
             self.lookupd.remove_peer(self.peer_info, lambda r: self._logdb("UNREGISTER", r.category, r.key, r.subkey))
 
 
-def _str(data: dict[str, Any], key: str) -> str:
-    value = data.get(key)
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise TypeError(key)
-    return value
+# PeerInfo's JSON fields as Go decodes IDENTIFY: name -> is it a string (else an int)
+_PEER_FIELDS = {
+    "remote_address": True,
+    "hostname": True,
+    "broadcast_address": True,
+    "tcp_port": False,
+    "http_port": False,
+    "version": True,
+}
+_INT64 = range(-(1 << 63), 1 << 63)
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _int(data: dict[str, Any], key: str) -> int:
-    value = data.get(key)
-    if value is None:
-        return 0
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(key)
-    return value
+class _Object(list[tuple[str, Any]]):
+    """A JSON object as its (key, value) pairs in order, duplicates kept."""
+
+
+class _BigInt:
+    """An integer literal too long for any int64 (kept out of int(), which limits digits)."""
+
+
+def _parse_int(text: str) -> int | _BigInt:
+    return int(text) if len(text) <= 20 else _BigInt()
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"invalid character in JSON: {name}")
+
+
+def _fold(key: str) -> str:
+    """Go's encoding/json key folding (simple case folding), for ASCII field names."""
+    out = []
+    for c in key:
+        if c < "\x80":
+            out.append(c.upper())
+        elif c == "\u0130":  # İ: Go folds it to I
+            out.append("I")
+        else:
+            lower = c.lower()
+            upper = lower.upper() if len(lower) == 1 else c
+            out.append(upper if len(upper) == 1 else c)
+    return "".join(out)
+
+
+_FOLDED = {_fold(name): name for name in _PEER_FIELDS}
+
+
+def decode_peer_info(body: bytes) -> dict[str, Any]:
+    """IDENTIFY's JSON body as Go's json.Unmarshal fills a PeerInfo.
+
+    Keys match field names case-insensitively and later ones win; null leaves a
+    field as it is; a value of the wrong type, an int outside int64, NaN or
+    Infinity is an error; invalid UTF-8 and lone surrogates in strings become
+    U+FFFD. Go ignores unknown keys nested up to 10,000 levels deep; Python's
+    parser stops near 1,000, so a body nested deeper is refused here.
+    """
+    fields: dict[str, Any] = {name: "" if is_str else 0 for name, is_str in _PEER_FIELDS.items()}
+
+    def assign(pairs: _Object) -> None:
+        for key, value in pairs:
+            name = key if key in _PEER_FIELDS else _FOLDED.get(_fold(key))
+            if name is None or value is None:
+                continue
+            if _PEER_FIELDS[name]:
+                if not isinstance(value, str):
+                    raise ValueError(f"cannot unmarshal into string field {name}")
+                fields[name] = _LONE_SURROGATE.sub("\ufffd", value)
+            else:
+                if not isinstance(value, int) or isinstance(value, bool) or value not in _INT64:
+                    raise ValueError(f"cannot unmarshal into int field {name}")
+                fields[name] = value
+
+    try:
+        data = json.loads(
+            body.decode("utf-8", "replace"),
+            object_pairs_hook=_Object,
+            parse_int=_parse_int,
+            parse_constant=_no_constant,
+        )
+        if data is not None:
+            if not isinstance(data, _Object):
+                raise ValueError("not an object")
+            assign(data)
+    except (ValueError, RecursionError):
+        raise FatalClientError("E_BAD_BODY", "IDENTIFY failed to decode JSON body") from None
+    return fields
 
 
 class LookupFactory(protocol.ServerFactory):

@@ -213,6 +213,65 @@ class V1Tests(unittest.TestCase):
             self.assertEqual(out, [error], data)
             self.assertTrue(transport.disconnecting)
 
+    def identify(self, body: bytes) -> tuple[list[bytes], StringTransport]:
+        return self.session(b"  V1IDENTIFY\n" + struct.pack(">i", len(body)) + body)
+
+    def test_identify_bodies_go_cannot_decode(self) -> None:
+        fields = b'"broadcast_address":"a","tcp_port":1,"http_port":2,"version":"1.3.0"'
+        for body in [
+            b"[" * 5000,  # nested deeper than Python's recursion limit
+            b'{"a":' * 5000,
+            b"[" * 5000 + b"]" * 5000,
+            # Go skips a key it does not know nested up to 10,000 deep; Python's parser stops near
+            # 1,000 levels: such a body is refused (a known difference, never an internal error)
+            b"{" + fields + b',"x":[' + b"[" * 5000 + b"]" * 5001 + b"}",
+            b"{" + fields + b',"x":NaN}',
+            b"{" + fields + b',"x":-Infinity}',
+            b'{"broadcast_address":"a","tcp_port":9223372036854775808,"http_port":2,"version":"1.3.0"}',
+            b'{"broadcast_address":"a","tcp_port":1.0,"http_port":2,"version":"1.3.0"}',
+            b'{"broadcast_address":"a","tcp_port":"1","http_port":2,"version":"1.3.0"}',
+            b'{"broadcast_address":"a","tcp_port":true,"http_port":2,"version":"1.3.0"}',
+            b'{"broadcast_address":1,"tcp_port":1,"http_port":2,"version":"1.3.0"}',
+            b"\xef\xbb\xbf{" + fields + b"}",
+            b"{" + fields + b"} x",
+            b"[]",
+            b'"a"',
+        ]:
+            out, transport = self.identify(body)
+            self.assertEqual(out, [b"E_BAD_BODY IDENTIFY failed to decode JSON body"], body[:60])
+            self.assertTrue(transport.disconnecting)
+        for body in [
+            b"null",  # Go leaves the struct as it is
+            '{"broadcast_addreß":"a","tcp_port":1,"http_port":2,"version":"v"}'.encode(),  # ß does not fold to ss
+            b'{"broadcast_address":"a","tcp_port":-0,"http_port":2,"version":"v"}',
+        ]:
+            out, _ = self.identify(body)
+            self.assertEqual(out, [b"E_BAD_BODY IDENTIFY missing fields"], body)
+
+    def test_identify_bodies_go_accepts(self) -> None:
+        """Keys match case-insensitively, later ones win, null changes nothing, bad text is replaced."""
+        for body, expected in [
+            (
+                b'{"VERSION":"1.3.0","Tcp_Port":4150,"HTTP_PORT":4151,"Broadcast_Address":"b","ho\xc5\xbftname":"h"}',
+                ("b", 4150, 4151, "1.3.0", "h"),
+            ),
+            (
+                b'{"broadcast_address":"b","tcp_port":1,"TCP_PORT":2,"http_port":3,"version":"v",'
+                b'"hostname":"h","hostname":null,"x":' + b"9" * 5000 + b',"y":1e999,"z":[{"a":null}]}',
+                ("b", 2, 3, "v", "h"),
+            ),
+            (
+                b'{"broadcast_address":"b\xff","tcp_port":9223372036854775807,"http_port":-3,"version":"v",'
+                b'"hostname":"\\ud800\\ud83d\\ude00"}',
+                ("b\ufffd", 9223372036854775807, -3, "v", "\ufffd\U0001f600"),
+            ),
+        ]:
+            out, transport = self.identify(body)
+            self.assertFalse(transport.disconnecting, (body, out))
+            info = self.lookupd.db.find_producers("client", "", "")[-1].peer_info
+            got = (info.broadcast_address, info.tcp_port, info.http_port, info.version, info.hostname)
+            self.assertEqual(got, expected)
+
     def test_errors_after_identify(self) -> None:
         for line, error in [
             (b"REGISTER bad! c\n", b"E_BAD_TOPIC REGISTER topic name 'bad!' is not valid"),
