@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
 from lookupd_tw.nsqlookupd import NSQLookupd
@@ -52,6 +53,9 @@ class LookupdHTTPAPI(GoHTTPAPI):
         self.db = lookupd.db
         self.reactor = lookupd.reactor
         self.profiling = False
+
+    def resource(self) -> Any:
+        return _GoURLs(self, super().resource())
 
     @handler("/ping", "GET", style="plain")
     def ping(self, request: Request) -> str:
@@ -202,6 +206,32 @@ class LookupdHTTPAPI(GoHTTPAPI):
                     value = LEVEL_NUMBERS[value]
                 return JSONValue(value)
         raise HTTPError(400, "INVALID_OPTION")
+
+
+class _GoURLs(Resource):
+    """Go's answers to what Klein cannot route: a Host header or a path that is
+    not UTF-8 (Klein answered 400 and logged a traceback)."""
+
+    isLeaf = True
+
+    def __init__(self, api: LookupdHTTPAPI, routed: Resource) -> None:
+        super().__init__()
+        self.api = api
+        self.routed = routed
+
+    def render(self, request: Request) -> Any:
+        try:
+            request.getRequestHostname().decode("utf-8")
+        except UnicodeDecodeError:
+            request.setResponseCode(400, b"Bad Request: malformed Host header")
+            request.setHeader(b"content-type", b"text/plain; charset=utf-8")
+            request.setHeader(b"connection", b"close")
+            return b"400 Bad Request: malformed Host header"
+        try:
+            b"/".join([*(request.prepath or ()), *(request.postpath or ())]).decode("utf-8")
+        except UnicodeDecodeError:
+            return self.api.not_found(request, ROUTES)
+        return self.routed.render(request)
 
 
 def make_site(lookupd: NSQLookupd) -> Site:

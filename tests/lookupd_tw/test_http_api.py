@@ -79,6 +79,17 @@ class LookupdHTTPTests(unittest.TestCase):
             self.assertEqual(got, (code, body.encode()), f"{method} {path}")
 
     @defer.inlineCallbacks
+    def test_urls_that_are_not_utf8(self):
+        """Go answers them; Klein answered 400 and logged a traceback."""
+        for method, path in [("GET", "/%ff"), ("GET", "/ping/%ff"), ("POST", "/%ff/x"), ("GET", "/config/%ff")]:
+            got = yield self.get(method, path)
+            self.assertEqual(got, (404, b'{"message":"NOT_FOUND"}'), f"{method} {path}")
+        resp = yield self.treq.get("http://lookupd/ping", headers={b"Host": [b"\xff"]})
+        self.assertEqual(resp.code, 400)
+        self.assertEqual(resp.phrase, b"Bad Request: malformed Host header")
+        self.assertEqual((yield resp.content()), b"400 Bad Request: malformed Host header")
+
+    @defer.inlineCallbacks
     def test_create_and_delete(self):
         yield self.get("POST", "/channel/create?topic=new&channel=nc")
         _, topics = yield self.get("GET", "/topics")
