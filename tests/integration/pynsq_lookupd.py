@@ -29,6 +29,6 @@ reader = nsq.Reader(
     lookupd_poll_interval=1,
     max_in_flight=20,
 )
-loop.call_later(45, loop.stop)
+loop.call_later(150, loop.stop)  # a bound for a failing run only
 nsq.run()
 print(json.dumps(got))

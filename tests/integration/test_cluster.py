@@ -19,6 +19,7 @@ from nsqd_tw.client import LookupdConsumer
 from tests.integration.procs import ServerProcess, command
 
 LOOPBACK = ("-tcp-address", "127.0.0.1:0", "-http-address", "127.0.0.1:0")
+START_TIMEOUT = 60.0  # a process start on a machine running other suites
 
 
 @defer.inlineCallbacks
@@ -37,21 +38,34 @@ def post(url: str, data: bytes = b""):
 
 
 @defer.inlineCallbacks
-def eventually(check, timeout: float = 20.0, step: float = 0.1):
-    """Poll ``check()`` (which may return a Deferred) until it is true."""
-    waited = 0.0
+def eventually(check, timeout: float = 60.0, step: float = 0.1):
+    """Poll ``check()`` (which may return a Deferred) until it is true.
+
+    The timeout only bounds a failing test; a passing one waits as long as its
+    condition takes, so keep it generous for a machine running other suites.
+    """
+    deadline = reactor.seconds() + timeout
     while True:
         ok = yield defer.maybeDeferred(check)
         if ok:
             return ok
-        if waited >= timeout:
+        if reactor.seconds() >= deadline:
             raise AssertionError("condition not met in time")
         yield deferLater(reactor, step, lambda: None)
-        waited += step
 
 
-class ClusterTests(unittest.TestCase):
-    timeout = 120
+class _Cluster:
+    """One nsqlookupd and three nsqd, as processes.
+
+    Nothing here depends on how fast the machine is: nsqd PINGs its lookupds every
+    15 s, so the inactive-producer timeout is either the default 300 s (no node
+    ever drops out) or, where a test wants a frozen node to drop out, 30 s, twice
+    the PING interval so that a live node under load does not; tombstones last an
+    hour, longer than any test.
+    """
+
+    timeout = 300
+    inactive_producer_timeout = "300s"
 
     def setUp(self) -> None:
         self.dir = os.path.abspath(self.mktemp())
@@ -62,9 +76,11 @@ class ClusterTests(unittest.TestCase):
             "--broadcast-address",
             "127.0.0.1",
             "--inactive-producer-timeout",
-            "2s",
+            self.inactive_producer_timeout,
+            "--tombstone-lifetime",
+            "1h",
             cwd=self.dir,
-        ).start()
+        ).start(timeout=START_TIMEOUT)
         self.addCleanup(self.lookupd.kill)
         self.lookupd_http = f"http://{self.lookupd.addresses['HTTP']}"
         self.nodes = [self.start_nsqd(i) for i in range(3)]
@@ -84,7 +100,7 @@ class ClusterTests(unittest.TestCase):
             "127.0.0.1",
             "--lookupd-tcp-address",
             self.lookupd.addresses["TCP"],
-        ).start()
+        ).start(timeout=START_TIMEOUT)
         self.addCleanup(proc.kill)
         return proc
 
@@ -92,6 +108,10 @@ class ClusterTests(unittest.TestCase):
         return get_json(f"{self.lookupd_http}/lookup?topic={topic}").addCallback(
             lambda data: sorted(p["tcp_port"] for p in data["producers"])
         )
+
+
+class InactiveNodeTests(_Cluster, unittest.TestCase):
+    inactive_producer_timeout = "30s"
 
     @defer.inlineCallbacks
     def test_discover_drain_lose_a_node_and_get_it_back(self):
@@ -101,7 +121,8 @@ class ClusterTests(unittest.TestCase):
                 f"http://{node.addresses['HTTP']}/mpub?topic=cluster", b"\n".join(b"n%d-%d" % (i, j) for j in range(10))
             )
         ports = sorted(n.port() for n in self.nodes)
-        self.assertEqual((yield self.producers("cluster")), ports)
+        # each nsqd REGISTERs the new topic with the lookupd after answering the MPUB
+        yield eventually(lambda: self.producers("cluster").addCallback(lambda p: p == ports))
 
         got: list[bytes] = []
         consumer = LookupdConsumer(
@@ -122,11 +143,8 @@ class ClusterTests(unittest.TestCase):
         frozen = self.nodes[2]
         frozen.signal(signal.SIGSTOP)
         self.addCleanup(frozen.signal, signal.SIGCONT)
-        yield eventually(
-            lambda: self.producers("cluster").addCallback(
-                lambda p: p == ports[:0] + sorted(n.port() for n in self.nodes[:2])
-            )
-        )
+        live = sorted(n.port() for n in self.nodes[:2])
+        yield eventually(lambda: self.producers("cluster").addCallback(lambda p: p == live), timeout=120)
         for node in self.nodes[:2]:
             yield post(f"http://{node.addresses['HTTP']}/pub?topic=cluster", b"more from %d" % node.port())
         yield eventually(lambda: len(got) == 32)
@@ -139,6 +157,8 @@ class ClusterTests(unittest.TestCase):
         yield post(f"http://{http}/pub?topic=cluster", b"back again")
         yield eventually(lambda: b"back again" in got)
 
+
+class ClusterTests(_Cluster, unittest.TestCase):
     @defer.inlineCallbacks
     def test_tombstone_keeps_consumers_away(self):
         for node in self.nodes:
@@ -147,7 +167,9 @@ class ClusterTests(unittest.TestCase):
         victim = self.nodes[0]
         yield post(f"{self.lookupd_http}/topic/tombstone?topic=tomb&node=127.0.0.1:{victim.port('HTTP')}")
         self.assertNotIn(victim.port(), (yield self.producers("tomb")))
-        consumer = LookupdConsumer(reactor, [self.lookupd.addresses["HTTP"]], "tomb", "c", lambda m: None)
+        consumer = LookupdConsumer(
+            reactor, [self.lookupd.addresses["HTTP"]], "tomb", "c", lambda m: None, poll_interval=0.5
+        )
         yield consumer.start()
         self.addCleanup(consumer.stop)
         yield eventually(lambda: len(consumer.consumers) == 2)
@@ -169,7 +191,7 @@ class ClusterTests(unittest.TestCase):
             [sys.executable, str(script), self.lookupd.addresses["HTTP"], "py", "15"],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=180,
         )
         self.assertEqual(out.returncode, 0, out.stderr[-2000:])
         self.assertEqual(sorted(json.loads(out.stdout)), sorted(f"p{i}-{j}" for i in range(3) for j in range(5)))
@@ -194,6 +216,6 @@ class LookupdCommandTests(unittest.TestCase):
             "--http-address",
             "127.0.0.1:0",
         ]
-        proc = ServerProcess("twistd", argv=argv, cwd=path, stdout=True).start()
+        proc = ServerProcess("twistd", argv=argv, cwd=path, stdout=True).start(timeout=START_TIMEOUT)
         self.addCleanup(proc.kill)
         self.assertIn(proc.stop(), (0, -signal.SIGTERM))
