@@ -7,6 +7,7 @@ TCP listener, HTTP, and the queue-scan timer.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -20,11 +21,13 @@ from twisted.python.failure import Failure
 
 from nsqd_tw.log import set_log_level
 from nsqd_tw.nsqd import NSQD, python_version, tune_gc
-from nsqd_tw.options import VERSION, NSQDOptions, usage_options
+from nsqd_tw.options import NSQD_DEPRECATED_FLAGS, VERSION, NSQDOptions, usage_options
 
 log = Logger(namespace="nsqd_tw.tap")
 
-_BaseOptions = usage_options(NSQDOptions, "NSQ daemon (nsqd): the V2 TCP protocol and the HTTP API.")
+_BaseOptions = usage_options(
+    NSQDOptions, "NSQ daemon (nsqd): the V2 TCP protocol and the HTTP API.", "twistd nsqd", NSQD_DEPRECATED_FLAGS
+)
 
 
 class Options(_BaseOptions):  # type: ignore[misc,valid-type]
@@ -54,6 +57,14 @@ def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def address_text(host: Any) -> str:
+    """A listening address as Go prints it: ``HOST:PORT``, or a unix socket's path."""
+    if hasattr(host, "port"):
+        return format_address(host.host, host.port)
+    name = host.name
+    return os.fsdecode(name) if isinstance(name, bytes) else str(name)
+
+
 def server_endpoint(reactor: Any, address: str, tls: Any = None) -> Any:
     parsed = split_address(address)
     if parsed is None:
@@ -79,9 +90,14 @@ class ListeningService(service.Service):
         factory: Any,
         bound: Callable[[Any], None] | None = None,
         tls: Any = None,
+        unix: bool | None = None,
     ) -> None:
+        """``unix``: whether an address without a port is a unix socket path (nsqd's TCP
+        and HTTP listeners) or an error as for Go's ``net.Listen("tcp", ...)``; by
+        default, a path is refused for TLS."""
         self.label = label
         self.tls = tls
+        self.unix = tls is None if unix is None else unix
         self.reactor = reactor
         self.address = address
         self.factory = factory
@@ -90,6 +106,10 @@ class ListeningService(service.Service):
         self.shown = address
 
     def privilegedStartService(self) -> None:
+        if not self.unix and split_address(self.address) is None:
+            raise ListenError(
+                f"listen ({self.address}) failed - listen tcp: address {self.address}: missing port in address"
+            )
         result: list[Any] = []
         server_endpoint(self.reactor, self.address, self.tls).listen(self.factory).addBoth(result.append)
         if not result:
@@ -98,7 +118,7 @@ class ListeningService(service.Service):
             raise ListenError(f"listen ({self.address}) failed - {result[0].value}")
         self.port = result[0]
         host: Any = self.port.getHost()
-        self.shown = format_address(host.host, host.port) if hasattr(host, "port") else host.name
+        self.shown = address_text(host)
         if self.bound is not None:
             self.bound(host)
         log.info("{label}: listening on {addr}", label=self.label, addr=self.shown)
