@@ -99,6 +99,21 @@ def format_duration(seconds: float) -> str:
     return out + f"{s:g}s"
 
 
+def split_address(address: str) -> tuple[str, int] | None:
+    """``host:port`` (host may be empty or ``[v6]``) or None for a unix path."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def missing_port(address: str) -> str:
+    """Go's error for a listener it opens as TCP only, given an address without a port."""
+    return f"listen ({address}) failed - listen tcp: address {address}: missing port in address"
+
+
 def _parse_bool(text: str) -> bool:
     """Go's strconv.ParseBool."""
     if text in ("1", "t", "T", "TRUE", "true", "True"):
@@ -549,6 +564,9 @@ class NSQDOptions:
             self.tls_required = TLS_REQUIRED
         if self.tls_required != TLS_NOT_REQUIRED and not (self.tls_cert and self.tls_key):
             raise ConfigError("cannot require TLS client connections without TLS key and cert")
+        if (self.tls_cert or self.tls_key) and self.https_address and split_address(self.https_address) is None:
+            # HTTPS is TCP only (a path is not a unix socket there), refused before anything starts
+            raise ConfigError(missing_port(self.https_address))
         if self.auth_http_request_method not in ("post", "get"):
             raise ConfigError("--auth-http-request-method must be post or get")
         for p in self.e2e_processing_latency_percentiles:
@@ -778,7 +796,9 @@ def usage_options(
         argv = sys.argv[1:] if options is None else list(options)
         if "--_shell-completion" in argv:
             return usage.Options.parseOptions(self, argv)  # type: ignore[no-any-return]
-        parser = build_argparser(self.prog, cls, deprecated, twistd=True)
+        # a plugin subclassing these Options runs under its own name: twistd ticker
+        sub = getattr(getattr(self, "parent", None), "subCommand", None)
+        parser = build_argparser(f"twistd {sub}" if sub else self.prog, cls, deprecated, twistd=True)
         self._namespace, rest = parser.parse_known_args(argv)
         if self._namespace._help:
             self.opt_help()

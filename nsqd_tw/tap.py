@@ -21,7 +21,14 @@ from twisted.python.failure import Failure
 
 from nsqd_tw.log import set_log_level
 from nsqd_tw.nsqd import NSQD, python_version, tune_gc
-from nsqd_tw.options import NSQD_DEPRECATED_FLAGS, VERSION, NSQDOptions, usage_options
+from nsqd_tw.options import (
+    NSQD_DEPRECATED_FLAGS,
+    VERSION,
+    NSQDOptions,
+    missing_port,
+    split_address,
+    usage_options,
+)
 
 log = Logger(namespace="nsqd_tw.tap")
 
@@ -41,16 +48,6 @@ class Options(_BaseOptions):  # type: ignore[misc,valid-type]
 
 def version_string(app: str = "nsqd") -> str:
     return f"{app} v{VERSION} (built w/{python_version()})"
-
-
-def split_address(address: str) -> tuple[str, int] | None:
-    """``host:port`` (host may be empty or ``[v6]``) or None for a unix path."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        return None
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host, int(port)
 
 
 def format_address(host: str, port: int) -> str:
@@ -107,9 +104,7 @@ class ListeningService(service.Service):
 
     def privilegedStartService(self) -> None:
         if not self.unix and split_address(self.address) is None:
-            raise ListenError(
-                f"listen ({self.address}) failed - listen tcp: address {self.address}: missing port in address"
-            )
+            raise ListenError(missing_port(self.address))
         result: list[Any] = []
         server_endpoint(self.reactor, self.address, self.tls).listen(self.factory).addBoth(result.append)
         if not result:
