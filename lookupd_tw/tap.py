@@ -8,13 +8,18 @@ from typing import Any
 from twisted.application import service
 
 from lookupd_tw.nsqlookupd import NSQLookupd
-from lookupd_tw.options import NSQLookupdOptions
+from lookupd_tw.options import DEPRECATED_FLAGS, NSQLookupdOptions
 from nsqd_tw.log import set_log_level
 from nsqd_tw.nsqd import python_version
 from nsqd_tw.options import VERSION, usage_options
 from nsqd_tw.tap import ListeningService
 
-_BaseOptions = usage_options(NSQLookupdOptions, "NSQ discovery service (nsqlookupd): V1 TCP protocol and HTTP API.")
+_BaseOptions = usage_options(
+    NSQLookupdOptions,
+    "NSQ discovery service (nsqlookupd): V1 TCP protocol and HTTP API.",
+    "twistd nsqlookupd",
+    DEPRECATED_FLAGS,
+)
 
 
 def version_string() -> str:
@@ -52,7 +57,10 @@ def makeService(config: Any, reactor: Any = None) -> service.MultiService:
     def http_bound(host: Any) -> None:
         lookupd.http_address = (getattr(host, "host", ""), getattr(host, "port", 0))
 
-    ListeningService("TCP", reactor, opts.tcp_address, LookupFactory(lookupd), tcp_bound).setServiceParent(top)
-    ListeningService("HTTP", reactor, opts.http_address, make_site(lookupd), http_bound).setServiceParent(top)
+    # Go's nsqlookupd listens on TCP only: a path is an error, not a unix socket
+    tcp = ListeningService("TCP", reactor, opts.tcp_address, LookupFactory(lookupd), tcp_bound, unix=False)
+    tcp.setServiceParent(top)
+    http = ListeningService("HTTP", reactor, opts.http_address, make_site(lookupd), http_bound, unix=False)
+    http.setServiceParent(top)
     top.lookupd = lookupd  # type: ignore[attr-defined]
     return top

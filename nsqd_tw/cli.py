@@ -32,7 +32,7 @@ def run_server(
     from twisted.internet import reactor
 
     observer = GoLogObserver(sys.stderr, opts.log_prefix, opts.log_level)
-    globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False, discardBuffer=True)
+    globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False, discardBuffer=False)
     try:
         top = make_service(opts, reactor)
     except ConfigError as e:

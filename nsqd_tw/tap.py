@@ -7,6 +7,7 @@ TCP listener, HTTP, and the queue-scan timer.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -20,11 +21,20 @@ from twisted.python.failure import Failure
 
 from nsqd_tw.log import set_log_level
 from nsqd_tw.nsqd import NSQD, python_version, tune_gc
-from nsqd_tw.options import VERSION, NSQDOptions, usage_options
+from nsqd_tw.options import (
+    NSQD_DEPRECATED_FLAGS,
+    VERSION,
+    NSQDOptions,
+    missing_port,
+    split_address,
+    usage_options,
+)
 
 log = Logger(namespace="nsqd_tw.tap")
 
-_BaseOptions = usage_options(NSQDOptions, "NSQ daemon (nsqd): the V2 TCP protocol and the HTTP API.")
+_BaseOptions = usage_options(
+    NSQDOptions, "NSQ daemon (nsqd): the V2 TCP protocol and the HTTP API.", "twistd nsqd", NSQD_DEPRECATED_FLAGS
+)
 
 
 class Options(_BaseOptions):  # type: ignore[misc,valid-type]
@@ -40,18 +50,16 @@ def version_string(app: str = "nsqd") -> str:
     return f"{app} v{VERSION} (built w/{python_version()})"
 
 
-def split_address(address: str) -> tuple[str, int] | None:
-    """``host:port`` (host may be empty or ``[v6]``) or None for a unix path."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        return None
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host, int(port)
-
-
 def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def address_text(host: Any) -> str:
+    """A listening address as Go prints it: ``HOST:PORT``, or a unix socket's path."""
+    if hasattr(host, "port"):
+        return format_address(host.host, host.port)
+    name = host.name
+    return os.fsdecode(name) if isinstance(name, bytes) else str(name)
 
 
 def server_endpoint(reactor: Any, address: str, tls: Any = None) -> Any:
@@ -79,9 +87,14 @@ class ListeningService(service.Service):
         factory: Any,
         bound: Callable[[Any], None] | None = None,
         tls: Any = None,
+        unix: bool | None = None,
     ) -> None:
+        """``unix``: whether an address without a port is a unix socket path (nsqd's TCP
+        and HTTP listeners) or an error as for Go's ``net.Listen("tcp", ...)``; by
+        default, a path is refused for TLS."""
         self.label = label
         self.tls = tls
+        self.unix = tls is None if unix is None else unix
         self.reactor = reactor
         self.address = address
         self.factory = factory
@@ -90,6 +103,8 @@ class ListeningService(service.Service):
         self.shown = address
 
     def privilegedStartService(self) -> None:
+        if not self.unix and split_address(self.address) is None:
+            raise ListenError(missing_port(self.address))
         result: list[Any] = []
         server_endpoint(self.reactor, self.address, self.tls).listen(self.factory).addBoth(result.append)
         if not result:
@@ -98,7 +113,7 @@ class ListeningService(service.Service):
             raise ListenError(f"listen ({self.address}) failed - {result[0].value}")
         self.port = result[0]
         host: Any = self.port.getHost()
-        self.shown = format_address(host.host, host.port) if hasattr(host, "port") else host.name
+        self.shown = address_text(host)
         if self.bound is not None:
             self.bound(host)
         log.info("{label}: listening on {addr}", label=self.label, addr=self.shown)
