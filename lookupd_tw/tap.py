@@ -5,14 +5,12 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from twisted.application import service
-
 from lookupd_tw.nsqlookupd import NSQLookupd
 from lookupd_tw.options import DEPRECATED_FLAGS, NSQLookupdOptions
 from nsqd_tw.log import set_log_level
 from nsqd_tw.nsqd import python_version
 from nsqd_tw.options import VERSION, usage_options
-from nsqd_tw.tap import ListeningService
+from nsqd_tw.tap import ListeningService, ServerService
 
 _BaseOptions = usage_options(
     NSQLookupdOptions,
@@ -35,7 +33,7 @@ class Options(_BaseOptions):  # type: ignore[misc,valid-type]
         sys.exit(0)
 
 
-def makeService(config: Any, reactor: Any = None) -> service.MultiService:
+def makeService(config: Any, reactor: Any = None) -> ServerService:
     opts: NSQLookupdOptions = config if isinstance(config, NSQLookupdOptions) else config.resolved
     if reactor is None:
         from twisted.internet import reactor as _reactor
@@ -47,7 +45,7 @@ def makeService(config: Any, reactor: Any = None) -> service.MultiService:
     from lookupd_tw.http_api import make_site
     from lookupd_tw.protocol_v1 import LookupFactory
 
-    top = service.MultiService()
+    top = ServerService("failed to instantiate nsqlookupd", opts.log_prefix)
     lookupd = NSQLookupd(opts, reactor)
     lookupd.setServiceParent(top)
 

@@ -39,6 +39,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nsqd_tw.backend import IBackendQueue
+from nsqd_tw.files import write_atomic
 
 _SIZE = struct.Struct(">i")
 _META_RE = re.compile(rb"^(-?\d+)\n(-?\d+),(-?\d+)\n(-?\d+),(-?\d+)\n?")
@@ -62,34 +63,6 @@ class Ref:
         self.file = file
         self.pos = pos
         self.done = False
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path or ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: str, data: bytes) -> None:
-    """Write a file so that readers see the old or the new content, never half."""
-    tmp = f"{path}.{os.getpid()}.{time.monotonic_ns()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path))
 
 
 @implementer(IBackendQueue)

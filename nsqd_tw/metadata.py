@@ -6,7 +6,6 @@ with ``null`` where Go has a nil slice, so either nsqd can start on the other's 
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import os
@@ -14,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nsqd_tw import gojson
+from nsqd_tw.files import go_errno
 
 METADATA_FILE = "nsqd.dat"
 
@@ -173,17 +173,21 @@ class DirLock:
         self.path = path
         self._fd: int | None = None
 
+    @property
+    def locked(self) -> bool:
+        return self._fd is not None
+
     def lock(self) -> None:
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except OSError as e:
-            raise MetadataError(f"failed to lock data-path: open {self.path}: {_go_errno(e)}") from None
+            raise MetadataError(f"failed to lock data-path: open {self.path}: {go_errno(e)}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             os.close(fd)
             raise MetadataError(
-                f"failed to lock data-path: cannot flock directory {self.path} - {_go_errno(e)} "
+                f"failed to lock data-path: cannot flock directory {self.path} - {go_errno(e)} "
                 "(possibly in use by another instance of nsqd)"
             ) from None
         self._fd = fd
@@ -195,17 +199,3 @@ class DirLock:
             finally:
                 os.close(self._fd)
                 self._fd = None
-
-
-_GO_ERRNO = {
-    errno.EAGAIN: "resource temporarily unavailable",
-    errno.ENOENT: "no such file or directory",
-    errno.EACCES: "permission denied",
-    errno.ENOTDIR: "not a directory",
-}
-
-
-def _go_errno(e: OSError) -> str:
-    if e.errno is not None and e.errno in _GO_ERRNO:
-        return _GO_ERRNO[e.errno]
-    return (e.strerror or str(e)).lower()

@@ -40,6 +40,28 @@ class ConfigError(Exception):
     """A bad option value; ``str()`` is the message Go prints."""
 
 
+class StartError(Exception):
+    """A start that cannot go on; ``str()`` is the whole of Go's FATAL text
+    (``failed to load metadata - ...``)."""
+
+
+def start_error_text(e: BaseException, instantiate_error: str) -> str:
+    """The FATAL text for a failed start: a StartError's own, else Go's
+    ``failed to instantiate nsqd - <error>``."""
+    return str(e) if isinstance(e, StartError) else f"{instantiate_error} - {e}"
+
+
+def install_stop_signals(reactor: Any) -> None:
+    """SIGTERM and SIGINT stop the reactor cleanly from now on: a signal that
+    comes before the reactor runs queues the stop for when it does. SIGINT is
+    caught even when the process inherited it ignored (started with ``&``), as
+    Go's signal.Notify does; the reactor keeps these handlers when it starts."""
+    import signal
+
+    signal.signal(signal.SIGTERM, reactor.sigTerm)
+    signal.signal(signal.SIGINT, reactor.sigInt)
+
+
 # -- Go's time.ParseDuration ---------------------------------------------
 
 _UNITS = {
@@ -841,9 +863,17 @@ class TwistdServiceMaker(ServiceMaker):
     """
 
     def makeService(self, options: Any) -> Any:
+        from twisted.internet import reactor
+
+        # twistd installs its signal handlers only when the reactor runs, after the
+        # listening lines: a supervisor's early SIGTERM must still stop cleanly
+        install_stop_signals(reactor)
         try:
-            return super().makeService(options)
+            top = super().makeService(options)
         except ConfigError as e:
             resolved = getattr(options, "resolved", None)
             prefix = getattr(resolved, "log_prefix", f"[{self.tapname}] ")
             exit_fatal(prefix, f"failed to instantiate {self.tapname} - {e}")
+        if hasattr(top, "exit_on_start_failure"):
+            top.exit_on_start_failure = True
+        return top

@@ -19,14 +19,17 @@ from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from nsqd_tw.files import go_errno
 from nsqd_tw.log import set_log_level
 from nsqd_tw.nsqd import NSQD, python_version, tune_gc
 from nsqd_tw.options import (
     NSQD_DEPRECATED_FLAGS,
     VERSION,
     NSQDOptions,
+    exit_fatal,
     missing_port,
     split_address,
+    start_error_text,
     usage_options,
 )
 
@@ -110,7 +113,7 @@ class ListeningService(service.Service):
         if not result:
             raise RuntimeError(f"listen ({self.address}) did not complete")
         if isinstance(result[0], Failure):
-            raise ListenError(f"listen ({self.address}) failed - {result[0].value}")
+            raise ListenError(f"listen ({self.address}) failed - {self._listen_error(result[0])}")
         self.port = result[0]
         host: Any = self.port.getHost()
         self.shown = address_text(host)
@@ -132,12 +135,51 @@ class ListeningService(service.Service):
             return port.stopListening()
         return None
 
+    def _listen_error(self, failure: Failure) -> str:
+        """Go's net.Listen error: ``listen tcp 127.0.0.1:4150: bind: address already in use``."""
+        cause = getattr(failure.value, "socketError", None)
+        if not isinstance(cause, OSError):
+            return str(failure.value)
+        net = "tcp" if split_address(self.address) is not None else "unix"
+        return f"listen {net} {self.address}: bind: {go_errno(cause)}"
+
 
 class ListenError(Exception):
     pass
 
 
-def makeService(config: Any, reactor: Any = None) -> service.MultiService:
+class ServerService(service.MultiService):
+    """The top of nsqd's (or nsqlookupd's) service tree.
+
+    A failed start raises and leaves everything as it was: nothing is stopped
+    (stopping would flush and persist what this process never loaded), so the
+    process can exit at once, as Go's does. Under twistd
+    (``exit_on_start_failure``, set by the plugin) the failure is the same one
+    FATAL line as the console command's, and exit status 1.
+    """
+
+    def __init__(self, instantiate_error: str, log_prefix: str) -> None:
+        super().__init__()
+        self.instantiate_error = instantiate_error
+        self.log_prefix = log_prefix
+        self.exit_on_start_failure = False
+
+    def privilegedStartService(self) -> None:
+        self._guarded(super().privilegedStartService)
+
+    def startService(self) -> None:
+        self._guarded(super().startService)
+
+    def _guarded(self, start: Callable[[], None]) -> None:
+        try:
+            start()
+        except Exception as e:
+            if not self.exit_on_start_failure:
+                raise
+            exit_fatal(self.log_prefix, start_error_text(e, self.instantiate_error))
+
+
+def makeService(config: Any, reactor: Any = None) -> ServerService:
     """Build nsqd's services from NSQDOptions (or twistd's parsed Options)."""
     opts: NSQDOptions = config if isinstance(config, NSQDOptions) else config.resolved
     if reactor is None:
@@ -154,7 +196,7 @@ def makeService(config: Any, reactor: Any = None) -> service.MultiService:
     from nsqd_tw.statsd import StatsdService
     from nsqd_tw.tls import server_tls
 
-    top = service.MultiService()
+    top = ServerService("failed to instantiate nsqd", opts.log_prefix)
     nsqd = NSQD(opts, reactor)
     nsqd.setServiceParent(top)
 

@@ -8,8 +8,8 @@ import os
 from twisted.trial import unittest
 
 from nsqd_tw import diskqueue
-from nsqd_tw.metadata import MetadataError
 from nsqd_tw.nsqd import NSQD
+from nsqd_tw.options import StartError
 from nsqd_tw.wire import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
 from tests.helpers import FakeClient, make_nsqd
 from tests.nsqd_tw.test_channel import FakeConsumer
@@ -98,21 +98,29 @@ class MetadataTests(StorageTestCase):
     def test_unparsable_metadata_is_fatal(self) -> None:
         with open(os.path.join(self.dir, "nsqd.dat"), "w") as f:
             f.write("{not json")
-        e = self.assertRaises(MetadataError, self.start)
-        self.assertTrue(str(e).startswith(f"failed to parse metadata in {self.dir}/nsqd.dat - "), str(e))
+        e = self.assertRaises(StartError, self.start)
+        self.assertEqual(
+            str(e),
+            f"failed to load metadata - failed to parse metadata in {self.dir}/nsqd.dat - "
+            "invalid character 'n' looking for beginning of object key string",
+        )
 
     def test_data_path_lock(self) -> None:
         self.start()
-        e = self.assertRaises(MetadataError, self.start)
+        e = self.assertRaises(StartError, self.start)
         self.assertEqual(
             str(e),
-            f"failed to lock data-path: cannot flock directory {self.dir} - resource temporarily unavailable "
+            f"failed to instantiate nsqd - failed to lock data-path: cannot flock directory {self.dir} - "
+            "resource temporarily unavailable "
             "(possibly in use by another instance of nsqd)",
         )
 
     def test_missing_data_path(self) -> None:
-        e = self.assertRaises(MetadataError, self.start, data_path=self.dir + "/nope")
-        self.assertEqual(str(e), f"failed to lock data-path: open {self.dir}/nope: no such file or directory")
+        e = self.assertRaises(StartError, self.start, data_path=self.dir + "/nope")
+        self.assertEqual(
+            str(e),
+            f"failed to instantiate nsqd - failed to lock data-path: open {self.dir}/nope: no such file or directory",
+        )
 
 
 class OverflowTests(StorageTestCase):
