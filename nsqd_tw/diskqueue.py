@@ -32,7 +32,7 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from twisted.internet import defer
 from twisted.python.failure import Failure
@@ -52,6 +52,14 @@ _MIN_TS = 1_300_000_000 * 10**9  # 2011, before Go's ID epoch
 
 class DiskQueueError(Exception):
     pass
+
+
+class WriteMark(NamedTuple):
+    """The write position and depth before a put_many, to take it back."""
+
+    file: int
+    pos: int
+    depth: int
 
 
 class Ref:
@@ -249,8 +257,14 @@ class DiskQueue:
     def put(self, data: bytes) -> None:
         self.put_many((data,))
 
-    def put_many(self, records: Sequence[bytes]) -> None:
-        """Append records; they are in the file (page cache) when this returns."""
+    def put_many(self, records: Sequence[bytes]) -> WriteMark:
+        """Append records; they are in the file (page cache) when this returns.
+
+        All or nothing: if a write fails (a full disk), what this call wrote is
+        cut off the files again before the error is raised, so neither this
+        process nor one restarted after a crash reads any of it. Returns a mark
+        for :meth:`unput`.
+        """
         if self.exiting:
             raise DiskQueueError("exiting")
         lo, hi = self.min_msg_size, self.max_msg_size
@@ -258,26 +272,69 @@ class DiskQueue:
             n = len(data)
             if n < lo or n > hi:
                 raise DiskQueueError(f"invalid message write size ({n}) minMsgSize={lo} maxMsgSize={hi}")
+        mark = WriteMark(self.write_file_num, self.write_pos, self._depth)
+        chunks = self._plan(records)
+        try:
+            for file_num, offset, data, _ in chunks:
+                self._pwrite(file_num, offset, data)
+        except BaseException:
+            self._cut(mark, chunks[-1][0] if chunks else mark.file)
+            raise
+        for file_num, offset, data, n in chunks:
+            if file_num != self.write_file_num:
+                self._file_complete()
+            self._commit_write(file_num, offset + len(data), n)
+        return mark
+
+    def _plan(self, records: Sequence[bytes]) -> list[tuple[int, int, bytes, int]]:
+        """Split records into (file, offset, bytes, count) writes, a new file
+        whenever the next record would pass --max-bytes-per-file."""
         pack = _SIZE.pack
         limit = self.max_bytes_per_file
         file_num, pos = self.write_file_num, self.write_pos
-        chunk: list[bytes] = []
-        chunk_start = pos
+        chunks: list[tuple[int, int, bytes, int]] = []
+        parts: list[bytes] = []
+        start = pos
         for data in records:
             total = 4 + len(data)
             if pos > 0 and pos + total > limit:
-                if chunk:
-                    self._pwrite(file_num, chunk_start, b"".join(chunk))
-                    self._commit_write(file_num, pos, len(chunk) // 2)
-                    chunk = []
-                file_num, pos = self._rotate()
-                chunk_start = pos
-            chunk.append(pack(len(data)))
-            chunk.append(data)
+                if parts:
+                    chunks.append((file_num, start, b"".join(parts), len(parts) // 2))
+                    parts = []
+                file_num, pos = file_num + 1, 0
+                start = 0
+            parts.append(pack(len(data)))
+            parts.append(data)
             pos += total
-        if chunk:
-            self._pwrite(file_num, chunk_start, b"".join(chunk))
-            self._commit_write(file_num, pos, len(chunk) // 2)
+        if parts:
+            chunks.append((file_num, start, b"".join(parts), len(parts) // 2))
+        return chunks
+
+    def unput(self, mark: object) -> None:
+        """Take back everything written since ``mark`` (which put_many returned),
+        as if never written: the staged batch of a publish that failed elsewhere.
+        Nothing written since may have been read."""
+        assert isinstance(mark, WriteMark)
+        if (self.read_file_num, self.read_pos) > (mark.file, mark.pos):
+            raise DiskQueueError("cannot take back records already read")
+        self._cut(mark, self.write_file_num)
+        self.syncer.request(self)
+
+    def _cut(self, mark: WriteMark, last_file: int) -> None:
+        """Truncate the files back to ``mark`` and forget what lies past it."""
+        for num in range(mark.file + 1, last_file + 1):
+            if self._wfd_num == num:
+                assert self._wfd is not None
+                os.close(self._wfd)
+                self._wfd, self._wfd_num = None, -1
+            self._remove_quietly(self.file_name(num))
+        try:
+            os.truncate(self.file_name(mark.file), mark.pos)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            self.log.error("DISKQUEUE({name}) failed to take back a failed write - {err}", name=self.name, err=e)
+        self.write_file_num, self.write_pos, self._depth = mark.file, mark.pos, mark.depth
 
     def _commit_write(self, file_num: int, pos: int, n: int) -> None:
         self.write_file_num, self.write_pos = file_num, pos
@@ -299,18 +356,12 @@ class DiskQueue:
             view = view[n:]
             offset += n
 
-    def _rotate(self) -> tuple[int, int]:
-        """Start the next file; the old one is fsynced by the next sync."""
+    def _file_complete(self) -> None:
+        """The write file is full: the next write goes to a new file (opened by
+        _pwrite, which hands the old fd to the next sync to fsync and close)."""
         if self._rfd_num == self.write_file_num:
             self._rlimit = self.write_pos  # the reader's file is complete now
-        if self._wfd is not None:
-            self.syncer.retire_fd(self._wfd)
-            self._wfd = None
-            self._wfd_num = -1
-        self.write_file_num += 1
-        self.write_pos = 0
         self.syncer.request(self)
-        return self.write_file_num, 0
 
     def get(self) -> bytes | None:
         item = self.read()

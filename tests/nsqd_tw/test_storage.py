@@ -10,7 +10,7 @@ from twisted.trial import unittest
 from nsqd_tw import diskqueue
 from nsqd_tw.nsqd import NSQD
 from nsqd_tw.options import StartError
-from nsqd_tw.wire import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
+from nsqd_tw.wire import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, encode_mpub
 from tests.helpers import FakeClient, make_nsqd
 from tests.nsqd_tw.test_channel import FakeConsumer
 
@@ -285,6 +285,67 @@ class FaultTests(StorageTestCase):
         ch.add_client(c)
         ch.kick()
         self.assertEqual([m.body for m in c.got], [b"before", b"after"])
+
+
+    def fail_writes_to(self, queue_name: str) -> None:
+        """Writes to one queue's files fail as on a full disk; the others succeed."""
+
+        def pwrite(fd, data, offset):
+            if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(queue_name + ".diskqueue."):
+                raise OSError(28, "No space left on device")
+            return _pwrite(fd, data, offset)
+
+        self.patch(diskqueue.os, "pwrite", pwrite)
+
+    def drained(self, n: NSQD, topic: str, channel: str) -> list[bytes]:
+        c = FakeConsumer(99, rdy=100)
+        ch = n.topics[topic].channels[channel]
+        ch.add_client(c)
+        ch.kick()
+        return [m.body for m in c.got]
+
+    def test_a_failed_mpub_reaches_no_channel(self) -> None:
+        """One channel's write fails: the MPUB is refused and no channel keeps any of it."""
+        n = self.start(mem_queue_size=0)
+        topic = n.get_topic("t")
+        topic.get_channel("a")
+        topic.get_channel("b")
+        p = FakeClient(n)
+        self.assertEqual(p.mpub("t", [b"1", b"2"]), (FRAME_TYPE_RESPONSE, b"OK"))
+        self.fail_writes_to("t:b")
+        p2 = FakeClient(n)
+        p2.send(encode_mpub("t", [b"x", b"y", b"z"]))
+        self.assertEqual(p2.frames()[0][1][:29], b"E_MPUB_FAILED MPUB failed [Er")
+        self.patch(diskqueue.os, "pwrite", _pwrite)
+        self.assertEqual(topic.channels["a"].depth(), 2)
+        self.assertEqual(self.drained(n, "t", "a"), [b"1", b"2"])
+        self.assertEqual(self.drained(n, "t", "b"), [b"1", b"2"])
+
+    def test_a_failed_mpub_leaves_no_part_in_memory(self) -> None:
+        """Room in memory for part of a batch: a failed write of the rest takes that part back."""
+        n = self.start(mem_queue_size=5)
+        n.get_topic("t").get_channel("c")
+        p = FakeClient(n)
+        self.assertEqual(p.mpub("t", [b"1", b"2", b"3"]), (FRAME_TYPE_RESPONSE, b"OK"))
+        self.fail_writes_to("t:c")
+        p2 = FakeClient(n)
+        p2.send(encode_mpub("t", [b"w", b"x", b"y", b"z"]))
+        self.assertEqual(p2.frames()[0][0], FRAME_TYPE_ERROR)
+        self.patch(diskqueue.os, "pwrite", _pwrite)
+        self.assertEqual(self.drained(n, "t", "c"), [b"1", b"2", b"3"])
+
+    def test_a_failed_mpub_to_a_topic_without_channels_is_not_held(self) -> None:
+        n = self.start(mem_queue_size=2)
+        n.get_topic("t")
+        self.fail_writes_to("t")
+        p = FakeClient(n)
+        p.send(encode_mpub("t", [b"w", b"x", b"y"]))
+        self.assertEqual(p.frames()[0][0], FRAME_TYPE_ERROR)
+        self.patch(diskqueue.os, "pwrite", _pwrite)
+        self.assertEqual(n.topics["t"].depth(), 0)
+        n.topics["t"].get_channel("c")
+        n.reactor.advance(0)
+        self.assertEqual(self.drained(n, "t", "c"), [])
 
 
 class HTTPStorageTests(StorageTestCase):
