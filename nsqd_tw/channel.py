@@ -35,6 +35,7 @@ class Consumer(Protocol):
     in_flight_count: int
     msg_timeout: float
     sample_rate: int
+    blocked: bool  # its connection is backed up: send it nothing for now
 
     def send_message(self, msg: Message) -> None: ...
     def timed_out_message(self) -> None: ...
@@ -200,7 +201,7 @@ class Channel:
     def _spare_capacity(self) -> int:
         if self.paused:
             return 0
-        return sum(max(0, c.ready_count - c.in_flight_count) for c in self._consumers)
+        return sum(max(0, c.ready_count - c.in_flight_count) for c in self._consumers if not c.blocked)
 
     def _pop(self) -> Message | None:
         """The next queued message: memory and backend take turns, like Go's select."""
@@ -246,7 +247,7 @@ class Channel:
         while misses < n:
             c = consumers[i % n]
             i += 1
-            if c.in_flight_count >= c.ready_count:
+            if c.in_flight_count >= c.ready_count or c.blocked:
                 misses += 1
                 continue
             msg = pop()

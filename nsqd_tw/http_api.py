@@ -390,7 +390,9 @@ def _read_binary_mpub(data: bytes, max_msg: int, max_body: int) -> list[bytes]:
     from nsqd_tw.wire import V2Parser
 
     parser = V2Parser(max_msg, max_body)
-    parser.feed(b"MPUB x\n" + len(data).to_bytes(4, "big") + data)
+    # the body is whole already: declare the most it may be, so that a message
+    # cut short is Go's BAD_MESSAGE (a read past its end), not a size mismatch
+    parser.feed(b"MPUB x\n" + max(max_body, 1).to_bytes(4, "big") + data)
     try:
         cmd = parser.next()
     except FatalClientError as e:
