@@ -13,6 +13,7 @@ from typing import Any
 from twisted.web.server import Request, Site
 
 from nsqd_tw.log import LEVEL_NUMBERS, Logger, set_log_level
+from nsqd_tw.lookup import split_host_port
 from nsqd_tw.nsqd import NSQD
 from nsqd_tw.options import LOG_LEVELS, TLS_REQUIRED, VERSION, flag_fields
 from nsqd_tw.stats import get_stats, mem_stats, print_stats, stats_version_line
@@ -325,6 +326,13 @@ class NSQDHTTPAPI(GoHTTPAPI):
                     raise HTTPError(400, "INVALID_VALUE") from None
                 if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
                     raise HTTPError(400, "INVALID_VALUE")
+                # the whole list or nothing: a peer per address is made from it
+                for address in value or []:
+                    try:
+                        split_host_port(address)
+                    except ValueError as e:
+                        log.info("PUT /config/nsqlookupd_tcp_addresses refused - {err}", err=e)
+                        raise HTTPError(400, "INVALID_VALUE") from None
                 nsqd.opts.lookupd_tcp_addresses = list(value or [])
                 nsqd.options_changed("lookupd_tcp_addresses")
             elif opt == "log_level":

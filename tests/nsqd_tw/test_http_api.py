@@ -271,6 +271,31 @@ class ConfigTests(HTTPTestCase):
         yield self.assertError("PUT", "/config/nsqlookupd_tcp_addresses", 400, "INVALID_VALUE", b"[1]")
         yield self.assertError("PUT", "/config/msg_timeout", 400, "INVALID_OPTION", b"1")
 
+    @defer.inlineCallbacks
+    def test_put_lookupd_addresses_all_or_nothing(self):
+        changed = []
+        self.nsqd.option_observers.append(changed.append)
+        self.nsqd.opts.lookupd_tcp_addresses = ["127.0.0.1:4160"]
+        for bad in (
+            ["junk", "127.0.0.1:4161"],
+            ["127.0.0.1:4161", "127.0.0.1"],
+            ["::1:4161"],
+            ["127.0.0.1:"],
+            ["127.0.0.1:http"],
+            ["127.0.0.1:65536"],
+            ["[::1:4161"],
+            [""],
+        ):
+            yield self.assertError(
+                "PUT", "/config/nsqlookupd_tcp_addresses", 400, "INVALID_VALUE", json.dumps(bad).encode()
+            )
+            self.assertEqual(self.nsqd.opts.lookupd_tcp_addresses, ["127.0.0.1:4160"], bad)
+        self.assertEqual(changed, [])
+        good = ["[::1]:4161", "localhost:4162", ":4163", "127.0.0.1:4160"]
+        resp, content = yield self.call("PUT", "/config/nsqlookupd_tcp_addresses", json.dumps(good).encode())
+        self.assertEqual((resp.code, json.loads(content)), (200, good))
+        self.assertEqual(changed, ["lookupd_tcp_addresses"])
+
 
 class StatsTests(HTTPTestCase):
     opts = {"e2e_processing_latency_percentiles": [0.99, 0.5]}
