@@ -9,6 +9,7 @@ from twisted.application import service
 
 from lookupd_tw.nsqlookupd import NSQLookupd
 from lookupd_tw.options import NSQLookupdOptions
+from nsqd_tw.limits import raise_fd_limit
 from nsqd_tw.log import set_log_level
 from nsqd_tw.nsqd import python_version
 from nsqd_tw.options import VERSION, usage_options
@@ -38,6 +39,7 @@ def makeService(config: Any, reactor: Any = None) -> service.MultiService:
         reactor = _reactor
     opts.validate()
     set_log_level(opts.log_level)
+    raise_fd_limit()
 
     from lookupd_tw.http_api import make_site
     from lookupd_tw.protocol_v1 import LookupFactory

@@ -18,6 +18,7 @@ from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from nsqd_tw.limits import raise_fd_limit, watch_accept_errors
 from nsqd_tw.log import set_log_level
 from nsqd_tw.nsqd import NSQD, python_version, tune_gc
 from nsqd_tw.options import VERSION, NSQDOptions, usage_options
@@ -97,6 +98,7 @@ class ListeningService(service.Service):
         if isinstance(result[0], Failure):
             raise ListenError(f"listen ({self.address}) failed - {result[0].value}")
         self.port = result[0]
+        watch_accept_errors(self.port, self.label)
         host: Any = self.port.getHost()
         self.shown = format_address(host.host, host.port) if hasattr(host, "port") else host.name
         if self.bound is not None:
@@ -131,6 +133,7 @@ def makeService(config: Any, reactor: Any = None) -> service.MultiService:
         reactor = _reactor
     opts.validate()
     set_log_level(opts.log_level)
+    raise_fd_limit()
     tune_gc()
 
     from nsqd_tw.http_api import make_site
