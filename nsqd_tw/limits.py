@@ -8,7 +8,8 @@
   by closing the pending connections unserved and says so only at INFO in its own
   namespace, which the Go-format log drops: without this, clients are reset and the
   log stays silent.
-- :class:`RateLimitedLog` is the rate limiter both use.
+- :class:`RateLimitedLog`: one line per interval per key, with a count of the rest
+  (the accept() lines, the HTTP channel's timeout lines).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def raise_fd_limit() -> tuple[int, int] | None:
     Linux); a refusal is logged, never fatal.
     """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft == hard or (soft != resource.RLIM_INFINITY and soft > hard):
+    if hard == resource.RLIM_INFINITY or soft == hard:
         return None
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
