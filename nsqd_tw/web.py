@@ -457,8 +457,18 @@ class HTTPChannel(http.HTTPChannel):
                 if _CONTROL_BYTES.search(parts[1]):
                     self._bad_request("invalid control character in URL")
                     return
-                parts[1] = _HIGH_BYTES.sub(lambda m: b"%%%02X" % m.group()[0], parts[1])
-                line = b" ".join(parts)
+                if _HIGH_BYTES.search(parts[1]):
+                    raw = parts[1]
+                    parts[1] = _HIGH_BYTES.sub(lambda m: b"%%%02X" % m.group()[0], raw)
+                    line = b" ".join(parts)
+                    try:
+                        raw.decode("utf-8")
+                    except UnicodeDecodeError:
+                        log.info(
+                            "HTTP: non-UTF-8 bytes in the request target from {addr}: {target}",
+                            addr=self._peer(),
+                            target=parts[1].decode("ascii"),
+                        )
         super().lineReceived(line)
 
     def _maybeChooseTransferDecoder(self, header: bytes, data: bytes) -> bool:

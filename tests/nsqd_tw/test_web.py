@@ -225,6 +225,9 @@ class BadFramingTests(SiteTestCase):
 
     def test_raw_non_utf8_in_the_query(self):
         # Go serves these: the raw bytes are the query's, as %-escaped ones would be
+        events: list[dict] = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
         c = self.conn()
         c.send(b"POST /pub?topic=\xff\xfe HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc")
         code, headers, body = response(c.take())
@@ -236,6 +239,9 @@ class BadFramingTests(SiteTestCase):
         c.send(b"GET /\xff HTTP/1.1\r\nHost: x\r\n\r\n")
         self.assertEqual(response(c.take())[::2], (404, b'{"message":"NOT_FOUND"}'))
         self.assertFalse(c.closed)
+        targets = [e.get("target") for e in events if e.get("log_namespace") == "nsqd_tw.web"]
+        self.assertIn("/pub?topic=%FF%FE", targets)  # logged, as %-escapes
+        self.assertIn("/stats?format=json&topic=%C3%A9%FF", targets)
 
     def test_control_bytes_in_the_target(self):
         self.assertGo400(b"GET /ping?a=\x7f HTTP/1.1\r\nHost: x\r\n\r\n")
