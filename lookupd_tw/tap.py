@@ -7,6 +7,7 @@ from typing import Any
 
 from lookupd_tw.nsqlookupd import NSQLookupd
 from lookupd_tw.options import DEPRECATED_FLAGS, NSQLookupdOptions
+from nsqd_tw.limits import raise_fd_limit
 from nsqd_tw.log import set_log_level
 from nsqd_tw.nsqd import python_version
 from nsqd_tw.options import VERSION, usage_options
@@ -41,6 +42,7 @@ def makeService(config: Any, reactor: Any = None) -> ServerService:
         reactor = _reactor
     opts.validate()
     set_log_level(opts.log_level)
+    raise_fd_limit()
 
     from lookupd_tw.http_api import make_site
     from lookupd_tw.protocol_v1 import LookupFactory

@@ -20,6 +20,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from nsqd_tw.files import go_errno
+from nsqd_tw.limits import raise_fd_limit, watch_accept_errors
 from nsqd_tw.log import set_log_level
 from nsqd_tw.nsqd import NSQD, python_version, tune_gc
 from nsqd_tw.options import (
@@ -115,6 +116,7 @@ class ListeningService(service.Service):
         if isinstance(result[0], Failure):
             raise ListenError(f"listen ({self.address}) failed - {self._listen_error(result[0])}")
         self.port = result[0]
+        watch_accept_errors(self.port, self.label)
         host: Any = self.port.getHost()
         self.shown = address_text(host)
         if self.bound is not None:
@@ -188,6 +190,7 @@ def makeService(config: Any, reactor: Any = None) -> ServerService:
         reactor = _reactor
     opts.validate()
     set_log_level(opts.log_level)
+    raise_fd_limit()
     tune_gc()
 
     from nsqd_tw.http_api import make_site
