@@ -286,7 +286,6 @@ class FaultTests(StorageTestCase):
         ch.kick()
         self.assertEqual([m.body for m in c.got], [b"before", b"after"])
 
-
     def fail_writes_to(self, queue_name: str) -> None:
         """Writes to one queue's files fail as on a full disk; the others succeed."""
 
