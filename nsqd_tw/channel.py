@@ -57,7 +57,9 @@ class Channel:
         # with --mem-queue-size=0 every message goes through the backend, as
         # in Go; ephemeral channels have no backend, so they use memory
         self._direct = self._mem_size > 0 or self.ephemeral
+        self._mem_bytes = opts.mem_queue_bytes  # beyond Go: a budget in bytes too (0: none)
         self.memory: deque[Message] = deque()
+        self.memory_bytes = 0  # the bodies' bytes in self.memory
         self.backend = ctx.new_backend(f"{topic_name}:{name}", self.ephemeral)
         self.in_flight = TimeoutQueue()
         self.deferred = TimeoutQueue()
@@ -106,6 +108,7 @@ class Channel:
             raise ChannelError("exiting")
         memory = self.memory
         mem_size = self._mem_size if self._direct else 0
+        mem_bytes = self._mem_bytes
         to_backend: list[Message] = []
         in_memory = 0
         deferred_ids: list[bytes] = []
@@ -119,14 +122,16 @@ class Channel:
                 elif msg.id not in self.deferred:
                     self.deferred.push(msg, now + msg.deferred)
                     deferred_ids.append(msg.id)
-            elif len(memory) < mem_size:
+            elif len(memory) < mem_size and (not mem_bytes or self.memory_bytes + len(msg.body) <= mem_bytes):
                 memory.append(msg)
+                self.memory_bytes += len(msg.body)
                 in_memory += 1
             elif self.ephemeral:
                 # Go hands an ephemeral message straight to a waiting consumer even
                 # when its memory queue is full (or 0), and drops it otherwise
                 if len(memory) < self._spare_capacity():
                     memory.append(msg)
+                    self.memory_bytes += len(msg.body)
                     in_memory += 1
             else:
                 to_backend.append(msg)
@@ -136,7 +141,10 @@ class Channel:
                 mark = self._write(to_backend)
             except Exception:
                 if keep_on_failure:
-                    memory.extend(m for m in to_backend if not m.deferred)
+                    for m in to_backend:
+                        if not m.deferred:
+                            memory.append(m)
+                            self.memory_bytes += len(m.body)
                     for m in to_backend:
                         if m.deferred:
                             self.deferred.push(m, self.ctx.now() + m.deferred)
@@ -154,7 +162,7 @@ class Channel:
 
     def _take_back(self, in_memory: int, deferred_ids: list[bytes], mark: object, written: list[Message]) -> None:
         for _ in range(in_memory):
-            self.memory.pop()
+            self.memory_bytes -= len(self.memory.pop().body)
         for msg_id in deferred_ids:
             self.deferred.remove(msg_id)
         if mark is not None:
@@ -185,18 +193,26 @@ class Channel:
     def _put(self, msg: Message) -> None:
         """Queue a message coming back (REQ, timeout, release): it is never dropped."""
         memory = self.memory
-        if msg.ref is not None or (self._direct and len(memory) < self._mem_size):
-            # a message read in durable mode is still on disk, owned until done
+        size = len(msg.body)
+        if (
+            msg.ref is not None  # read in durable mode: still on disk, owned until done
+            or (self._direct and len(memory) < self._mem_size and self._fits(size))
+            or (self.ephemeral and len(memory) < self._spare_capacity())
+        ):
             memory.append(msg)
+            self.memory_bytes += size
             return
         if self.ephemeral:
-            if len(memory) < self._spare_capacity():
-                memory.append(msg)
             return
         try:
             self._write([msg])
         except Exception:
             memory.append(msg)  # keep it rather than lose it; health tells the operator
+            self.memory_bytes += size
+
+    def _fits(self, size: int) -> bool:
+        """Whether ``size`` more body bytes fit --mem-queue-bytes."""
+        return not self._mem_bytes or self.memory_bytes + size <= self._mem_bytes
 
     def _spare_capacity(self) -> int:
         if self.paused:
@@ -226,7 +242,9 @@ class Channel:
                     continue
                 return msg
         if self.memory:
-            return self.memory.popleft()
+            msg = self.memory.popleft()
+            self.memory_bytes -= len(msg.body)
+            return msg
         return None
 
     def _dispatch(self) -> None:
@@ -393,6 +411,7 @@ class Channel:
         for client in self._consumers:
             client.empty()
         self.memory.clear()
+        self.memory_bytes = 0
         self.backend.empty()
 
     def delete(self) -> None:
@@ -430,6 +449,7 @@ class Channel:
             )
         msgs = list(self.memory)
         self.memory.clear()
+        self.memory_bytes = 0
         msgs += self.in_flight.clear()
         deferred = self.deferred.clear()
         if not msgs and not deferred:

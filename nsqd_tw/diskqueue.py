@@ -55,21 +55,46 @@ class DiskQueueError(Exception):
 
 
 class WriteMark(NamedTuple):
-    """The write position and depth before a put_many, to take it back."""
+    """The write position, depth and queued bytes before a put_many, to take it back."""
 
     file: int
     pos: int
     depth: int
+    queued: int
+
+
+class DiskBudget:
+    """--max-disk-bytes (beyond Go): the bytes queued in all the disk queues of an
+    nsqd, and the most they may be. Queued bytes are those not yet read (in durable
+    mode: not yet finished); a file keeps what was read of it until the queue moves
+    to its next file, so the files may hold up to --max-bytes-per-file more per queue.
+    """
+
+    def __init__(self, limit: int = 0) -> None:
+        self.limit = limit
+        self.used = 0
+        self.enforcing = True  # nsqd stopping writes what it holds whatever the budget
+
+    def check(self, more: int) -> None:
+        if self.limit and self.enforcing and self.used + more > self.limit:
+            raise DiskBudgetFull(
+                f"disk budget full: {self.used} of {self.limit} bytes (--max-disk-bytes) queued, {more} more asked"
+            )
+
+
+class DiskBudgetFull(DiskQueueError):
+    """A write refused because it would pass --max-disk-bytes."""
 
 
 class Ref:
-    """Where a record read in acknowledged mode lives, and whether it is done."""
+    """Where a record read in acknowledged mode lives, its size, and whether it is done."""
 
-    __slots__ = ("done", "file", "pos")
+    __slots__ = ("done", "file", "pos", "size")
 
-    def __init__(self, file: int, pos: int) -> None:
+    def __init__(self, file: int, pos: int, size: int) -> None:
         self.file = file
         self.pos = pos
+        self.size = size
         self.done = False
 
 
@@ -88,6 +113,7 @@ class DiskQueue:
         syncer: Syncer,
         log: Any,
         acked: bool = False,
+        budget: DiskBudget | None = None,
     ) -> None:
         self.name = name
         self.data_path = data_path
@@ -98,8 +124,10 @@ class DiskQueue:
         self.syncer = syncer
         self.log = log
         self.acked = acked
+        self.budget = budget
         self.exiting = False
         self.deleted = False
+        self.queued_bytes = 0  # bytes of records not yet read (durable mode: not finished)
 
         self.read_file_num = 0
         self.read_pos = 0
@@ -200,6 +228,26 @@ class DiskQueue:
         self._load_sidecar()
         if unclean:
             self._recount("after an unclean shutdown")
+        self._set_queued(self._measure_queued())
+
+    def _measure_queued(self) -> int:
+        """The bytes from the read position to the write position, across files."""
+        total = 0
+        for num in range(self.read_file_num, self.write_file_num + 1):
+            if num == self.write_file_num:
+                end = self.write_pos
+            else:
+                try:
+                    end = os.stat(self.file_name(num)).st_size
+                except FileNotFoundError:
+                    continue
+            total += max(0, end - (self.read_pos if num == self.read_file_num else 0))
+        return total
+
+    def _set_queued(self, n: int) -> None:
+        if self.budget is not None:
+            self.budget.used += n - self.queued_bytes
+        self.queued_bytes = n
 
     def _load_sidecar(self) -> None:
         try:
@@ -272,8 +320,11 @@ class DiskQueue:
             n = len(data)
             if n < lo or n > hi:
                 raise DiskQueueError(f"invalid message write size ({n}) minMsgSize={lo} maxMsgSize={hi}")
-        mark = WriteMark(self.write_file_num, self.write_pos, self._depth)
+        mark = WriteMark(self.write_file_num, self.write_pos, self._depth, self.queued_bytes)
         chunks = self._plan(records)
+        total = sum(len(chunk[2]) for chunk in chunks)
+        if self.budget is not None:
+            self.budget.check(total)
         try:
             for file_num, offset, data, _ in chunks:
                 self._pwrite(file_num, offset, data)
@@ -284,6 +335,7 @@ class DiskQueue:
             if file_num != self.write_file_num:
                 self._file_complete()
             self._commit_write(file_num, offset + len(data), n)
+        self._set_queued(self.queued_bytes + total)
         return mark
 
     def _plan(self, records: Sequence[bytes]) -> list[tuple[int, int, bytes, int]]:
@@ -318,6 +370,7 @@ class DiskQueue:
         if (self.read_file_num, self.read_pos) > (mark.file, mark.pos):
             raise DiskQueueError("cannot take back records already read")
         self._cut(mark, self.write_file_num)
+        self._set_queued(mark.queued)
         self.syncer.request(self)
 
     def _cut(self, mark: WriteMark, last_file: int) -> None:
@@ -401,8 +454,10 @@ class DiskQueue:
                 continue
             ref = None
             if self.acked:
-                ref = Ref(self.read_file_num, pos)
+                ref = Ref(self.read_file_num, pos, 4 + size)
                 self._outstanding.append(ref)
+            else:
+                self._set_queued(self.queued_bytes - 4 - size)
             self.read_pos = pos + 4 + size
             self._depth -= 1
             self.count += 1
@@ -416,6 +471,7 @@ class DiskQueue:
         if not isinstance(ref, Ref) or ref.done:
             return
         ref.done = True
+        self._set_queued(self.queued_bytes - ref.size)
         self.count += 1
         self.syncer.read(self)
         out = self._outstanding
@@ -430,6 +486,7 @@ class DiskQueue:
             raise DiskQueueError("exiting")
         self.log.info("DISKQUEUE({name}): emptying", name=self.name)
         self._skip_to_next_rw_file()
+        self._set_queued(0)
         self._remove_quietly(self.meta_file_name())
         self._remove_quietly(self.sidecar_file_name())
         self.deferred_at.clear()
@@ -439,6 +496,7 @@ class DiskQueue:
         self.log.info("DISKQUEUE({name}): deleting", name=self.name)
         self.exiting = True
         self.deleted = True
+        self._set_queued(0)
         self._close_fds()
         for num in self._existing_file_nums():
             self._remove_quietly(self.file_name(num))
@@ -595,6 +653,8 @@ class DiskQueue:
                 )
             self._depth = 0
             self.syncer.request(self)
+        if not self.acked and self.queued_bytes:
+            self._set_queued(0)
 
     def _corrupt(self, pos: int, reason: str) -> None:
         """Skip bad bytes to the next plausible record; keep them aside; fix depth."""
@@ -614,6 +674,7 @@ class DiskQueue:
         old = self._depth
         self.read_pos = bad_end
         self._rbuf = b""
+        self._set_queued(max(0, self.queued_bytes - (bad_end - pos)))
         self._recount_quiet()
         self.log.error(
             "DISKQUEUE({name}) corrupt data in {fn} at offset {pos} ({reason}): skipped {n} bytes to {where}, "

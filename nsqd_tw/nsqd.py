@@ -20,7 +20,7 @@ from twisted.python.failure import Failure
 from nsqd_tw.auth import AuthClient
 from nsqd_tw.backend import DummyBackendQueue, IBackendQueue, MemoryBackendQueue
 from nsqd_tw.channel import Channel
-from nsqd_tw.diskqueue import DiskQueue, Syncer
+from nsqd_tw.diskqueue import DiskBudget, DiskQueue, Syncer
 from nsqd_tw.files import write_atomic
 from nsqd_tw.guid import GUIDFactory
 from nsqd_tw.log import Logger
@@ -78,12 +78,14 @@ class NSQD(service.Service):
         # durable mode: every message on disk, fsynced before OK, owned until FIN
         self.durable = backend_factory is None and opts.mem_queue_size == 0 and opts.sync_every <= 1
         self.syncer = Syncer(reactor, run_blocking, self._sync_result)
+        self.disk_budget = DiskBudget(opts.max_disk_bytes)
         self.dirlock = DirLock(self.data_path)
         self.guid = GUIDFactory(opts.node_id, self.now_ns)
         self.topics: dict[str, Topic] = {}
         self.clients: dict[int, V2Protocol] = {}
         self._client_seq = 0
         self.health_error: BaseException | None = None
+        self._sync_failed: BaseException | None = None
         self.start_time = self.now()
         self.loading = False
         self.metadata_loaded = False  # only the process that loaded nsqd.dat may write it
@@ -171,12 +173,19 @@ class NSQD(service.Service):
             self.syncer,
             self.log,
             acked=self.durable,
+            budget=self.disk_budget,
         )
 
     def _sync_result(self, err: BaseException | None) -> None:
         if err is not None:
             self.log.error("DISKQUEUE: failed to sync - {err}", err=err)
-        self.set_health(err)
+            self.set_health(err)
+            self._sync_failed = err
+        elif self._sync_failed is not None:
+            # a sync that works again clears only what a sync said (a refused write stays)
+            if self.health_error is self._sync_failed:
+                self.set_health(None)
+            self._sync_failed = None
 
     def get_topic(self, name: str) -> Topic:
         """The topic, created (and started) if it does not exist."""
@@ -414,6 +423,7 @@ class NSQD(service.Service):
         """Disconnect clients, let a running sync finish, then close every topic
         (each channel hands what it holds to its disk queue), persist, unlock."""
         service.Service.stopService(self)
+        self.disk_budget.enforcing = False  # what is held in memory goes to disk whatever it costs
         for client in list(self.clients.values()):
             client.shutdown()
         if self._flush_call is not None and self._flush_call.active():

@@ -454,6 +454,18 @@ class NSQDOptions:
 
     data_path: str = opt("data-path", STRING, "", "path to store disk-backed messages")
     mem_queue_size: int = opt("mem-queue-size", INT, 10000, "number of messages to keep in memory (per topic/channel)")
+    mem_queue_bytes: int = opt(
+        "mem-queue-bytes",
+        INT,
+        0,
+        "beyond Go: message bytes to keep in memory (per topic/channel); the rest goes to disk (0 = no limit)",
+    )
+    max_disk_bytes: int = opt(
+        "max-disk-bytes",
+        INT,
+        0,
+        "beyond Go: message bytes all disk queues may hold; past it publishes fail (0 = no limit)",
+    )
     max_bytes_per_file: int = opt(
         "max-bytes-per-file", INT, 100 * 1024 * 1024, "number of bytes per diskqueue file before rolling"
     )
@@ -582,6 +594,10 @@ class NSQDOptions:
             raise ConfigError("--max-deflate-level must be [1,9]")
         if not 0 <= self.node_id < 1024:
             raise ConfigError("--node-id must be [0,1024)")
+        if self.mem_queue_bytes < 0:
+            raise ConfigError("--mem-queue-bytes must be >= 0")
+        if self.max_disk_bytes < 0:
+            raise ConfigError("--max-disk-bytes must be >= 0")
         if self.tls_client_auth_policy and self.tls_required == TLS_NOT_REQUIRED:
             self.tls_required = TLS_REQUIRED
         if self.tls_required != TLS_NOT_REQUIRED and not (self.tls_cert and self.tls_key):

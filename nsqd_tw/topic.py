@@ -38,7 +38,9 @@ class Topic:
         self.started = False
 
         self._mem_size = ctx.opts.mem_queue_size
+        self._mem_bytes = ctx.opts.mem_queue_bytes  # beyond Go: a budget in bytes too (0: none)
         self.memory: deque[Message] = deque()
+        self.memory_bytes = 0  # the bodies' bytes in self.memory
         self.backend = ctx.new_backend(name, self.ephemeral)
         self._take_backend = False
         self._pump_scheduled = False
@@ -81,11 +83,13 @@ class Topic:
         """Keep messages until they can flow: memory first, then one backend write.
         If the write fails, none of them is kept."""
         memory = self.memory
+        mem_bytes = self._mem_bytes
         to_backend = []
         in_memory = 0
         for msg in msgs:
-            if len(memory) < self._mem_size:
+            if len(memory) < self._mem_size and (not mem_bytes or self.memory_bytes + len(msg.body) <= mem_bytes):
                 memory.append(msg)
+                self.memory_bytes += len(msg.body)
                 in_memory += 1
             elif not self.ephemeral:  # an ephemeral topic drops what memory can't hold, as in Go
                 to_backend.append(msg)
@@ -95,7 +99,7 @@ class Topic:
             self.backend.put_many([m.encode() for m in to_backend])
         except Exception as e:
             for _ in range(in_memory):
-                memory.pop()
+                self.memory_bytes -= len(memory.pop().body)
             self.ctx.set_health(e)
             self.ctx.log.error("TOPIC({name}) ERROR: failed to write message to backend - {err}", name=self.name, err=e)
             raise
@@ -181,6 +185,7 @@ class Topic:
                 if not memory:
                     break
                 msg = memory.popleft()
+                self.memory_bytes -= len(msg.body)
             batch.append(msg)
         if batch:
             self._deliver(batch, from_backlog=True)
@@ -247,6 +252,7 @@ class Topic:
 
     def empty(self) -> None:
         self.memory.clear()
+        self.memory_bytes = 0
         self.backend.empty()
 
     def delete(self) -> None:
@@ -275,6 +281,7 @@ class Topic:
             )
             msgs = list(self.memory)
             self.memory.clear()
+            self.memory_bytes = 0
             try:
                 self.backend.put_many([m.encode() for m in msgs])
                 self._remember_delays(msgs)

@@ -146,6 +146,37 @@ class DiskFullTests(StorageProcessTestCase):
         proc.wait()
 
 
+class DiskBudgetProcessTests(StorageProcessTestCase):
+    @defer.inlineCallbacks
+    def test_past_max_disk_bytes_publishes_fail_and_ping_says_so(self):
+        proc = self.start("--mem-queue-size", "0", "--max-disk-bytes", "100000")
+        port, http = proc.port(), proc.addresses["HTTP"]
+        conn = yield connect(reactor, "127.0.0.1", port)
+        yield conn.sub("budget", "c")
+        conn.close()
+        yield conn.closed_d
+        acked, failure = yield deferToThread(_publish_until_full, port, "budget")
+        self.assertRegex(
+            failure.decode(),
+            r"^E_PUB_FAILED PUB failed disk budget full: \d+ of 100000 bytes \(--max-disk-bytes\) queued",
+        )
+        self.assertEqual(len(acked), 100000 // (4 + 26 + 4096))
+        resp = yield treq.get(f"http://{http}/ping", persistent=False)
+        self.assertEqual(resp.code, 500)
+        self.assertTrue((yield resp.content()).startswith(b"NOK - disk budget full"))
+        resp = yield treq.post(f"http://{http}/pub?topic=budget", b"x" * 4096, persistent=False)
+        self.assertEqual((resp.code, (yield resp.content())), (503, b'{"message":"EXITING"}'))
+
+        got = yield self.drain(port, "budget", "c", len(acked))
+        self.assertEqual(sorted(got), sorted(acked), "every acknowledged message is delivered")
+        p = yield connect(reactor, "127.0.0.1", port)
+        self.assertEqual((yield p.pub("budget", b"room again")), b"OK")
+        p.close()
+        yield p.closed_d
+        resp = yield treq.get(f"http://{http}/ping", persistent=False)
+        self.assertEqual((resp.code, (yield resp.content())), (200, b"OK"))
+
+
 class TmpfsKeeper:
     """A small tmpfs at ``path`` in a private mount namespace that outlives the
     nsqd processes started in it (with nsenter), so nsqd can be killed and
@@ -202,9 +233,13 @@ class DiskFullRestartTests(StorageProcessTestCase):
         resp = yield treq.get(f"http://{http}/stats?format=json&topic=full&channel=c", persistent=False)
         stats = json.loads((yield resp.content()))
         depth = stats["topics"][0]["channels"][0]["depth"]
-        self.assertEqual(depth, len(acked) - 20, "nothing of the refused MPUB is queued")
+        # the 20 taken may come again (the read position is synced every 2 s: at least
+        # once), but nothing of the refused MPUB may
+        self.assertLessEqual(len(acked) - 20, depth)
+        self.assertLessEqual(depth, len(acked), "nothing of the refused MPUB is queued")
         got = yield self.drain(again.port(), "full", "c", depth)
-        self.assertEqual(sorted(got), sorted(acked[20:]))
+        self.assertEqual(set(got) - set(acked), set())
+        self.assertEqual(set(acked[20:]) - set(got), set())
         again.signal(signal.SIGTERM)
         again.wait()
 

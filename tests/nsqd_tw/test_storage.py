@@ -347,6 +347,113 @@ class FaultTests(StorageTestCase):
         self.assertEqual(self.drained(n, "t", "c"), [])
 
 
+class MemoryBudgetTests(StorageTestCase):
+    """--mem-queue-bytes: past a topic's or channel's budget in bytes, messages go to disk."""
+
+    def test_past_the_budget_messages_go_to_disk(self) -> None:
+        n = self.start(mem_queue_bytes=100)
+        ch = n.get_topic("t").get_channel("c")
+        self.publish(n, "t", [b"%040d" % i for i in range(5)])
+        self.assertEqual((len(ch.memory), ch.memory_bytes, ch.backend.depth()), (2, 80, 3))
+        self.assertEqual(ch.backend.queued_bytes, 3 * (4 + 26 + 40))
+        c = FakeConsumer(1, rdy=10)
+        ch.add_client(c)
+        ch.kick()
+        self.assertEqual(sorted(m.body for m in c.got), [b"%040d" % i for i in range(5)])
+        self.assertEqual((ch.memory_bytes, ch.backend.queued_bytes), (0, 0))
+
+    def test_a_topic_holds_by_bytes_too(self) -> None:
+        n = self.start(mem_queue_bytes=50)
+        topic = n.get_topic("t")
+        self.publish(n, "t", [b"x" * 30, b"y" * 30, b"z" * 10])
+        self.assertEqual((len(topic.memory), topic.memory_bytes, topic.backend.depth()), (2, 40, 1))
+
+    def test_requeued_messages_keep_to_it(self) -> None:
+        n = self.start(mem_queue_bytes=60)
+        ch = n.get_topic("t").get_channel("c")
+        c = FakeConsumer(1, rdy=10)
+        ch.add_client(c)
+        self.publish(n, "t", [b"a" * 40, b"b" * 40])
+        self.assertEqual(len(c.got), 2)
+        for m in c.got:
+            ch.requeue_message(1, m.id, 0)
+        self.assertEqual((ch.memory_bytes, ch.backend.depth()), (40, 1))
+
+    def test_shown_in_stats(self) -> None:
+        from nsqd_tw.stats import get_stats
+
+        n = self.start(mem_queue_bytes=100)
+        n.get_topic("t").get_channel("c")
+        self.publish(n, "t", [b"%040d" % i for i in range(3)])
+        (t,) = get_stats(n)["topics"]
+        self.assertEqual((t["channels"][0]["memory_bytes"], t["channels"][0]["backend_bytes"]), (80, 70))
+
+
+class DiskBudgetTests(StorageTestCase):
+    """--max-disk-bytes: past it publishes are refused, nothing acknowledged is lost."""
+
+    def test_publishes_past_the_budget_are_refused_clearly(self) -> None:
+        n = self.start(mem_queue_size=0, max_disk_bytes=1000)
+        n.get_topic("t").get_channel("c")
+        p = FakeClient(n)
+        for i in range(7):  # 130 bytes a record: 7 fit
+            self.assertEqual(p.pub("t", b"%0100d" % i), (FRAME_TYPE_RESPONSE, b"OK"))
+        text = "disk budget full: 910 of 1000 bytes (--max-disk-bytes) queued, 130 more asked"
+        self.assertEqual(p.pub("t", b"%0100d" % 7), (FRAME_TYPE_ERROR, f"E_PUB_FAILED PUB failed {text}".encode()))
+        self.assertEqual(n.get_health(), f"NOK - {text}")
+        p2 = FakeClient(n)
+        p2.send(encode_mpub("t", [b"m", b"n"]))
+        self.assertEqual(p2.frames(), [(FRAME_TYPE_RESPONSE, b"OK")], "what still fits goes in")
+        p3 = FakeClient(n)
+        p3.send(encode_mpub("t", [b"%0100d" % i for i in range(3)]))
+        self.assertEqual(p3.frames()[0][1][:36], b"E_MPUB_FAILED MPUB failed disk budge")
+
+        c = FakeConsumer(1, rdy=100)
+        ch = n.topics["t"].channels["c"]
+        ch.add_client(c)
+        ch.kick()
+        self.assertEqual(len(c.got), 9, "everything acknowledged, nothing of the refused MPUB")
+        self.assertEqual(n.disk_budget.used, 0)
+        p4 = FakeClient(n)
+        self.assertEqual(p4.pub("t", b"room again"), (FRAME_TYPE_RESPONSE, b"OK"))
+        self.assertEqual(n.get_health(), "OK")
+
+    def test_durable_mode_counts_until_finished(self) -> None:
+        n = self.start(mem_queue_size=0, sync_every=1, max_disk_bytes=300)
+        ch = n.get_topic("t").get_channel("c")
+        self.publish(n, "t", [b"%0100d" % i for i in range(2)])
+        c = FakeConsumer(1, rdy=10)
+        ch.add_client(c)
+        ch.kick()
+        self.assertEqual(n.disk_budget.used, 260, "read but not finished: still on disk")
+        ch.finish_message(1, c.got[0].id)
+        self.assertEqual(n.disk_budget.used, 130)
+
+    def test_a_clean_stop_writes_what_memory_holds_whatever_the_budget(self) -> None:
+        n = self.start(mem_queue_size=5, max_disk_bytes=200)
+        n.get_topic("t").get_channel("c")
+        self.publish(n, "t", [b"%0100d" % i for i in range(5)])  # in memory
+        self.stop(n)
+        again = self.start(mem_queue_size=5, max_disk_bytes=200)
+        c = FakeConsumer(1, rdy=10)
+        ch = again.topics["t"].channels["c"]
+        ch.add_client(c)
+        ch.kick()
+        self.assertEqual(sorted(m.body for m in c.got), [b"%0100d" % i for i in range(5)])
+
+    def test_messages_coming_back_are_kept_when_disk_and_memory_are_full(self) -> None:
+        n = self.start(mem_queue_size=1, max_disk_bytes=130)
+        ch = n.get_topic("t").get_channel("c")
+        c = FakeConsumer(1, rdy=3)
+        ch.add_client(c)
+        for i in range(5):  # 3 in flight, then memory (1 message) and disk (1 record) are full
+            self.publish(n, "t", [b"%0100d" % i])
+        self.assertEqual((len(c.got), len(ch.memory), ch.backend.depth()), (3, 1, 1))
+        for m in c.got:
+            ch.requeue_message(1, m.id, 0)
+        self.assertEqual(ch.depth(), 5, "requeued ones are kept in memory rather than lost")
+
+
 class HTTPStorageTests(StorageTestCase):
     def api(self, n: NSQD):
         from treq.testing import StubTreq
