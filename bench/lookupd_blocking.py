@@ -6,6 +6,8 @@
 Starts ``nsqlookupd`` as a process (the console script next to this Python) and, while a
 second process times ``GET /ping`` round trips over one keep-alive connection, runs:
 
+- ``idle``: nothing but the prober, for ``--seconds`` (the baseline: the prober's round
+  trips cost the server CPU too);
 - ``pings``: a peer pipelines ``PING`` for ``--seconds`` and never reads an answer;
 - ``pings-identified``: the same after IDENTIFY (a log line per PING, rate-limited);
 - ``disconnect``: a peer IDENTIFYs, REGISTERs ``--registrations`` topics (reading every
@@ -140,13 +142,17 @@ def ping_flood(address: str, seconds: float, identified: bool) -> tuple[int, flo
         identify(s)
     s.setblocking(False)
     chunk = b"PING\n" * 13_000
+    pending = memoryview(chunk)
     sent = 0
     t0 = time.monotonic()
     while time.monotonic() - t0 < seconds:
         try:
-            sent += s.send(chunk)
+            n = s.send(pending)  # the rest of a partial send first, so the stream stays whole PINGs
         except BlockingIOError:
             time.sleep(0.01)
+            continue
+        sent += n
+        pending = pending[n:] or memoryview(chunk)
     s.close()
     return sent, time.monotonic() - t0
 
@@ -163,6 +169,12 @@ def run_case(case: str, a: argparse.Namespace) -> dict[str, Any]:
             time.sleep(0.5)  # the prober's first round trips, before the window opens
             cpu0 = cpu_seconds(pid)
             amount, seconds = disconnect(peer, a.registrations, a.window)
+        elif case == "idle":
+            prober = Probe(addresses["HTTP"])
+            time.sleep(0.5)
+            cpu0 = cpu_seconds(pid)
+            time.sleep(a.seconds)
+            amount, seconds = 0, a.seconds
         else:
             prober = Probe(addresses["HTTP"])
             time.sleep(0.5)
@@ -206,13 +218,13 @@ def disconnect(s: socket.socket, registrations: int, window: float) -> tuple[int
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--case", choices=["pings", "pings-identified", "disconnect", "all"], default="all")
+    p.add_argument("--case", choices=["idle", "pings", "pings-identified", "disconnect", "all"], default="all")
     p.add_argument("--seconds", type=float, default=15.0, help="how long the PING flood lasts")
     p.add_argument("--registrations", type=int, default=20_000, help="topics the disconnecting peer registered")
     p.add_argument("--window", type=float, default=3.0, help="seconds watched after the disconnect")
     p.add_argument("--json", action="store_true", help="one JSON line per case")
     a = p.parse_args()
-    cases = ["pings", "pings-identified", "disconnect"] if a.case == "all" else [a.case]
+    cases = ["idle", "pings", "pings-identified", "disconnect"] if a.case == "all" else [a.case]
     for case in cases:
         r = run_case(case, a)
         if a.json:
@@ -220,6 +232,8 @@ def main() -> None:
         else:
             if case == "disconnect":
                 what = f"{r['amount']:,} registrations, {r['window_s']} s watched after the disconnect"
+            elif case == "idle":
+                what = f"{r['window_s']} s"
             else:
                 what = f"{r['amount']:,} bytes of PINGs accepted in {r['window_s']} s"
             print(
