@@ -210,7 +210,8 @@ class LookupProtocolV1(protocol.Protocol):
         """Handle the commands received, ``COMMANDS_PER_TURN`` at most."""
         self._next_turn = None
         parser = self._parser
-        assert parser is not None
+        if parser is None:  # the magic has not come yet
+            return
         try:
             budget = COMMANDS_PER_TURN
             while not self._closed and not self._write_paused:
