@@ -11,6 +11,7 @@ of the dependencies and never touches the developer's own ``.venv``.
 
 from __future__ import annotations
 
+import http.client
 import os
 import shutil
 import socket
@@ -72,7 +73,30 @@ def make_checkout(dest: Path) -> Path:
     ).stdout.strip()
     outer = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     Path(inner, "_nsq_tw_test_deps.pth").write_text("".join(f"{p}\n" for p in sorted(outer)))
+    _copy_scripts(Path(sysconfig.get_paths()["scripts"]), venv / "bin")
     return dest
+
+
+# made by installing nsq-tw itself (scripts/run does), or by the new virtualenv
+_OWN_SCRIPTS = {"nsqd", "nsqlookupd", "nsq-spark-archive"}
+
+
+def _copy_scripts(outer: Path, inner: Path) -> None:
+    """The dependencies' commands (twistd, spark-submit...), as installing them
+    into the new virtualenv would make them: Python ones run its python."""
+    python = f"#!{inner / 'python'}\n".encode()
+    for script in outer.iterdir():
+        target = inner / script.name
+        if target.exists() or script.name in _OWN_SCRIPTS or not script.is_file():
+            continue
+        if script.name.startswith(("python", "activate", "pip", "Activate")):
+            continue
+        data = script.read_bytes()
+        first, _, rest = data.partition(b"\n")
+        if first.startswith(b"#!") and b"python" in first:
+            data = python + rest
+        target.write_bytes(data)
+        target.chmod(script.stat().st_mode)
 
 
 def leftovers(checkout: Path) -> list[str]:
@@ -90,7 +114,7 @@ def ping(port: int, timeout: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=timeout) as resp:
             return resp.status == 200 and resp.read() == b"OK"
-    except OSError:
+    except (OSError, http.client.HTTPException):
         return False
 
 
@@ -108,7 +132,7 @@ def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return False
 
 
@@ -121,7 +145,7 @@ def children(pid: int) -> list[int]:
         try:
             with open(f"/proc/{p}/task/{p}/children") as f:
                 kids = [int(k) for k in f.read().split()]
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
             continue
         found += kids
         todo += kids
