@@ -11,6 +11,10 @@ setup(
     # twisted/plugins has no __init__.py: it is Twisted's plugin namespace, and
     # listing it here ships our plugin modules into it
     packages=["nsqd_tw", "lookupd_tw", "nsq_spark", "twisted.plugins"],
+    # Naming the root makes `pip install -e .` put the checkout on sys.path (a .pth
+    # line) rather than install an import hook: Twisted finds plugins by looking
+    # for twisted/plugins/ directories on sys.path, and an import hook hides ours.
+    package_dir={"": "."},
     package_data={"twisted.plugins": ["nsqd_tw_plugin.py", "lookupd_tw_plugin.py"]},
     install_requires=[
         "twisted>=24.7",

@@ -14,7 +14,7 @@ from lookupd_tw.nsqlookupd import NSQLookupd
 from lookupd_tw.registration_db import GO_ZERO_TIME_NS, Registration, filter_by_active
 from nsqd_tw.log import LEVEL_NUMBERS, Logger, set_log_level
 from nsqd_tw.options import LOG_LEVELS, VERSION, flag_fields
-from nsqd_tw.web import GoHTTPAPI, HTTPError, JSONValue, QuietSite, Router, add_debug_routes, query
+from nsqd_tw.web import GoHTTPAPI, HTTPError, JSONValue, Router, add_debug_routes, query
 from nsqd_tw.web import body as read_body
 from nsqd_tw.wire import is_valid_channel_name, is_valid_topic_name
 
@@ -45,6 +45,7 @@ def _topic_channel(params: dict[str, list[str]]) -> tuple[str, str]:
 
 class LookupdHTTPAPI(GoHTTPAPI):
     app = router.app
+    router = router
     log = log
 
     def __init__(self, lookupd: NSQLookupd) -> None:
@@ -175,7 +176,7 @@ class LookupdHTTPAPI(GoHTTPAPI):
         for r in registrations:
             self.db.remove_registration(r)
 
-    @handler("/config/<opt>", "GET", "PUT")
+    @handler("/config/<opt>", "GET", "PUT", body=lambda api: 1 << 16)
     def config(self, request: Request, opt: str) -> Any:
         """Beyond Go's nsqlookupd: options by --config key; PUT log_level."""
         opts = self.lookupd.opts
@@ -203,4 +204,4 @@ class LookupdHTTPAPI(GoHTTPAPI):
 
 
 def make_site(lookupd: NSQLookupd) -> Site:
-    return QuietSite(LookupdHTTPAPI(lookupd).resource())
+    return LookupdHTTPAPI(lookupd).site()

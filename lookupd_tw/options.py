@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nsqd_tw.options import DURATION, LOG_LEVEL, STRING, hostname, opt
+from nsqd_tw.options import DURATION, LOG_LEVEL, STRING, ConfigError, hostname, missing_port, opt, split_address
 
 
 @dataclass
@@ -30,7 +30,11 @@ class NSQLookupdOptions:
     )
 
     def validate(self) -> None:
-        pass
+        """Go's nsqlookupd listens on TCP only: an address without a port is refused
+        (with Go's listen error) before anything starts, not taken as a unix socket."""
+        for address in (self.tcp_address, self.http_address):
+            if split_address(address) is None:
+                raise ConfigError(missing_port(address))
 
 
 DEPRECATED_FLAGS = {"verbose": "[deprecated] has no effect, use --log-level"}

@@ -5,16 +5,20 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from twisted.application import service
-
 from lookupd_tw.nsqlookupd import NSQLookupd
-from lookupd_tw.options import NSQLookupdOptions
+from lookupd_tw.options import DEPRECATED_FLAGS, NSQLookupdOptions
+from nsqd_tw.limits import raise_fd_limit
 from nsqd_tw.log import set_log_level
 from nsqd_tw.nsqd import python_version
 from nsqd_tw.options import VERSION, usage_options
-from nsqd_tw.tap import ListeningService
+from nsqd_tw.tap import ListeningService, ServerService
 
-_BaseOptions = usage_options(NSQLookupdOptions, "NSQ discovery service (nsqlookupd): V1 TCP protocol and HTTP API.")
+_BaseOptions = usage_options(
+    NSQLookupdOptions,
+    "NSQ discovery service (nsqlookupd): V1 TCP protocol and HTTP API.",
+    "twistd nsqlookupd",
+    DEPRECATED_FLAGS,
+)
 
 
 def version_string() -> str:
@@ -30,7 +34,7 @@ class Options(_BaseOptions):  # type: ignore[misc,valid-type]
         sys.exit(0)
 
 
-def makeService(config: Any, reactor: Any = None) -> service.MultiService:
+def makeService(config: Any, reactor: Any = None) -> ServerService:
     opts: NSQLookupdOptions = config if isinstance(config, NSQLookupdOptions) else config.resolved
     if reactor is None:
         from twisted.internet import reactor as _reactor
@@ -38,11 +42,12 @@ def makeService(config: Any, reactor: Any = None) -> service.MultiService:
         reactor = _reactor
     opts.validate()
     set_log_level(opts.log_level)
+    raise_fd_limit()
 
     from lookupd_tw.http_api import make_site
     from lookupd_tw.protocol_v1 import LookupFactory
 
-    top = service.MultiService()
+    top = ServerService("failed to instantiate nsqlookupd", opts.log_prefix)
     lookupd = NSQLookupd(opts, reactor)
     lookupd.setServiceParent(top)
 
@@ -52,7 +57,10 @@ def makeService(config: Any, reactor: Any = None) -> service.MultiService:
     def http_bound(host: Any) -> None:
         lookupd.http_address = (getattr(host, "host", ""), getattr(host, "port", 0))
 
-    ListeningService("TCP", reactor, opts.tcp_address, LookupFactory(lookupd), tcp_bound).setServiceParent(top)
-    ListeningService("HTTP", reactor, opts.http_address, make_site(lookupd), http_bound).setServiceParent(top)
+    # Go's nsqlookupd listens on TCP only: a path is an error, not a unix socket
+    tcp = ListeningService("TCP", reactor, opts.tcp_address, LookupFactory(lookupd), tcp_bound, unix=False)
+    tcp.setServiceParent(top)
+    http = ListeningService("HTTP", reactor, opts.http_address, make_site(lookupd), http_bound, unix=False)
+    http.setServiceParent(top)
     top.lookupd = lookupd  # type: ignore[attr-defined]
     return top

@@ -28,8 +28,13 @@ class IBackendQueue(Interface):
     def put(data: bytes) -> None:
         """Append one record. Raise an exception if it could not be stored."""
 
-    def put_many(records: Sequence[bytes]) -> None:
-        """Append records in order, in one write where possible."""
+    def put_many(records: Sequence[bytes]) -> object:
+        """Append records in order, in one write where possible: all of them, or
+        (raising) none. Return a mark for unput()."""
+
+    def unput(mark: object) -> None:
+        """Take back the records of the put_many that returned ``mark`` and
+        everything put since (none of them read yet), as if never put."""
 
     def get() -> bytes | None:
         """Remove and return the oldest record, or ``None`` if there is none."""
@@ -62,9 +67,14 @@ class IBackendQueue(Interface):
 class _NoAcks:
     acked = False
 
-    def put_many(self, records: Sequence[bytes]) -> None:
+    def put_many(self, records: Sequence[bytes]) -> object:
+        mark = self.depth()  # type: ignore[attr-defined]
         for data in records:
             self.put(data)  # type: ignore[attr-defined]
+        return mark
+
+    def unput(self, mark: object) -> None:
+        pass
 
     def read(self) -> tuple[bytes, object | None] | None:
         data = self.get()  # type: ignore[attr-defined]
@@ -83,6 +93,11 @@ class MemoryBackendQueue(_NoAcks):
 
     def put(self, data: bytes) -> None:
         self._records.append(data)
+
+    def unput(self, mark: object) -> None:
+        assert isinstance(mark, int)
+        while len(self._records) > mark:
+            self._records.pop()
 
     def get(self) -> bytes | None:
         return self._records.popleft() if self._records else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from nsqd_tw.message import Message
@@ -34,6 +35,7 @@ class Consumer(Protocol):
     in_flight_count: int
     msg_timeout: float
     sample_rate: int
+    blocked: bool  # its connection is backed up: send it nothing for now
 
     def send_message(self, msg: Message) -> None: ...
     def timed_out_message(self) -> None: ...
@@ -55,7 +57,9 @@ class Channel:
         # with --mem-queue-size=0 every message goes through the backend, as
         # in Go; ephemeral channels have no backend, so they use memory
         self._direct = self._mem_size > 0 or self.ephemeral
+        self._mem_bytes = opts.mem_queue_bytes  # beyond Go: a budget in bytes too (0: none)
         self.memory: deque[Message] = deque()
+        self.memory_bytes = 0  # the bodies' bytes in self.memory
         self.backend = ctx.new_backend(f"{topic_name}:{name}", self.ephemeral)
         self.in_flight = TimeoutQueue()
         self.deferred = TimeoutQueue()
@@ -86,18 +90,28 @@ class Channel:
         self.put_messages((msg,))
 
     def put_messages(self, msgs: list[Message] | tuple[Message, ...], keep_on_failure: bool = False) -> None:
-        """Queue messages copied from the topic (deferred ones by their delay).
+        """Queue messages and deliver what consumers have room for."""
+        self.stage(msgs, keep_on_failure)
+        self._dispatch()
+
+    def stage(self, msgs: list[Message] | tuple[Message, ...], keep_on_failure: bool = False) -> Callable[[], None]:
+        """Queue messages copied from the topic (deferred ones by their delay)
+        without delivering them, and return a function that takes them back.
 
         Memory first, then the backend, in one write for the batch. If that
-        write fails the error is raised (PUB answers E_PUB_FAILED) and the
-        messages are dropped, unless ``keep_on_failure`` (they came from a
-        backlog nobody else holds), when they stay in memory.
+        write fails the error is raised and nothing of the batch stays queued,
+        unless ``keep_on_failure`` (they came from a backlog nobody else holds),
+        when they stay in memory. A topic stages a publish in every channel
+        before delivering it, so that a failure in one takes it back from all.
         """
         if self.exiting:
             raise ChannelError("exiting")
         memory = self.memory
         mem_size = self._mem_size if self._direct else 0
+        mem_bytes = self._mem_bytes
         to_backend: list[Message] = []
+        in_memory = 0
+        deferred_ids: list[bytes] = []
         now = None
         for msg in msgs:
             if msg.deferred:
@@ -107,35 +121,61 @@ class Channel:
                     to_backend.append(msg)  # durable: on disk, with its deliver-at time
                 elif msg.id not in self.deferred:
                     self.deferred.push(msg, now + msg.deferred)
-            elif len(memory) < mem_size:
+                    deferred_ids.append(msg.id)
+            elif len(memory) < mem_size and (not mem_bytes or self.memory_bytes + len(msg.body) <= mem_bytes):
                 memory.append(msg)
+                self.memory_bytes += len(msg.body)
+                in_memory += 1
             elif self.ephemeral:
                 # Go hands an ephemeral message straight to a waiting consumer even
                 # when its memory queue is full (or 0), and drops it otherwise
                 if len(memory) < self._spare_capacity():
                     memory.append(msg)
+                    self.memory_bytes += len(msg.body)
+                    in_memory += 1
             else:
                 to_backend.append(msg)
-        self.message_count += len(msgs)
+        mark = None
         if to_backend:
             try:
-                self._write(to_backend)
+                mark = self._write(to_backend)
             except Exception:
                 if keep_on_failure:
-                    memory.extend(m for m in to_backend if not m.deferred)
+                    for m in to_backend:
+                        if not m.deferred:
+                            memory.append(m)
+                            self.memory_bytes += len(m.body)
                     for m in to_backend:
                         if m.deferred:
                             self.deferred.push(m, self.ctx.now() + m.deferred)
+                    self.message_count += len(msgs)
                 else:
-                    self.message_count -= len(to_backend)
-                self._dispatch()
+                    self._take_back(in_memory, deferred_ids, None, [])
                 raise
-        self._dispatch()
+        self.message_count += len(msgs)
 
-    def _write(self, msgs: list[Message]) -> None:
-        """Write messages to the backend; deferred ones with their deliver-at time."""
+        def take_back() -> None:
+            self._take_back(in_memory, deferred_ids, mark, to_backend)
+            self.message_count -= len(msgs)
+
+        return take_back
+
+    def _take_back(self, in_memory: int, deferred_ids: list[bytes], mark: object, written: list[Message]) -> None:
+        for _ in range(in_memory):
+            self.memory_bytes -= len(self.memory.pop().body)
+        for msg_id in deferred_ids:
+            self.deferred.remove(msg_id)
+        if mark is not None:
+            self.backend.unput(mark)
+            for m in written:
+                if m.deferred:
+                    self.backend.take_deferred(m.id)
+
+    def _write(self, msgs: list[Message]) -> object:
+        """Write messages to the backend (deferred ones with their deliver-at
+        time); return the backend's mark for taking them back."""
         try:
-            self.backend.put_many([m.encode() for m in msgs])
+            mark = self.backend.put_many([m.encode() for m in msgs])
         except Exception as e:
             self.ctx.set_health(e)
             self.ctx.log.error("CHANNEL({name}): failed to write message to backend - {err}", name=self.name, err=e)
@@ -148,27 +188,36 @@ class Channel:
                 if now_ns is None:
                     now_ns = self.ctx.now_ns()
                 self.backend.set_deferred(m.id, now_ns + int(m.deferred * 1e9))
+        return mark
 
     def _put(self, msg: Message) -> None:
         """Queue a message coming back (REQ, timeout, release): it is never dropped."""
         memory = self.memory
-        if msg.ref is not None or (self._direct and len(memory) < self._mem_size):
-            # a message read in durable mode is still on disk, owned until done
+        size = len(msg.body)
+        if (
+            msg.ref is not None  # read in durable mode: still on disk, owned until done
+            or (self._direct and len(memory) < self._mem_size and self._fits(size))
+            or (self.ephemeral and len(memory) < self._spare_capacity())
+        ):
             memory.append(msg)
+            self.memory_bytes += size
             return
         if self.ephemeral:
-            if len(memory) < self._spare_capacity():
-                memory.append(msg)
             return
         try:
             self._write([msg])
         except Exception:
             memory.append(msg)  # keep it rather than lose it; health tells the operator
+            self.memory_bytes += size
+
+    def _fits(self, size: int) -> bool:
+        """Whether ``size`` more body bytes fit --mem-queue-bytes."""
+        return not self._mem_bytes or self.memory_bytes + size <= self._mem_bytes
 
     def _spare_capacity(self) -> int:
         if self.paused:
             return 0
-        return sum(max(0, c.ready_count - c.in_flight_count) for c in self._consumers)
+        return sum(max(0, c.ready_count - c.in_flight_count) for c in self._consumers if not c.blocked)
 
     def _pop(self) -> Message | None:
         """The next queued message: memory and backend take turns, like Go's select."""
@@ -193,7 +242,9 @@ class Channel:
                     continue
                 return msg
         if self.memory:
-            return self.memory.popleft()
+            msg = self.memory.popleft()
+            self.memory_bytes -= len(msg.body)
+            return msg
         return None
 
     def _dispatch(self) -> None:
@@ -214,7 +265,7 @@ class Channel:
         while misses < n:
             c = consumers[i % n]
             i += 1
-            if c.in_flight_count >= c.ready_count:
+            if c.in_flight_count >= c.ready_count or c.blocked:
                 misses += 1
                 continue
             msg = pop()
@@ -360,6 +411,7 @@ class Channel:
         for client in self._consumers:
             client.empty()
         self.memory.clear()
+        self.memory_bytes = 0
         self.backend.empty()
 
     def delete(self) -> None:
@@ -397,6 +449,7 @@ class Channel:
             )
         msgs = list(self.memory)
         self.memory.clear()
+        self.memory_bytes = 0
         msgs += self.in_flight.clear()
         deferred = self.deferred.clear()
         if not msgs and not deferred:

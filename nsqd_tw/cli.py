@@ -13,7 +13,14 @@ from typing import Any
 from twisted.logger import globalLogBeginner
 
 from nsqd_tw.log import GoLogObserver, go_log_line
-from nsqd_tw.options import NSQD_DEPRECATED_FLAGS, ConfigError, NSQDOptions, parse_command_line
+from nsqd_tw.options import (
+    NSQD_DEPRECATED_FLAGS,
+    ConfigError,
+    NSQDOptions,
+    install_stop_signals,
+    parse_command_line,
+    start_error_text,
+)
 
 
 def fatal(prefix: str, text: str) -> int:
@@ -28,11 +35,16 @@ def run_server(
     make_service: Any,
     instantiate_error: str,
 ) -> int:
-    """Log to stderr as Go does, start the services, run the reactor."""
+    """Log to stderr as Go does, start the services, run the reactor.
+
+    A failed start prints one FATAL line and returns 1 without stopping
+    anything: nothing was handed over yet, and stopping would write files.
+    """
     from twisted.internet import reactor
 
+    install_stop_signals(reactor)
     observer = GoLogObserver(sys.stderr, opts.log_prefix, opts.log_level)
-    globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False, discardBuffer=True)
+    globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False, discardBuffer=False)
     try:
         top = make_service(opts, reactor)
     except ConfigError as e:
@@ -41,11 +53,7 @@ def run_server(
         top.privilegedStartService()
         top.startService()
     except Exception as e:
-        try:
-            top.stopService()
-        except Exception:
-            pass
-        return fatal(opts.log_prefix, f"{instantiate_error} - {e}")
+        return fatal(opts.log_prefix, start_error_text(e, instantiate_error))
     reactor.addSystemEventTrigger("before", "shutdown", top.stopService)
     reactor.run()
     return 0

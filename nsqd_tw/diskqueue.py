@@ -32,13 +32,14 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from twisted.internet import defer
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nsqd_tw.backend import IBackendQueue
+from nsqd_tw.files import write_atomic
 
 _SIZE = struct.Struct(">i")
 _META_RE = re.compile(rb"^(-?\d+)\n(-?\d+),(-?\d+)\n(-?\d+),(-?\d+)\n?")
@@ -53,43 +54,48 @@ class DiskQueueError(Exception):
     pass
 
 
+class WriteMark(NamedTuple):
+    """The write position, depth and queued bytes before a put_many, to take it back."""
+
+    file: int
+    pos: int
+    depth: int
+    queued: int
+
+
+class DiskBudget:
+    """--max-disk-bytes (beyond Go): the bytes queued in all the disk queues of an
+    nsqd, and the most they may be. Queued bytes are those not yet read (in durable
+    mode: not yet finished); a file keeps what was read of it until the queue moves
+    to its next file, so the files may hold up to --max-bytes-per-file more per queue.
+    """
+
+    def __init__(self, limit: int = 0) -> None:
+        self.limit = limit
+        self.used = 0
+        self.enforcing = True  # nsqd stopping writes what it holds whatever the budget
+
+    def check(self, more: int) -> None:
+        if self.limit and self.enforcing and self.used + more > self.limit:
+            raise DiskBudgetFull(
+                f"disk budget full: {self.used} of {self.limit} bytes (--max-disk-bytes) queued, {more} more asked"
+            )
+
+
+class DiskBudgetFull(DiskQueueError):
+    """A write refused because it would pass --max-disk-bytes."""
+
+
 class Ref:
-    """Where a record read in acknowledged mode lives, and whether it is done."""
+    """Where a record read in acknowledged mode lives, its size, and whether it is done."""
 
-    __slots__ = ("done", "file", "pos")
+    __slots__ = ("done", "file", "pos", "size")
 
-    def __init__(self, file: int, pos: int) -> None:
+    def __init__(self, file: int, pos: int, size: int) -> None:
         self.file = file
         self.pos = pos
+        self.size = size
         self.done = False
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path or ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: str, data: bytes) -> None:
-    """Write a file so that readers see the old or the new content, never half."""
-    tmp = f"{path}.{os.getpid()}.{time.monotonic_ns()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path))
 
 
 @implementer(IBackendQueue)
@@ -107,6 +113,7 @@ class DiskQueue:
         syncer: Syncer,
         log: Any,
         acked: bool = False,
+        budget: DiskBudget | None = None,
     ) -> None:
         self.name = name
         self.data_path = data_path
@@ -117,8 +124,10 @@ class DiskQueue:
         self.syncer = syncer
         self.log = log
         self.acked = acked
+        self.budget = budget
         self.exiting = False
         self.deleted = False
+        self.queued_bytes = 0  # bytes of records not yet read (durable mode: not finished)
 
         self.read_file_num = 0
         self.read_pos = 0
@@ -219,6 +228,26 @@ class DiskQueue:
         self._load_sidecar()
         if unclean:
             self._recount("after an unclean shutdown")
+        self._set_queued(self._measure_queued())
+
+    def _measure_queued(self) -> int:
+        """The bytes from the read position to the write position, across files."""
+        total = 0
+        for num in range(self.read_file_num, self.write_file_num + 1):
+            if num == self.write_file_num:
+                end = self.write_pos
+            else:
+                try:
+                    end = os.stat(self.file_name(num)).st_size
+                except FileNotFoundError:
+                    continue
+            total += max(0, end - (self.read_pos if num == self.read_file_num else 0))
+        return total
+
+    def _set_queued(self, n: int) -> None:
+        if self.budget is not None:
+            self.budget.used += n - self.queued_bytes
+        self.queued_bytes = n
 
     def _load_sidecar(self) -> None:
         try:
@@ -276,8 +305,14 @@ class DiskQueue:
     def put(self, data: bytes) -> None:
         self.put_many((data,))
 
-    def put_many(self, records: Sequence[bytes]) -> None:
-        """Append records; they are in the file (page cache) when this returns."""
+    def put_many(self, records: Sequence[bytes]) -> WriteMark:
+        """Append records; they are in the file (page cache) when this returns.
+
+        All or nothing: if a write fails (a full disk), what this call wrote is
+        cut off the files again before the error is raised, so neither this
+        process nor one restarted after a crash reads any of it. Returns a mark
+        for :meth:`unput`.
+        """
         if self.exiting:
             raise DiskQueueError("exiting")
         lo, hi = self.min_msg_size, self.max_msg_size
@@ -285,26 +320,74 @@ class DiskQueue:
             n = len(data)
             if n < lo or n > hi:
                 raise DiskQueueError(f"invalid message write size ({n}) minMsgSize={lo} maxMsgSize={hi}")
+        mark = WriteMark(self.write_file_num, self.write_pos, self._depth, self.queued_bytes)
+        chunks = self._plan(records)
+        total = sum(len(chunk[2]) for chunk in chunks)
+        if self.budget is not None:
+            self.budget.check(total)
+        try:
+            for file_num, offset, data, _ in chunks:
+                self._pwrite(file_num, offset, data)
+        except BaseException:
+            self._cut(mark, chunks[-1][0] if chunks else mark.file)
+            raise
+        for file_num, offset, data, n in chunks:
+            if file_num != self.write_file_num:
+                self._file_complete()
+            self._commit_write(file_num, offset + len(data), n)
+        self._set_queued(self.queued_bytes + total)
+        return mark
+
+    def _plan(self, records: Sequence[bytes]) -> list[tuple[int, int, bytes, int]]:
+        """Split records into (file, offset, bytes, count) writes, a new file
+        whenever the next record would pass --max-bytes-per-file."""
         pack = _SIZE.pack
         limit = self.max_bytes_per_file
         file_num, pos = self.write_file_num, self.write_pos
-        chunk: list[bytes] = []
-        chunk_start = pos
+        chunks: list[tuple[int, int, bytes, int]] = []
+        parts: list[bytes] = []
+        start = pos
         for data in records:
             total = 4 + len(data)
             if pos > 0 and pos + total > limit:
-                if chunk:
-                    self._pwrite(file_num, chunk_start, b"".join(chunk))
-                    self._commit_write(file_num, pos, len(chunk) // 2)
-                    chunk = []
-                file_num, pos = self._rotate()
-                chunk_start = pos
-            chunk.append(pack(len(data)))
-            chunk.append(data)
+                if parts:
+                    chunks.append((file_num, start, b"".join(parts), len(parts) // 2))
+                    parts = []
+                file_num, pos = file_num + 1, 0
+                start = 0
+            parts.append(pack(len(data)))
+            parts.append(data)
             pos += total
-        if chunk:
-            self._pwrite(file_num, chunk_start, b"".join(chunk))
-            self._commit_write(file_num, pos, len(chunk) // 2)
+        if parts:
+            chunks.append((file_num, start, b"".join(parts), len(parts) // 2))
+        return chunks
+
+    def unput(self, mark: object) -> None:
+        """Take back everything written since ``mark`` (which put_many returned),
+        as if never written: the staged batch of a publish that failed elsewhere.
+        Nothing written since may have been read."""
+        assert isinstance(mark, WriteMark)
+        if (self.read_file_num, self.read_pos) > (mark.file, mark.pos):
+            raise DiskQueueError("cannot take back records already read")
+        self._cut(mark, self.write_file_num)
+        self._set_queued(mark.queued)
+        self.syncer.request(self)
+
+    def _cut(self, mark: WriteMark, last_file: int) -> None:
+        """Truncate the files back to ``mark`` and forget what lies past it."""
+        for num in range(mark.file + 1, last_file + 1):
+            if self._wfd_num == num:
+                assert self._wfd is not None
+                os.close(self._wfd)
+                self._wfd, self._wfd_num = None, -1
+            self._remove_quietly(self.file_name(num))
+        try:
+            os.truncate(self.file_name(mark.file), mark.pos)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            self.log.error("DISKQUEUE({name}) failed to take back a failed write - {err}", name=self.name, err=e)
+        self.write_file_num, self.write_pos, self._depth = mark.file, mark.pos, mark.depth
 
     def _commit_write(self, file_num: int, pos: int, n: int) -> None:
         self.write_file_num, self.write_pos = file_num, pos
@@ -326,18 +409,12 @@ class DiskQueue:
             view = view[n:]
             offset += n
 
-    def _rotate(self) -> tuple[int, int]:
-        """Start the next file; the old one is fsynced by the next sync."""
+    def _file_complete(self) -> None:
+        """The write file is full: the next write goes to a new file (opened by
+        _pwrite, which hands the old fd to the next sync to fsync and close)."""
         if self._rfd_num == self.write_file_num:
             self._rlimit = self.write_pos  # the reader's file is complete now
-        if self._wfd is not None:
-            self.syncer.retire_fd(self._wfd)
-            self._wfd = None
-            self._wfd_num = -1
-        self.write_file_num += 1
-        self.write_pos = 0
         self.syncer.request(self)
-        return self.write_file_num, 0
 
     def get(self) -> bytes | None:
         item = self.read()
@@ -377,8 +454,10 @@ class DiskQueue:
                 continue
             ref = None
             if self.acked:
-                ref = Ref(self.read_file_num, pos)
+                ref = Ref(self.read_file_num, pos, 4 + size)
                 self._outstanding.append(ref)
+            else:
+                self._set_queued(self.queued_bytes - 4 - size)
             self.read_pos = pos + 4 + size
             self._depth -= 1
             self.count += 1
@@ -392,6 +471,7 @@ class DiskQueue:
         if not isinstance(ref, Ref) or ref.done:
             return
         ref.done = True
+        self._set_queued(self.queued_bytes - ref.size)
         self.count += 1
         self.syncer.read(self)
         out = self._outstanding
@@ -406,6 +486,7 @@ class DiskQueue:
             raise DiskQueueError("exiting")
         self.log.info("DISKQUEUE({name}): emptying", name=self.name)
         self._skip_to_next_rw_file()
+        self._set_queued(0)
         self._remove_quietly(self.meta_file_name())
         self._remove_quietly(self.sidecar_file_name())
         self.deferred_at.clear()
@@ -415,6 +496,7 @@ class DiskQueue:
         self.log.info("DISKQUEUE({name}): deleting", name=self.name)
         self.exiting = True
         self.deleted = True
+        self._set_queued(0)
         self._close_fds()
         for num in self._existing_file_nums():
             self._remove_quietly(self.file_name(num))
@@ -571,6 +653,8 @@ class DiskQueue:
                 )
             self._depth = 0
             self.syncer.request(self)
+        if not self.acked and self.queued_bytes:
+            self._set_queued(0)
 
     def _corrupt(self, pos: int, reason: str) -> None:
         """Skip bad bytes to the next plausible record; keep them aside; fix depth."""
@@ -590,6 +674,7 @@ class DiskQueue:
         old = self._depth
         self.read_pos = bad_end
         self._rbuf = b""
+        self._set_queued(max(0, self.queued_bytes - (bad_end - pos)))
         self._recount_quiet()
         self.log.error(
             "DISKQUEUE({name}) corrupt data in {fn} at offset {pos} ({reason}): skipped {n} bytes to {where}, "

@@ -127,3 +127,179 @@ def dumps(obj: Any) -> bytes:
     out: list[str] = []
     _encode(obj, out)
     return "".join(out).encode("utf-8")
+
+
+# -- reading: Go's encoding/json syntax errors ----------------------------------
+
+MAX_NESTING_DEPTH = 10_000  # encoding/json's scanner refuses deeper documents
+_WS = b" \t\r\n"
+_HEX = b"0123456789abcdefABCDEF"
+_LITERALS = {ord("t"): b"true", ord("f"): b"false", ord("n"): b"null"}
+
+
+def _quote_char(c: int) -> str:
+    """encoding/json's quoteChar: the byte as a one-rune Go character literal."""
+    if c == 0x27:
+        return "'\\''"
+    if c == 0x22:
+        return "'\"'"
+    from nsqd_tw.wire import go_quote
+
+    return "'" + go_quote(chr(c))[1:-1] + "'"
+
+
+def syntax_error(data: bytes) -> str | None:
+    """The text of the error Go's ``json.Unmarshal`` gives for malformed ``data``
+    (``invalid character 'x' after object key``, ``unexpected end of JSON input``,
+    ...), or None when the syntax is valid. A state machine as Go's scanner, so
+    the first offending byte and its context are Go's."""
+    stack: list[int] = []  # 0: object key, 1: object value, 2: array value
+    n = len(data)
+    i = 0
+
+    def bad(c: int, context: str) -> str:
+        return f"invalid character {_quote_char(c)} {context}"
+
+    # each step reads one value; "after" is the structural state that follows it
+    expect_value = True
+    first_in_container = False  # right after '[' or '{': ']' / '}' may close it
+    while True:
+        # skip whitespace
+        while i < n and data[i] in _WS:
+            i += 1
+        if i >= n:
+            if not stack and not expect_value:
+                return None
+            return "unexpected end of JSON input"
+        c = data[i]
+        if expect_value:
+            top = stack[-1] if stack else -1
+            if first_in_container and top == 2 and c == 0x5D:  # []
+                stack.pop()
+                i += 1
+                expect_value, first_in_container = False, False
+                continue
+            if top == 0:
+                # an object key: a string (or '}' right after '{')
+                if first_in_container and c == 0x7D:
+                    stack.pop()
+                    i += 1
+                    expect_value, first_in_container = False, False
+                    continue
+                if c != 0x22:
+                    return bad(c, "looking for beginning of object key string")
+            first_in_container = False
+            if c == 0x7B or c == 0x5B:  # { [
+                stack.append(0 if c == 0x7B else 2)
+                if len(stack) > MAX_NESTING_DEPTH:
+                    return bad(c, "exceeded max depth")
+                i += 1
+                first_in_container = True
+                continue
+            if c == 0x22:
+                err, i = _scan_string(data, i + 1)
+                if err is not None:
+                    return err
+            elif c == 0x2D or 0x30 <= c <= 0x39:
+                err, i = _scan_number(data, i)
+                if err is not None:
+                    return err
+            elif c in _LITERALS:
+                word = _LITERALS[c]
+                for k in range(1, len(word)):
+                    got = data[i + k] if i + k < n else 0x20  # Go steps a space at the end
+                    if got != word[k]:
+                        return bad(got, f"in literal {word.decode()} (expecting {_quote_char(word[k])})")
+                i += len(word)
+            else:
+                return bad(c, "looking for beginning of value")
+            expect_value = False
+            continue
+        # after a value
+        if not stack:
+            return bad(c, "after top-level value")
+        top = stack[-1]
+        i += 1
+        if top == 0:
+            if c != 0x3A:
+                return bad(c, "after object key")
+            stack[-1] = 1
+            expect_value = True
+        elif top == 1:
+            if c == 0x2C:
+                stack[-1] = 0
+                expect_value = True
+            elif c == 0x7D:
+                stack.pop()
+            else:
+                return bad(c, "after object key:value pair")
+        else:
+            if c == 0x2C:
+                expect_value = True
+            elif c == 0x5D:
+                stack.pop()
+            else:
+                return bad(c, "after array element")
+
+
+def _scan_string(data: bytes, i: int) -> tuple[str | None, int]:
+    """From just after the opening quote to just after the closing one."""
+    n = len(data)
+    while i < n:
+        c = data[i]
+        if c == 0x22:
+            return None, i + 1
+        if c == 0x5C:
+            i += 1
+            e = data[i] if i < n else 0x20
+            if e == 0x75:  # \uXXXX
+                for k in range(1, 5):
+                    h = data[i + k] if i + k < n else 0x20
+                    if h not in _HEX:
+                        return f"invalid character {_quote_char(h)} in \\u hexadecimal character escape", n
+                i += 5
+                continue
+            if e not in b'bfnrt\\/"':
+                return f"invalid character {_quote_char(e)} in string escape code", n
+            i += 1
+            continue
+        if c < 0x20:
+            return f"invalid character {_quote_char(c)} in string literal", n
+        i += 1
+    return "unexpected end of JSON input", n
+
+
+def _scan_number(data: bytes, i: int) -> tuple[str | None, int]:
+    """A number per Go's scanner; the byte after it decides the next state."""
+    n = len(data)
+
+    def at(k: int) -> int:
+        return data[k] if k < n else 0x20  # at the end Go's scanner steps a space
+
+    def digit(c: int) -> bool:
+        return 0x30 <= c <= 0x39
+
+    if data[i] == 0x2D:
+        i += 1
+        if not digit(at(i)):
+            return f"invalid character {_quote_char(at(i))} in numeric literal", n
+    if data[i] == 0x30:
+        i += 1
+    else:
+        while digit(at(i)):
+            i += 1
+    if at(i) == 0x2E:
+        i += 1
+        if not digit(at(i)):
+            return f"invalid character {_quote_char(at(i))} after decimal point in numeric literal", n
+        while digit(at(i)):
+            i += 1
+    if at(i) in b"eE":
+        i += 1
+        if at(i) in b"+-":
+            i += 1
+        if not digit(at(i)):
+            return f"invalid character {_quote_char(at(i))} in exponent of numeric literal", n
+        while digit(at(i)):
+            i += 1
+    return None, i

@@ -13,6 +13,7 @@ from typing import Any
 from twisted.web.server import Request, Site
 
 from nsqd_tw.log import LEVEL_NUMBERS, Logger, set_log_level
+from nsqd_tw.lookup import split_host_port
 from nsqd_tw.nsqd import NSQD
 from nsqd_tw.options import LOG_LEVELS, TLS_REQUIRED, VERSION, flag_fields
 from nsqd_tw.stats import get_stats, mem_stats, print_stats, stats_version_line
@@ -24,10 +25,10 @@ from nsqd_tw.web import (
     HTTPError,
     JSONValue,
     QueryError,
-    QuietSite,
     Router,
     add_debug_routes,
     content_length,
+    go_parse_int,
     parse_query,
     query,
 )
@@ -48,6 +49,7 @@ add_debug_routes(router, "/debug/pprof/", nsqd_extras=True)
 
 class NSQDHTTPAPI(GoHTTPAPI):
     app = router.app
+    router = router
     log = log
 
     def __init__(self, nsqd: NSQD, tls_enabled: bool = False) -> None:
@@ -133,7 +135,7 @@ class NSQDHTTPAPI(GoHTTPAPI):
 
         return committed.addCallbacks(lambda _: "OK", failed)
 
-    @handler("/pub", "POST", access_log=False)
+    @handler("/pub", "POST", access_log=False, body=lambda api: api.nsqd.opts.max_msg_size)
     def pub(self, request: Request) -> Any:
         max_size = self.nsqd.opts.max_msg_size
         if content_length(request) > max_size:
@@ -147,7 +149,7 @@ class NSQDHTTPAPI(GoHTTPAPI):
         delay = 0.0
         if "defer" in params:
             try:
-                ms = _go_parse_int(params["defer"][0])
+                ms = go_parse_int(params["defer"][0])
             except ValueError:
                 raise HTTPError(400, "INVALID_DEFER") from None
             if ms < 0 or ms > self.nsqd.opts.max_req_timeout * 1000:
@@ -155,7 +157,7 @@ class NSQDHTTPAPI(GoHTTPAPI):
             delay = ms / 1000.0
         return self._publish(topic, [body], delay)
 
-    @handler("/mpub", "POST", access_log=False)
+    @handler("/mpub", "POST", access_log=False, body=lambda api: api.nsqd.opts.max_body_size)
     def mpub(self, request: Request) -> Any:
         opts = self.nsqd.opts
         if content_length(request) > opts.max_body_size:
@@ -309,7 +311,7 @@ class NSQDHTTPAPI(GoHTTPAPI):
         out["producers"] = stats["producers"]
         return out
 
-    @handler("/config/<opt>", "GET", "PUT")
+    @handler("/config/<opt>", "GET", "PUT", body=lambda api: api.nsqd.opts.max_msg_size)
     def config(self, request: Request, opt: str) -> Any:
         nsqd = self.nsqd
         if request.method == b"PUT":
@@ -324,6 +326,13 @@ class NSQDHTTPAPI(GoHTTPAPI):
                     raise HTTPError(400, "INVALID_VALUE") from None
                 if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
                     raise HTTPError(400, "INVALID_VALUE")
+                # the whole list or nothing: a peer per address is made from it
+                for address in value or []:
+                    try:
+                        split_host_port(address)
+                    except ValueError as e:
+                        log.info("PUT /config/nsqlookupd_tcp_addresses refused - {err}", err=e)
+                        raise HTTPError(400, "INVALID_VALUE") from None
                 nsqd.opts.lookupd_tcp_addresses = list(value or [])
                 nsqd.options_changed("lookupd_tcp_addresses")
             elif opt == "log_level":
@@ -374,23 +383,14 @@ def _ns(seconds: float) -> int:
     return round(seconds * 1_000_000_000)
 
 
-def _go_parse_int(s: str) -> int:
-    """strconv.ParseInt(s, 10, 64)."""
-    body = s[1:] if s[:1] in "+-" else s
-    if not body or not body.isdigit() or not body.isascii():
-        raise ValueError(s)
-    value = int(s)
-    if not -(1 << 63) <= value < 1 << 63:
-        raise ValueError(s)
-    return value
-
-
 def _read_binary_mpub(data: bytes, max_msg: int, max_body: int) -> list[bytes]:
     """readMPUB over a request body; errors are 413 with the code minus ``E_``."""
     from nsqd_tw.wire import V2Parser
 
     parser = V2Parser(max_msg, max_body)
-    parser.feed(b"MPUB x\n" + len(data).to_bytes(4, "big") + data)
+    # the body is whole already: declare the most it may be, so that a message
+    # cut short is Go's BAD_MESSAGE (a read past its end), not a size mismatch
+    parser.feed(b"MPUB x\n" + max(max_body, 1).to_bytes(4, "big") + data)
     try:
         cmd = parser.next()
     except FatalClientError as e:
@@ -404,7 +404,7 @@ def _read_binary_mpub(data: bytes, max_msg: int, max_body: int) -> list[bytes]:
 
 
 def make_site(nsqd: NSQD, tls_enabled: bool = False) -> Site:
-    return QuietSite(NSQDHTTPAPI(nsqd, tls_enabled).resource())
+    return NSQDHTTPAPI(nsqd, tls_enabled).site()
 
 
 __all__ = ["NSQDHTTPAPI", "QueryError", "make_site", "parse_query"]

@@ -7,6 +7,7 @@ scripts and client test harnesses read the listening lines from stderr.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import IO
 
 from twisted.logger import ILogObserver, LogLevel, formatEvent
@@ -66,10 +67,65 @@ def set_log_level(level: str) -> None:
     _threshold[0] = LEVEL_NUMBERS[level]
 
 
+class Throttle:
+    """At most ``limit`` lines of one kind a second, the kind being the logger's
+    namespace and the line's format (its text before the values go in).
+
+    A client that makes nsqd log the same error in a loop would otherwise fill
+    the disk with it. The first line dropped says so; the next line of that kind
+    let through says how many were dropped meanwhile.
+    """
+
+    MAX_KINDS = 10_000
+
+    def __init__(self, limit: int = 20, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit = limit
+        self.clock = clock
+        self._kinds: dict[tuple[str, str], list[float | int]] = {}  # kind: [second, lines, dropped]
+
+    def admit(self, kind: tuple[str, str]) -> tuple[bool, int]:
+        """Whether to log a line of ``kind`` now, and how many were dropped before it
+        (-1: this is the first line dropped, to be announced instead)."""
+        now = self.clock()
+        state = self._kinds.get(kind)
+        if state is None:
+            if len(self._kinds) >= self.MAX_KINDS:
+                self._kinds.clear()
+            self._kinds[kind] = [now, 1, 0]
+            return True, 0
+        if now - state[0] >= 1.0:
+            dropped = int(state[2])
+            state[0], state[1], state[2] = now, 1, 0
+            return True, dropped
+        state[1] += 1
+        if state[1] <= self.limit:
+            return True, 0
+        state[2] += 1
+        return False, -1 if state[2] == 1 else 0
+
+
+_throttle = Throttle()
+
+
 class Logger(_TwistedLogger):
-    """A twisted Logger that drops events below the configured --log-level."""
+    """A twisted Logger that drops events below the configured --log-level, and
+    lines of one kind past :class:`Throttle`'s rate."""
 
     def emit(self, level: LogLevel, format: str | None = None, **kwargs: object) -> None:
         if GO_LEVELS.get(level, (2,))[0] < _threshold[0]:
             return
+        ok, dropped = _throttle.admit((self.namespace, format or ""))
+        if not ok:
+            if dropped == -1:
+                super().emit(
+                    level,
+                    "more than {limit} lines a second like {kind!r}: dropping them for now",
+                    limit=_throttle.limit,
+                    kind=format,
+                )
+            return
+        if dropped:
+            super().emit(
+                level, "{dropped} lines like {kind!r} were dropped (log rate limit)", dropped=dropped, kind=format
+            )
         super().emit(level, format, **kwargs)

@@ -56,6 +56,43 @@ class LookupdError(Exception):
     pass
 
 
+def split_host_port(address: str) -> tuple[str, int]:
+    """Go's net.SplitHostPort, then a numeric port in 1..65535 (what a peer can dial).
+
+    Raises ValueError with Go's text (``address junk: missing port in address``).
+    """
+
+    def bad(why: str) -> ValueError:
+        return ValueError(f"address {address}: {why}")
+
+    i = address.rfind(":")
+    if i < 0:
+        raise bad("missing port in address")
+    j = k = 0
+    if address.startswith("["):
+        end = address.find("]")
+        if end < 0:
+            raise bad("missing ']' in address")
+        if end + 1 == len(address):
+            raise bad("missing port in address")
+        if end + 1 != i:
+            raise bad("too many colons in address" if address[end + 1] == ":" else "missing port in address")
+        host = address[1:end]
+        j, k = 1, end + 1
+    else:
+        host = address[:i]
+        if ":" in host:
+            raise bad("too many colons in address")
+    if "[" in address[j:]:
+        raise bad("unexpected '[' in address")
+    if "]" in address[k:]:
+        raise bad("unexpected ']' in address")
+    port = address[i + 1 :]
+    if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        raise bad("invalid port")
+    return host, int(port)
+
+
 class LookupPeerProtocol(protocol.Protocol):
     """One connection to an nsqlookupd; commands are answered in order."""
 
@@ -141,8 +178,9 @@ class LookupPeer(service.Service):
         self.max_body_size = lookup.nsqd.opts.max_body_size
         self.info: dict[str, Any] = {}
         self.proto: LookupPeerProtocol | None = None
-        host, _, port = address.rpartition(":")
-        endpoint = endpoints.HostnameEndpoint(self.reactor, host.strip("[]"), int(port), timeout=1)
+        host, port = split_host_port(address)
+        # an empty host is the local system, as for Go's Dial
+        endpoint = endpoints.HostnameEndpoint(self.reactor, host or "localhost", port, timeout=1)
         self.client = ClientService(
             endpoint, _PeerFactory(self), retryPolicy=backoffPolicy(initialDelay=0.2, maxDelay=15.0), clock=self.reactor
         )
@@ -277,7 +315,8 @@ class LookupService(service.MultiService):
                 peer.disownServiceParent()
         have = {p.address for p in self.peers}
         for address in wanted:
-            if address not in have:
+            if address not in have:  # a repeated address is one peer, as in Go
+                have.add(address)
                 LookupPeer(self, address).setServiceParent(self)
 
     def options_changed(self, name: str) -> None:

@@ -6,12 +6,14 @@ with ``null`` where Go has a nil slice, so either nsqd can start on the other's 
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
+
+from nsqd_tw import gojson
+from nsqd_tw.files import go_errno
 
 METADATA_FILE = "nsqd.dat"
 
@@ -49,16 +51,106 @@ def encode_metadata(topics: list[TopicMeta], version: str) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def decode_metadata(data: bytes, path: str) -> list[TopicMeta]:
-    try:
-        doc = json.loads(data)
+class _Object(list):  # type: ignore[type-arg]
+    """A JSON object as its (key, value) pairs in document order."""
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "object" if isinstance(value, _Object) else "array"
+
+
+class _GoTypes:
+    """Fill the metadata as Go's json.Unmarshal fills nsqd's Metadata struct:
+    keys match case-insensitively, unknown keys and nulls are ignored, the last
+    of duplicate keys wins, and the first value of the wrong type is the error
+    (with Go's text), decoding going on past it as Go's does."""
+
+    def __init__(self) -> None:
+        self.error: str | None = None
+
+    def mismatch(self, value: Any, where: str, go_type: str) -> None:
+        if self.error is None:
+            self.error = f"json: cannot unmarshal {_kind(value)} into Go {where} of type {go_type}"
+
+    def fields(self, obj: _Object, struct: str, path: str, kinds: dict[str, tuple[type, str]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in obj:
+            name = key.lower()
+            if name not in kinds:
+                continue
+            want, go_type = kinds[name]
+            if value is None:  # null empties a slice and leaves anything else as it is
+                if want is list:
+                    out[name] = []
+                continue
+            if want is list and isinstance(value, list) and not isinstance(value, _Object):
+                out[name] = value
+            elif want is not list and isinstance(value, want) and (want is bool or not isinstance(value, bool)):
+                out[name] = value
+            else:
+                self.mismatch(value, f"struct field {struct}.{path}{name}", go_type)
+        return out
+
+    def structs(self, items: list[Any], struct: str, path: str, go_type: str) -> list[_Object]:
+        found = []
+        for item in items:
+            if item is None:
+                found.append(_Object())
+            elif isinstance(item, _Object):
+                found.append(item)
+            else:
+                self.mismatch(item, f"struct field {struct}.{path}", go_type)
+        return found
+
+    def metadata(self, doc: Any) -> list[TopicMeta]:
+        if doc is None:
+            return []
+        if not isinstance(doc, _Object):
+            self.mismatch(doc, "value", "nsqd.Metadata")
+            return []
+        top = self.fields(doc, "Metadata", "", {"topics": (list, "[]nsqd.TopicMetadata"), "version": (str, "string")})
         topics = []
-        for t in doc.get("topics") or []:
-            channels = [ChannelMeta(str(c["name"]), bool(c.get("paused"))) for c in t.get("channels") or []]
-            topics.append(TopicMeta(str(t["name"]), bool(t.get("paused")), channels))
+        for t in self.structs(top.get("topics", []), "Metadata", "topics", "nsqd.TopicMetadata"):
+            f = self.fields(
+                t,
+                "TopicMetadata",
+                "topics.",
+                {"name": (str, "string"), "paused": (bool, "bool"), "channels": (list, "[]nsqd.ChannelMetadata")},
+            )
+            channels = []
+            for c in self.structs(f.get("channels", []), "TopicMetadata", "topics.channels", "nsqd.ChannelMetadata"):
+                cf = self.fields(
+                    c, "ChannelMetadata", "topics.channels.", {"name": (str, "string"), "paused": (bool, "bool")}
+                )
+                channels.append(ChannelMeta(cf.get("name", ""), cf.get("paused", False)))
+            topics.append(TopicMeta(f.get("name", ""), f.get("paused", False), channels))
         return topics
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
-        raise MetadataError(f"failed to parse metadata in {path} - {e}") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"not JSON: {name}")
+
+
+def decode_metadata(data: bytes, path: str) -> list[TopicMeta]:
+    """Parse nsqd.dat; errors carry Go's texts so an operator sees what Go nsqd says."""
+    try:
+        doc = json.loads(data.decode("utf-8", "replace"), object_pairs_hook=_Object, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:
+        text = gojson.syntax_error(data)
+        if text is None:  # valid for Go, too deep for Python's parser
+            text = f"nesting too deep to decode ({type(e).__name__})"
+        raise MetadataError(f"failed to parse metadata in {path} - {text}") from None
+    types = _GoTypes()
+    topics = types.metadata(doc)
+    if types.error is not None:
+        raise MetadataError(f"failed to parse metadata in {path} - {types.error}")
+    return topics
 
 
 def read_metadata(path: str) -> list[TopicMeta]:
@@ -81,17 +173,21 @@ class DirLock:
         self.path = path
         self._fd: int | None = None
 
+    @property
+    def locked(self) -> bool:
+        return self._fd is not None
+
     def lock(self) -> None:
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except OSError as e:
-            raise MetadataError(f"failed to lock data-path: open {self.path}: {_go_errno(e)}") from None
+            raise MetadataError(f"failed to lock data-path: open {self.path}: {go_errno(e)}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             os.close(fd)
             raise MetadataError(
-                f"failed to lock data-path: cannot flock directory {self.path} - {_go_errno(e)} "
+                f"failed to lock data-path: cannot flock directory {self.path} - {go_errno(e)} "
                 "(possibly in use by another instance of nsqd)"
             ) from None
         self._fd = fd
@@ -103,17 +199,3 @@ class DirLock:
             finally:
                 os.close(self._fd)
                 self._fd = None
-
-
-_GO_ERRNO = {
-    errno.EAGAIN: "resource temporarily unavailable",
-    errno.ENOENT: "no such file or directory",
-    errno.EACCES: "permission denied",
-    errno.ENOTDIR: "not a directory",
-}
-
-
-def _go_errno(e: OSError) -> str:
-    if e.errno is not None and e.errno in _GO_ERRNO:
-        return _GO_ERRNO[e.errno]
-    return (e.strerror or str(e)).lower()

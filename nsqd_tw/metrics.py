@@ -35,6 +35,13 @@ class NSQDCollector:
         start = GaugeMetricFamily("nsq_start_time_seconds", "when nsqd started (unix time)")
         start.add_metric([], nsqd.start_time)
         yield start
+        budget = nsqd.disk_budget
+        disk = GaugeMetricFamily("nsq_disk_queue_bytes", "message bytes in all disk queues not yet read (or finished)")
+        disk.add_metric([], budget.used)
+        yield disk
+        disk_limit = GaugeMetricFamily("nsq_disk_queue_bytes_limit", "--max-disk-bytes (0: no limit)")
+        disk_limit.add_metric([], budget.limit)
+        yield disk_limit
 
         t_labels = ["topic"]
         t_depth = GaugeMetricFamily(
@@ -44,6 +51,8 @@ class NSQDCollector:
         t_msgs = CounterMetricFamily("nsq_topic_messages", "messages published to the topic", labels=t_labels)
         t_bytes = CounterMetricFamily("nsq_topic_message_bytes", "bytes published to the topic", labels=t_labels)
         t_paused = GaugeMetricFamily("nsq_topic_paused", "1 if the topic is paused", labels=t_labels)
+        t_mem = GaugeMetricFamily("nsq_topic_memory_bytes", "message bytes held in memory", labels=t_labels)
+        t_disk = GaugeMetricFamily("nsq_topic_backend_bytes", "message bytes on disk not yet read", labels=t_labels)
 
         c_labels = ["topic", "channel"]
         c_depth = GaugeMetricFamily("nsq_channel_depth", "messages queued (memory and disk)", labels=c_labels)
@@ -55,6 +64,10 @@ class NSQDCollector:
         c_timeout = CounterMetricFamily("nsq_channel_timed_out", "messages that timed out", labels=c_labels)
         c_clients = GaugeMetricFamily("nsq_channel_clients", "consumers connected", labels=c_labels)
         c_paused = GaugeMetricFamily("nsq_channel_paused", "1 if the channel is paused", labels=c_labels)
+        c_mem = GaugeMetricFamily("nsq_channel_memory_bytes", "message bytes held in memory", labels=c_labels)
+        c_disk = GaugeMetricFamily(
+            "nsq_channel_backend_bytes", "message bytes on disk not yet read (or finished)", labels=c_labels
+        )
         e2e = GaugeMetricFamily(
             "nsq_channel_e2e_processing_latency_seconds",
             "end-to-end processing latency quantiles (--e2e-processing-latency-percentile)",
@@ -75,6 +88,8 @@ class NSQDCollector:
             t_msgs.add_metric(tl, t["message_count"])
             t_bytes.add_metric(tl, t["message_bytes"])
             t_paused.add_metric(tl, 1 if t["paused"] else 0)
+            t_mem.add_metric(tl, t["memory_bytes"])
+            t_disk.add_metric(tl, t["backend_bytes"])
             for c in t["channels"]:
                 cl = [t["topic_name"], c["channel_name"]]
                 c_depth.add_metric(cl, c["depth"])
@@ -86,6 +101,8 @@ class NSQDCollector:
                 c_timeout.add_metric(cl, c["timeout_count"])
                 c_clients.add_metric(cl, c["client_count"])
                 c_paused.add_metric(cl, 1 if c["paused"] else 0)
+                c_mem.add_metric(cl, c["memory_bytes"])
+                c_disk.add_metric(cl, c["backend_bytes"])
                 for p in c["e2e_processing_latency"]["percentiles"] or []:
                     e2e.add_metric([*cl, _num(p["quantile"])], p["value"] / 1e9)
                 for k in c["clients"] or []:
@@ -95,8 +112,9 @@ class NSQDCollector:
                     k_msgs.add_metric(kl, k["message_count"])
                     k_fin.add_metric(kl, k["finish_count"])
                     k_req.add_metric(kl, k["requeue_count"])
-        yield from (t_depth, t_backend, t_msgs, t_bytes, t_paused)
-        yield from (c_depth, c_backend, c_inflight, c_deferred, c_msgs, c_requeue, c_timeout, c_clients, c_paused, e2e)
+        yield from (t_depth, t_backend, t_msgs, t_bytes, t_paused, t_mem, t_disk)
+        yield from (c_depth, c_backend, c_inflight, c_deferred, c_msgs, c_requeue, c_timeout, c_clients, c_paused)
+        yield from (c_mem, c_disk, e2e)
         yield from (k_ready, k_inflight, k_msgs, k_fin, k_req)
 
         producers = CounterMetricFamily(

@@ -20,12 +20,21 @@ from twisted.python.failure import Failure
 from nsqd_tw.auth import AuthClient
 from nsqd_tw.backend import DummyBackendQueue, IBackendQueue, MemoryBackendQueue
 from nsqd_tw.channel import Channel
-from nsqd_tw.diskqueue import DiskQueue, Syncer, write_atomic
+from nsqd_tw.diskqueue import DiskBudget, DiskQueue, Syncer
+from nsqd_tw.files import write_atomic
 from nsqd_tw.guid import GUIDFactory
 from nsqd_tw.log import Logger
 from nsqd_tw.message import Message
-from nsqd_tw.metadata import METADATA_FILE, ChannelMeta, DirLock, TopicMeta, encode_metadata, read_metadata
-from nsqd_tw.options import VERSION, NSQDOptions
+from nsqd_tw.metadata import (
+    METADATA_FILE,
+    ChannelMeta,
+    DirLock,
+    MetadataError,
+    TopicMeta,
+    encode_metadata,
+    read_metadata,
+)
+from nsqd_tw.options import VERSION, NSQDOptions, StartError
 from nsqd_tw.topic import Topic, TopicError
 from nsqd_tw.wire import MESSAGE_HEADER_LENGTH, is_valid_channel_name, is_valid_topic_name
 
@@ -69,14 +78,17 @@ class NSQD(service.Service):
         # durable mode: every message on disk, fsynced before OK, owned until FIN
         self.durable = backend_factory is None and opts.mem_queue_size == 0 and opts.sync_every <= 1
         self.syncer = Syncer(reactor, run_blocking, self._sync_result)
+        self.disk_budget = DiskBudget(opts.max_disk_bytes)
         self.dirlock = DirLock(self.data_path)
         self.guid = GUIDFactory(opts.node_id, self.now_ns)
         self.topics: dict[str, Topic] = {}
         self.clients: dict[int, V2Protocol] = {}
         self._client_seq = 0
         self.health_error: BaseException | None = None
+        self._sync_failed: BaseException | None = None
         self.start_time = self.now()
         self.loading = False
+        self.metadata_loaded = False  # only the process that loaded nsqd.dat may write it
 
         # addresses actually bound (set by the listening services)
         self.tcp_address: tuple[str, int] | None = None
@@ -161,12 +173,19 @@ class NSQD(service.Service):
             self.syncer,
             self.log,
             acked=self.durable,
+            budget=self.disk_budget,
         )
 
     def _sync_result(self, err: BaseException | None) -> None:
         if err is not None:
             self.log.error("DISKQUEUE: failed to sync - {err}", err=err)
-        self.set_health(err)
+            self.set_health(err)
+            self._sync_failed = err
+        elif self._sync_failed is not None:
+            # a sync that works again clears only what a sync said (a refused write stays)
+            if self.health_error is self._sync_failed:
+                self.set_health(None)
+            self._sync_failed = None
 
     def get_topic(self, name: str) -> Topic:
         """The topic, created (and started) if it does not exist."""
@@ -330,14 +349,14 @@ class NSQD(service.Service):
 
     def metadata_changed(self) -> None:
         """Persist nsqd.dat with the next sync (a durable commit waits for it)."""
-        if self.loading or self.backend_factory is not None or not self.running:
+        if self.loading or not self.metadata_loaded or not self.running:
             return
         self.syncer.persist(self.metadata_path, self.metadata)
 
     def metadata_synced(self) -> defer.Deferred[None] | None:
         """A Deferred that fires once nsqd.dat (and every write so far) is on disk,
         or None when nothing is persisted (memory backends)."""
-        if self.backend_factory is not None or not self.running:
+        if not self.metadata_loaded or not self.running:
             return None
         self.metadata_changed()
         return self.syncer.commit()
@@ -369,20 +388,34 @@ class NSQD(service.Service):
     # -- service ----------------------------------------------------------
 
     def privilegedStartService(self) -> None:
-        # runs before the listeners bind, as Go's nsqd.New() and Start()
+        # Go's order: nsqd.New() logs, locks the data path and binds the listeners
+        # (our listening services, started after this one); Start() then loads and
+        # persists the metadata (startService). A failed start writes nothing.
         self.log.info("nsqd v{version} (built w/{python})", version=VERSION, python=python_version())
         self.log.info("ID: {id}", id=self.opts.node_id)
-        if self.backend_factory is None:
-            self.dirlock.lock()
-            try:
-                self.load_metadata()
-                self.persist_metadata()
-            except Exception:
-                self.dirlock.unlock()
-                raise
+        self._lock()
         service.Service.privilegedStartService(self)
 
+    def _lock(self) -> None:
+        if self.backend_factory is not None or self.dirlock.locked:
+            return
+        try:
+            self.dirlock.lock()
+        except MetadataError as e:
+            raise StartError(f"failed to instantiate nsqd - {e}") from None
+
     def startService(self) -> None:
+        if self.backend_factory is None:
+            self._lock()
+            try:
+                self.load_metadata()
+            except MetadataError as e:
+                raise StartError(f"failed to load metadata - {e}") from None
+            self.metadata_loaded = True  # from now on this process owns nsqd.dat
+            try:
+                self.persist_metadata()
+            except OSError as e:
+                raise StartError(f"failed to persist metadata - {e}") from None
         self.start_time = self.now()
         service.Service.startService(self)
 
@@ -390,6 +423,7 @@ class NSQD(service.Service):
         """Disconnect clients, let a running sync finish, then close every topic
         (each channel hands what it holds to its disk queue), persist, unlock."""
         service.Service.stopService(self)
+        self.disk_budget.enforcing = False  # what is held in memory goes to disk whatever it costs
         for client in list(self.clients.values()):
             client.shutdown()
         if self._flush_call is not None and self._flush_call.active():
@@ -409,7 +443,8 @@ class NSQD(service.Service):
         if self.backend_factory is None:
             try:
                 self.syncer.sync_all_now()
-                self.persist_metadata()
+                if self.metadata_loaded:
+                    self.persist_metadata()
             except Exception:
                 self.log.failure("failed to persist metadata")
             self.dirlock.unlock()

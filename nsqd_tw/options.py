@@ -13,23 +13,53 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import hashlib
+import json
 import re
 import socket
 import ssl
+import sys
 import tomllib
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
+from twisted.application.service import ServiceMaker
 from twisted.python import usage
 
+from nsqd_tw.log import Logger, go_log_line
+
 VERSION = "1.3.0"
+
+_log = Logger(namespace="nsqd_tw.options")
 
 
 class ConfigError(Exception):
     """A bad option value; ``str()`` is the message Go prints."""
+
+
+class StartError(Exception):
+    """A start that cannot go on; ``str()`` is the whole of Go's FATAL text
+    (``failed to load metadata - ...``)."""
+
+
+def start_error_text(e: BaseException, instantiate_error: str) -> str:
+    """The FATAL text for a failed start: a StartError's own, else Go's
+    ``failed to instantiate nsqd - <error>``."""
+    return str(e) if isinstance(e, StartError) else f"{instantiate_error} - {e}"
+
+
+def install_stop_signals(reactor: Any) -> None:
+    """SIGTERM and SIGINT stop the reactor cleanly from now on: a signal that
+    comes before the reactor runs queues the stop for when it does. SIGINT is
+    caught even when the process inherited it ignored (started with ``&``), as
+    Go's signal.Notify does; the reactor keeps these handlers when it starts."""
+    import signal
+
+    signal.signal(signal.SIGTERM, reactor.sigTerm)
+    signal.signal(signal.SIGINT, reactor.sigInt)
 
 
 # -- Go's time.ParseDuration ---------------------------------------------
@@ -89,6 +119,21 @@ def format_duration(seconds: float) -> str:
     if h or m:
         out += f"{m}m"
     return out + f"{s:g}s"
+
+
+def split_address(address: str) -> tuple[str, int] | None:
+    """``host:port`` (host may be empty or ``[v6]``) or None for a unix path."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def missing_port(address: str) -> str:
+    """Go's error for a listener it opens as TCP only, given an address without a port."""
+    return f"listen ({address}) failed - listen tcp: address {address}: missing port in address"
 
 
 def _parse_bool(text: str) -> bool:
@@ -227,7 +272,7 @@ class _FloatList(Kind):
         if isinstance(value, str):
             return [_parse_float(s.strip()) for s in value.split(",")]
         if isinstance(value, list):
-            return [float(v) for v in value]
+            return [FLOAT.from_cfg(v) for v in value]
         raise ConfigError(f"invalid value type {type(value).__name__}")
 
     def show(self, value: Any) -> str:
@@ -409,6 +454,18 @@ class NSQDOptions:
 
     data_path: str = opt("data-path", STRING, "", "path to store disk-backed messages")
     mem_queue_size: int = opt("mem-queue-size", INT, 10000, "number of messages to keep in memory (per topic/channel)")
+    mem_queue_bytes: int = opt(
+        "mem-queue-bytes",
+        INT,
+        0,
+        "beyond Go: message bytes to keep in memory (per topic/channel); the rest goes to disk (0 = no limit)",
+    )
+    max_disk_bytes: int = opt(
+        "max-disk-bytes",
+        INT,
+        0,
+        "beyond Go: message bytes all disk queues may hold; past it publishes fail (0 = no limit)",
+    )
     max_bytes_per_file: int = opt(
         "max-bytes-per-file", INT, 100 * 1024 * 1024, "number of bytes per diskqueue file before rolling"
     )
@@ -537,10 +594,17 @@ class NSQDOptions:
             raise ConfigError("--max-deflate-level must be [1,9]")
         if not 0 <= self.node_id < 1024:
             raise ConfigError("--node-id must be [0,1024)")
+        if self.mem_queue_bytes < 0:
+            raise ConfigError("--mem-queue-bytes must be >= 0")
+        if self.max_disk_bytes < 0:
+            raise ConfigError("--max-disk-bytes must be >= 0")
         if self.tls_client_auth_policy and self.tls_required == TLS_NOT_REQUIRED:
             self.tls_required = TLS_REQUIRED
         if self.tls_required != TLS_NOT_REQUIRED and not (self.tls_cert and self.tls_key):
             raise ConfigError("cannot require TLS client connections without TLS key and cert")
+        if (self.tls_cert or self.tls_key) and self.https_address and split_address(self.https_address) is None:
+            # HTTPS is TCP only (a path is not a unix socket there), refused before anything starts
+            raise ConfigError(missing_port(self.https_address))
         if self.auth_http_request_method not in ("post", "get"):
             raise ConfigError("--auth-http-request-method must be post or get")
         for p in self.e2e_processing_latency_percentiles:
@@ -591,11 +655,20 @@ class _ListAppend(argparse.Action):
         setattr(namespace, self.dest, current + list(values))
 
 
-def build_argparser(prog: str, cls: type, deprecated: dict[str, str] | None = None) -> argparse.ArgumentParser:
+def build_argparser(
+    prog: str, cls: type, deprecated: dict[str, str] | None = None, *, twistd: bool = False
+) -> argparse.ArgumentParser:
     """A parser accepting Go's flag syntax: ``-flag``/``--flag``, ``=value`` or a
-    separate value, bare booleans, repeatable list flags."""
+    separate value, bare booleans, repeatable list flags.
+
+    With ``twistd``, help and version are left to the usage.Options that owns
+    the parser, and every boolean also has a ``--no-flag`` form.
+    """
     parser = _GoArgumentParser(prog=prog, allow_abbrev=False, add_help=False)
-    parser.add_argument("-h", "-help", "--help", action="help", help="show this help message and exit")
+    if twistd:
+        parser.add_argument("-h", "-help", "--help", dest="_help", action="store_true", default=False)
+    else:
+        parser.add_argument("-h", "-help", "--help", action="help", help="show this help message and exit")
     parser.add_argument("-version", "--version", action="store_true", default=False, help="print version string")
     parser.add_argument("-config", "--config", default="", help="path to config file")
     defaults = cls()
@@ -619,6 +692,10 @@ def build_argparser(prog: str, cls: type, deprecated: dict[str, str] | None = No
                 metavar="true|false",
                 help=help_text,
             )
+            if twistd:
+                parser.add_argument(
+                    f"--no-{flag}", dest=f.name, action="store_const", const=conv("false"), default=argparse.SUPPRESS
+                )
         elif kind.is_list:
             parser.add_argument(
                 *names,
@@ -655,6 +732,28 @@ def load_config(path: str) -> dict[str, Any]:
         raise ConfigError(f"failed to load config file {path} - {e}") from None
 
 
+def config_keys(cls: type, deprecated: dict[str, str] | None = None) -> set[str]:
+    """The ``--config`` keys that mean something: the table's, and Go's deprecated flags' (no effect)."""
+    return {f.metadata["cfg"] for f in flag_fields(cls)} | {k.replace("-", "_") for k in deprecated or {}}
+
+
+def unknown_config_keys(cls: type, cfg: dict[str, Any], deprecated: dict[str, str] | None = None) -> list[str]:
+    known = config_keys(cls, deprecated)
+    return [key for key in cfg if key not in known]
+
+
+def warn_unknown_keys(path: str, keys: Sequence[str], known: set[str]) -> None:
+    """Go ignores a key it does not know without a word; we say so."""
+    for key in keys:
+        hint = difflib.get_close_matches(key.replace("-", "_").lower(), sorted(known), n=1)
+        _log.warn(
+            "config file {path}: unknown key {key} ignored{hint}",
+            path=path,
+            key=json.dumps(key),
+            hint=f" (did you mean {json.dumps(hint[0])}?)" if hint else "",
+        )
+
+
 def resolve(cls: type[T], flags: dict[str, Any], cfg: dict[str, Any] | None = None) -> T:
     """Flag given on the command line, else config file value, else default."""
     cfg = cfg or {}
@@ -673,6 +772,16 @@ def resolve(cls: type[T], flags: dict[str, Any], cfg: dict[str, Any] | None = No
     return cls(**values)
 
 
+def resolve_namespace(cls: type[T], ns: argparse.Namespace, deprecated: dict[str, str] | None = None) -> T:
+    """Options from a parsed command line: its flags, then its ``--config`` file."""
+    cfg = load_config(ns.config) if ns.config else {}
+    unknown = unknown_config_keys(cls, cfg, deprecated)
+    if unknown:
+        warn_unknown_keys(ns.config, unknown, config_keys(cls, deprecated))
+    flags = {k: v for k, v in vars(ns).items() if not k.startswith("_") and k not in ("version", "config")}
+    return resolve(cls, flags, cfg)
+
+
 def parse_command_line(
     prog: str, cls: type[T], argv: Sequence[str], deprecated: dict[str, str] | None = None
 ) -> tuple[T | None, argparse.Namespace]:
@@ -681,83 +790,106 @@ def parse_command_line(
     ns = parser.parse_args(list(argv))
     if ns.version:
         return None, ns
-    cfg = load_config(ns.config) if ns.config else {}
-    flags = {k: v for k, v in vars(ns).items() if not k.startswith("_") and k not in ("version", "config")}
-    return resolve(cls, flags, cfg), ns
+    return resolve_namespace(cls, ns, deprecated), ns
 
 
-def usage_options(cls: type, description: str) -> type[usage.Options]:
+def exit_fatal(prefix: str, text: str) -> NoReturn:
+    """Go's logFatal: one FATAL line on stderr, exit status 1."""
+    sys.stderr.write(go_log_line(prefix, "FATAL", text))
+    sys.stderr.flush()
+    raise SystemExit(1)
+
+
+def usage_options(
+    cls: type, description: str, prog: str, deprecated: dict[str, str] | None = None
+) -> type[usage.Options]:
     """A twistd usage.Options class built from the same table.
 
-    Every option is ``--flag VALUE`` (booleans take true/false, or no value for
-    true); list options may be repeated; ``--config`` reads the TOML file.
+    Parsing goes through the console command's own parser (:func:`build_argparser`),
+    so ``twistd nsqd ARGS`` accepts every form ``nsqd ARGS`` does and resolves to the
+    same options; it also accepts ``--no-flag`` for a boolean. Whatever that parser
+    does not know is left to usage.Options, so a subclass may add options of its
+    own. Afterwards ``self.resolved`` is the options object and ``self[flag]``
+    its value. Errors end the process the way the console command does: exit 2
+    with the message for a bad flag, exit 1 with a FATAL line for a bad config file.
     """
     defaults = cls()
-    parameters = []
+    fields = flag_fields(cls)
+    parameters: list[list[Any]] = []
     flags: list[list[Any]] = []
-    namespace: dict[str, Any] = {}
-    for f in flag_fields(cls):
+    for f in fields:
         flag = f.metadata["flag"]
         kind: Kind = f.metadata["kind"]
+        shown = kind.show(getattr(defaults, f.name))
         if kind.is_bool:
-            # --flag (true) and --no-flag, since usage.Options flags take no value
-            namespace["opt_" + flag.replace("-", "_")] = _usage_setter(f.name, True)
-            namespace["opt_no_" + flag.replace("-", "_")] = _usage_setter(f.name, False)
-            namespace["opt_" + flag.replace("-", "_")].__doc__ = f.metadata["help"]
-            namespace["opt_no_" + flag.replace("-", "_")].__doc__ = f"turn off --{flag}"
-        elif kind.is_list:
-            namespace["opt_" + flag.replace("-", "_")] = _usage_appender(f.name, kind, flag)
-            namespace["opt_" + flag.replace("-", "_")].__doc__ = f.metadata["help"]
+            forms = f"--{flag}[=true|false], --no-{flag}"
+            flags.append([flag, None, f"{f.metadata['help']} [{forms}] (default {shown})"])
         else:
-            parameters.append(
-                [flag, None, None, f.metadata["help"] + f" (default {kind.show(getattr(defaults, f.name))})"]
-            )
+            parameters.append([flag, None, None, f.metadata["help"] + (f" (default {shown})" if shown else "")])
+    for flag, help_text in (deprecated or {}).items():
+        flags.append([flag, None, help_text])
+    log_prefix = getattr(defaults, "log_prefix", f"[{prog.split()[-1]}] ")
+
+    def parse_options(self: Any, options: Sequence[str] | None = None) -> None:
+        argv = sys.argv[1:] if options is None else list(options)
+        if "--_shell-completion" in argv:
+            return usage.Options.parseOptions(self, argv)  # type: ignore[no-any-return]
+        # a plugin subclassing these Options runs under its own name: twistd ticker
+        sub = getattr(getattr(self, "parent", None), "subCommand", None)
+        parser = build_argparser(f"twistd {sub}" if sub else self.prog, cls, deprecated, twistd=True)
+        self._namespace, rest = parser.parse_known_args(argv)
+        if self._namespace._help:
+            self.opt_help()
+        if self._namespace.version:
+            self.opt_version()
+        try:
+            usage.Options.parseOptions(self, rest)
+        except usage.UsageError as e:
+            parser.error(str(e))
 
     def post_options(self: Any) -> None:
-        cfg = load_config(self["config"]) if self["config"] else {}
-        given: dict[str, Any] = dict(self._given)
-        for f in flag_fields(cls):
-            flag = f.metadata["flag"]
-            kind = f.metadata["kind"]
-            if not kind.is_bool and not kind.is_list and self[flag] is not None:
-                try:
-                    given[f.name] = kind.from_flag(self[flag])
-                except ConfigError as e:
-                    raise usage.UsageError(f"invalid value {self[flag]!r} for --{flag}: {e}") from None
         try:
-            self.resolved = resolve(cls, given, cfg)
+            self.resolved = resolve_namespace(cls, self._namespace, deprecated)
         except ConfigError as e:
-            raise usage.UsageError(str(e)) from None
+            exit_fatal(log_prefix, str(e))
+        self["config"] = self._namespace.config
+        for f in fields:
+            self[f.metadata["flag"]] = getattr(self.resolved, f.name)
 
-    def init(self: Any) -> None:
-        self._given = {}
-        usage.Options.__init__(self)
-
-    namespace.update(
+    return type(
+        cls.__name__ + "Usage",
+        (usage.Options,),
         {
-            "__init__": init,
+            "prog": prog,
             "optParameters": [["config", None, "", "path to config file"], *parameters],
             "optFlags": flags,
+            "parseOptions": parse_options,
             "postOptions": post_options,
             "longdesc": description,
-        }
+        },
     )
-    return type(cls.__name__ + "Usage", (usage.Options,), namespace)
 
 
-def _usage_setter(name: str, value: bool) -> Any:
-    def setter(self: Any) -> None:
-        self._given[name] = value
+class TwistdServiceMaker(ServiceMaker):
+    """twistd's ServiceMaker, ending on Go's FATAL line when the options are refused.
 
-    return setter
+    ``makeService`` validates the options as the console command does; the
+    error is its one ``FATAL: failed to instantiate APP - ...`` line and exit 1,
+    not a traceback.
+    """
 
+    def makeService(self, options: Any) -> Any:
+        from twisted.internet import reactor
 
-def _usage_appender(name: str, kind: Kind, flag: str) -> Any:
-    def append(self: Any, value: str) -> None:
+        # twistd installs its signal handlers only when the reactor runs, after the
+        # listening lines: a supervisor's early SIGTERM must still stop cleanly
+        install_stop_signals(reactor)
         try:
-            parsed = kind.from_flag(value)
+            top = super().makeService(options)
         except ConfigError as e:
-            raise usage.UsageError(f"invalid value {value!r} for --{flag}: {e}") from None
-        self._given[name] = self._given.get(name, []) + parsed
-
-    return append
+            resolved = getattr(options, "resolved", None)
+            prefix = getattr(resolved, "log_prefix", f"[{self.tapname}] ")
+            exit_fatal(prefix, f"failed to instantiate {self.tapname} - {e}")
+        if hasattr(top, "exit_on_start_failure"):
+            top.exit_on_start_failure = True
+        return top

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import defer, protocol
-from twisted.internet.interfaces import IHandshakeListener
+from twisted.internet.interfaces import IHandshakeListener, IPushProducer
 from twisted.internet.task import LoopingCall
 from twisted.protocols.policies import TimeoutMixin
 from twisted.python.failure import Failure
@@ -58,6 +58,12 @@ STATE_SUBSCRIBED = 3
 STATE_CLOSING = 4
 
 DEFAULT_BUFFER_SIZE = 16 * 1024
+
+# Unsent bytes a connection may hold in its transport before it counts as backed
+# up: then it gets no more messages and is not read from until it drains, and
+# if it stays backed up past its heartbeat interval (Go's write deadline) it is
+# dropped and its in-flight messages are requeued.
+UNSENT_LIMIT = 1 << 20
 
 # the TLS upgrade after IDENTIFY: waiting for the ClientHello, then handshaking
 TLS_HANDSHAKE_TIMEOUT = 5.0
@@ -122,6 +128,27 @@ def _tls_error(e: BaseException) -> str:
     if isinstance(e, (error.ConnectionDone, error.ConnectionLost)):
         return "EOF"
     return ssl_error(e)
+
+
+@implementer(IPushProducer)
+class _Backlog:
+    """Registered with the transport as the producer of our output, so that the
+    transport tells us when what we wrote is backed up past its buffer
+    (``pauseProducing``) and when it has drained (``resumeProducing``)."""
+
+    __slots__ = ("proto",)
+
+    def __init__(self, proto: V2Protocol) -> None:
+        self.proto = proto
+
+    def pauseProducing(self) -> None:
+        self.proto.output_backed_up()
+
+    def resumeProducing(self) -> None:
+        self.proto.output_drained()
+
+    def stopProducing(self) -> None:
+        pass
 
 
 class Pause:
@@ -245,7 +272,11 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
         self._heartbeat: LoopingCall | None = None
         self._codec: SnappyCodec | DeflateCodec | None = None
         self._waiting = False  # a handler's Pause is outstanding
-        self._reading_paused = False
+        self._read_holds = 0  # reasons not to read the socket now (AUTH, backed-up output)
+        self._read_timeout: float | None = opts.client_timeout
+        self.blocked = False  # output backed up: no messages for it, its commands wait
+        self._backlog = _Backlog(self)
+        self._write_deadline: Any = None
         self._drain_waiters: list[defer.Deferred[None]] = []
         self._hold_writes = False  # during the TLS handshake
         self._tls_state = _TLS_NONE
@@ -285,7 +316,10 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
         else:
             self.remote_address = str(getattr(peer, "name", "") or "@")
         self.log.info("TCP: new client({addr})", addr=self.remote_address)
-        self.setTimeout(self.nsqd.opts.client_timeout)
+        if hasattr(self.transport, "bufferSize"):
+            self.transport.bufferSize = UNSENT_LIMIT
+        self.transport.registerProducer(self._backlog, True)
+        self.setTimeout(self._read_timeout)
 
     def dataReceived(self, data: bytes) -> None:
         if self._parser is None:
@@ -308,7 +342,6 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
         if self._tls_state == _TLS_AWAIT_HELLO:
             self._tls_hello(data)
             return
-        self.resetTimeout()
         parser = self._parser
         assert parser is not None
         codec = self._codec
@@ -323,8 +356,13 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
                 if self._closed:
                     return
         except CompressionError as e:
-            self.log.error("client({client}) - failed to read command - {err}", client=self, err=e)
-            self._close()
+            self._unreadable(e)
+
+    def _unreadable(self, e: CompressionError) -> None:
+        """The compressed stream cannot be decoded: say so in a fatal error frame."""
+        err = FatalClientError("E_BAD_BODY", f"failed to read command - {e}")
+        self.log.error("[{client}] - {err}", client=self, err=err)
+        self._respond(FRAME_TYPE_ERROR, err.wire(), fatal=True)
 
     def _start(self) -> None:
         opts = self.nsqd.opts
@@ -337,10 +375,13 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
         handlers = self._handlers
         tls_required = self.nsqd.opts.tls_required != TLS_NOT_REQUIRED
         try:
-            while not self._halted:
+            while not self._halted and not self.blocked:
                 cmd = parser.next()
                 if cmd is None:
                     break
+                # Go sets the read deadline once per command: the next one starts now
+                if self._read_timeout is not None:
+                    self.resetTimeout()
                 name = cmd.name
                 if tls_required and not self.tls and name != b"IDENTIFY":
                     self._enforce_tls(name)
@@ -384,16 +425,14 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
     def _pause(self, pause: Pause, name: bytes) -> None:
         """Stop reading commands until the paused handler has its answer."""
         self._waiting = True
-        if pause.pause_reading:
-            self._reading_paused = True
-            self.transport.pauseProducing()
+        held = pause.pause_reading
+        if held:
+            self._hold_reading()
 
         def resume() -> bool:
             self._waiting = False
-            if self._reading_paused:
-                self._reading_paused = False
-                if not self._closed:
-                    self.transport.resumeProducing()
+            if held:
+                self._release_reading()
             return not self._closed
 
         def done(response: Any) -> None:
@@ -419,6 +458,65 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
                 self._process(self._parser)
 
         pause.deferred.addCallbacks(done, failed)
+
+    def _hold_reading(self) -> None:
+        """Stop reading the socket (and its read deadline) until released."""
+        self._read_holds += 1
+        if self._read_holds == 1 and not self._closed:
+            self.setTimeout(None)
+            self.transport.pauseProducing()
+
+    def _release_reading(self) -> None:
+        self._read_holds -= 1
+        if self._read_holds == 0 and not self._closed:
+            self.transport.resumeProducing()
+            self.setTimeout(self._read_timeout)
+
+    # -- backed-up output (the transport's producer calls) -----------------------
+
+    def output_backed_up(self) -> None:
+        if self.blocked or self._closed:
+            return
+        self.blocked = True
+        self._hold_reading()
+        if self.heartbeat_interval > 0:
+            self._write_deadline = self.callLater(self.heartbeat_interval, self._write_timed_out)
+
+    def output_drained(self) -> None:
+        if not self.blocked:
+            return
+        self.blocked = False
+        self._cancel_write_deadline()
+        if self._closed:
+            return
+        self._release_reading()
+        if self.channel is not None:
+            self.channel.kick()
+        if self._parser is not None and not self._waiting:
+            self._process(self._parser)
+
+    def _cancel_write_deadline(self) -> None:
+        if self._write_deadline is not None:
+            if self._write_deadline.active():
+                self._write_deadline.cancel()
+            self._write_deadline = None
+
+    def _write_timed_out(self) -> None:
+        """Backed up for a whole heartbeat interval: drop the client, as Go's
+        write deadline does (its in-flight messages go back to the channel)."""
+        self._write_deadline = None
+        host = self.transport.getHost()
+        local = f"{getattr(host, 'host', '')}:{getattr(host, 'port', '')}"
+        self.log.error(
+            "PROTOCOL(V2): [{client}] messagePump error - write tcp {local}->{remote}: i/o timeout",
+            client=self,
+            local=local,
+            remote=self.remote_address,
+        )
+        self._closed = True
+        self._halted = True
+        self._wbuf = []
+        self.transport.abortConnection()
 
     def _drained(self) -> defer.Deferred[None]:
         """Fires when every response held back so far has been sent."""
@@ -480,6 +578,7 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
         self._closed = True
         self._halted = True
         self.setTimeout(None)
+        self._cancel_write_deadline()
         self._set_heartbeat(0)
         self._wbuf = []
         if self._tls_state in (_TLS_AWAIT_HELLO, _TLS_HANDSHAKE):
@@ -503,6 +602,8 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
         self._closed = True
         self._halted = True
         self.flush()
+        # a transport with a paused producer would wait for it forever
+        self.transport.unregisterProducer()
         self.transport.loseConnection()
 
     def close(self) -> None:
@@ -625,8 +726,11 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
         self._send_frame(FRAME_TYPE_RESPONSE, OK)
         self.flush()
         if rest:  # bytes pipelined after IDENTIFY are compressed already
-            for chunk in codec.decode(rest):
-                self._parser.feed(chunk)
+            try:
+                for chunk in codec.decode(rest):
+                    self._parser.feed(chunk)
+            except CompressionError as e:
+                self._unreadable(e)
 
     def _start_tls(self) -> defer.Deferred[None]:
         self.log.info("PROTOCOL(V2): [{client}] upgrading connection to TLS", client=self)
@@ -652,7 +756,10 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
             self._tls_failed("tls: first record does not look like a TLS handshake")
             return
         self._tls_state = _TLS_HANDSHAKE
+        # our producer moves to the TLS layer, which registers it with the socket
+        self.transport.unregisterProducer()
         self.transport.startTLS(self.nsqd.tls_context)
+        self.transport.registerProducer(self._backlog, True)
         self.transport.protocol.dataReceived(buf)
 
     def handshakeCompleted(self) -> None:
@@ -832,7 +939,7 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
         assert cmd.body is not None
         try:
             data = decode_identify(cmd.body)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise FatalClientError("E_BAD_BODY", "IDENTIFY failed to decode JSON body") from None
         self.log.info("[{client}] IDENTIFY: {data}", client=self, data=data)
         try:
@@ -844,7 +951,9 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
             # as Go's message pump, only the first IDENTIFY retunes the timers
             self._identified = True
             self._set_heartbeat(self.heartbeat_interval)
-        self.setTimeout(self.heartbeat_interval * 2 if self.heartbeat_interval > 0 else None)
+        self._read_timeout = self.heartbeat_interval * 2 if self.heartbeat_interval > 0 else None
+        if not self._read_holds:
+            self.setTimeout(self._read_timeout)
 
         if not data["feature_negotiation"]:
             return OK

@@ -141,6 +141,9 @@ def channel_stats(c: Channel, clients: list[dict[str, Any]] | None, now: float) 
         "clients": clients,
         "paused": c.paused,
         "e2e_processing_latency": c.e2e.result(now) if c.e2e is not None else EMPTY_RESULT,
+        # beyond Go (after Go's keys): bytes held in memory, and on disk not yet read
+        "memory_bytes": c.memory_bytes,
+        "backend_bytes": getattr(c.backend, "queued_bytes", 0),
     }
 
 
@@ -155,6 +158,8 @@ def topic_stats(t: Topic, channels: list[dict[str, Any]], now: float) -> dict[st
         "message_bytes": t.message_bytes,
         "paused": t.paused,
         "e2e_processing_latency": agg.result(now) if agg is not None else EMPTY_RESULT,
+        "memory_bytes": t.memory_bytes,
+        "backend_bytes": getattr(t.backend, "queued_bytes", 0),
     }
 
 

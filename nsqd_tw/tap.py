@@ -7,6 +7,7 @@ TCP listener, HTTP, and the queue-scan timer.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -18,13 +19,26 @@ from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from nsqd_tw.files import go_errno
+from nsqd_tw.limits import raise_fd_limit, watch_accept_errors
 from nsqd_tw.log import set_log_level
 from nsqd_tw.nsqd import NSQD, python_version, tune_gc
-from nsqd_tw.options import VERSION, NSQDOptions, usage_options
+from nsqd_tw.options import (
+    NSQD_DEPRECATED_FLAGS,
+    VERSION,
+    NSQDOptions,
+    exit_fatal,
+    missing_port,
+    split_address,
+    start_error_text,
+    usage_options,
+)
 
 log = Logger(namespace="nsqd_tw.tap")
 
-_BaseOptions = usage_options(NSQDOptions, "NSQ daemon (nsqd): the V2 TCP protocol and the HTTP API.")
+_BaseOptions = usage_options(
+    NSQDOptions, "NSQ daemon (nsqd): the V2 TCP protocol and the HTTP API.", "twistd nsqd", NSQD_DEPRECATED_FLAGS
+)
 
 
 class Options(_BaseOptions):  # type: ignore[misc,valid-type]
@@ -40,18 +54,16 @@ def version_string(app: str = "nsqd") -> str:
     return f"{app} v{VERSION} (built w/{python_version()})"
 
 
-def split_address(address: str) -> tuple[str, int] | None:
-    """``host:port`` (host may be empty or ``[v6]``) or None for a unix path."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        return None
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host, int(port)
-
-
 def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def address_text(host: Any) -> str:
+    """A listening address as Go prints it: ``HOST:PORT``, or a unix socket's path."""
+    if hasattr(host, "port"):
+        return format_address(host.host, host.port)
+    name = host.name
+    return os.fsdecode(name) if isinstance(name, bytes) else str(name)
 
 
 def server_endpoint(reactor: Any, address: str, tls: Any = None) -> Any:
@@ -79,9 +91,14 @@ class ListeningService(service.Service):
         factory: Any,
         bound: Callable[[Any], None] | None = None,
         tls: Any = None,
+        unix: bool | None = None,
     ) -> None:
+        """``unix``: whether an address without a port is a unix socket path (nsqd's TCP
+        and HTTP listeners) or an error as for Go's ``net.Listen("tcp", ...)``; by
+        default, a path is refused for TLS."""
         self.label = label
         self.tls = tls
+        self.unix = tls is None if unix is None else unix
         self.reactor = reactor
         self.address = address
         self.factory = factory
@@ -90,15 +107,18 @@ class ListeningService(service.Service):
         self.shown = address
 
     def privilegedStartService(self) -> None:
+        if not self.unix and split_address(self.address) is None:
+            raise ListenError(missing_port(self.address))
         result: list[Any] = []
         server_endpoint(self.reactor, self.address, self.tls).listen(self.factory).addBoth(result.append)
         if not result:
             raise RuntimeError(f"listen ({self.address}) did not complete")
         if isinstance(result[0], Failure):
-            raise ListenError(f"listen ({self.address}) failed - {result[0].value}")
+            raise ListenError(f"listen ({self.address}) failed - {self._listen_error(result[0])}")
         self.port = result[0]
+        watch_accept_errors(self.port, self.label)
         host: Any = self.port.getHost()
-        self.shown = format_address(host.host, host.port) if hasattr(host, "port") else host.name
+        self.shown = address_text(host)
         if self.bound is not None:
             self.bound(host)
         log.info("{label}: listening on {addr}", label=self.label, addr=self.shown)
@@ -117,12 +137,51 @@ class ListeningService(service.Service):
             return port.stopListening()
         return None
 
+    def _listen_error(self, failure: Failure) -> str:
+        """Go's net.Listen error: ``listen tcp 127.0.0.1:4150: bind: address already in use``."""
+        cause = getattr(failure.value, "socketError", None)
+        if not isinstance(cause, OSError):
+            return str(failure.value)
+        net = "tcp" if split_address(self.address) is not None else "unix"
+        return f"listen {net} {self.address}: bind: {go_errno(cause)}"
+
 
 class ListenError(Exception):
     pass
 
 
-def makeService(config: Any, reactor: Any = None) -> service.MultiService:
+class ServerService(service.MultiService):
+    """The top of nsqd's (or nsqlookupd's) service tree.
+
+    A failed start raises and leaves everything as it was: nothing is stopped
+    (stopping would flush and persist what this process never loaded), so the
+    process can exit at once, as Go's does. Under twistd
+    (``exit_on_start_failure``, set by the plugin) the failure is the same one
+    FATAL line as the console command's, and exit status 1.
+    """
+
+    def __init__(self, instantiate_error: str, log_prefix: str) -> None:
+        super().__init__()
+        self.instantiate_error = instantiate_error
+        self.log_prefix = log_prefix
+        self.exit_on_start_failure = False
+
+    def privilegedStartService(self) -> None:
+        self._guarded(super().privilegedStartService)
+
+    def startService(self) -> None:
+        self._guarded(super().startService)
+
+    def _guarded(self, start: Callable[[], None]) -> None:
+        try:
+            start()
+        except Exception as e:
+            if not self.exit_on_start_failure:
+                raise
+            exit_fatal(self.log_prefix, start_error_text(e, self.instantiate_error))
+
+
+def makeService(config: Any, reactor: Any = None) -> ServerService:
     """Build nsqd's services from NSQDOptions (or twistd's parsed Options)."""
     opts: NSQDOptions = config if isinstance(config, NSQDOptions) else config.resolved
     if reactor is None:
@@ -131,6 +190,7 @@ def makeService(config: Any, reactor: Any = None) -> service.MultiService:
         reactor = _reactor
     opts.validate()
     set_log_level(opts.log_level)
+    raise_fd_limit()
     tune_gc()
 
     from nsqd_tw.http_api import make_site
@@ -139,7 +199,7 @@ def makeService(config: Any, reactor: Any = None) -> service.MultiService:
     from nsqd_tw.statsd import StatsdService
     from nsqd_tw.tls import server_tls
 
-    top = service.MultiService()
+    top = ServerService("failed to instantiate nsqd", opts.log_prefix)
     nsqd = NSQD(opts, reactor)
     nsqd.setServiceParent(top)
 

@@ -7,6 +7,7 @@ certificate policy: none by default, ``require`` (any certificate) or
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from OpenSSL import SSL
@@ -31,6 +32,9 @@ class ServerTLS:
         ctx = SSL.Context(SSL.TLS_SERVER_METHOD)
         ctx.set_min_proto_version(MIN_VERSIONS[opts.tls_min_version])
         ctx.set_options(SSL.OP_NO_COMPRESSION | SSL.OP_CIPHER_SERVER_PREFERENCE)
+        for path in (opts.tls_cert, opts.tls_key, opts.tls_root_ca_file):
+            if path:
+                _check_readable(path)
         try:
             ctx.use_certificate_chain_file(opts.tls_cert.encode())
             ctx.use_privatekey_file(opts.tls_key.encode())
@@ -60,6 +64,16 @@ def _accept_any(conn: Any, cert: Any, errnum: int, depth: int, ok: int) -> bool:
 
 def _verified(conn: Any, cert: Any, errnum: int, depth: int, ok: int) -> bool:
     return bool(ok)
+
+
+def _check_readable(path: str) -> None:
+    """Go's text for a file it cannot open (OpenSSL's own says only "system lib")."""
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        reason = os.strerror(e.errno) if e.errno else str(e)
+        raise ConfigError(f"failed to build TLS config - open {path}: {reason[:1].lower()}{reason[1:]}") from None
 
 
 def ssl_error(e: BaseException) -> str:

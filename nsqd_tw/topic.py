@@ -9,6 +9,7 @@ the channels.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from nsqd_tw.channel import Channel, ChannelError
@@ -37,7 +38,9 @@ class Topic:
         self.started = False
 
         self._mem_size = ctx.opts.mem_queue_size
+        self._mem_bytes = ctx.opts.mem_queue_bytes  # beyond Go: a budget in bytes too (0: none)
         self.memory: deque[Message] = deque()
+        self.memory_bytes = 0  # the bodies' bytes in self.memory
         self.backend = ctx.new_backend(name, self.ephemeral)
         self._take_backend = False
         self._pump_scheduled = False
@@ -77,12 +80,17 @@ class Topic:
         self.message_bytes += sum(len(m.body) for m in msgs)
 
     def _hold(self, msgs: list[Message]) -> None:
-        """Keep messages until they can flow: memory first, then one backend write."""
+        """Keep messages until they can flow: memory first, then one backend write.
+        If the write fails, none of them is kept."""
         memory = self.memory
+        mem_bytes = self._mem_bytes
         to_backend = []
+        in_memory = 0
         for msg in msgs:
-            if len(memory) < self._mem_size:
+            if len(memory) < self._mem_size and (not mem_bytes or self.memory_bytes + len(msg.body) <= mem_bytes):
                 memory.append(msg)
+                self.memory_bytes += len(msg.body)
+                in_memory += 1
             elif not self.ephemeral:  # an ephemeral topic drops what memory can't hold, as in Go
                 to_backend.append(msg)
         if not to_backend:
@@ -90,6 +98,8 @@ class Topic:
         try:
             self.backend.put_many([m.encode() for m in to_backend])
         except Exception as e:
+            for _ in range(in_memory):
+                self.memory_bytes -= len(memory.pop().body)
             self.ctx.set_health(e)
             self.ctx.log.error("TOPIC({name}) ERROR: failed to write message to backend - {err}", name=self.name, err=e)
             raise
@@ -105,14 +115,20 @@ class Topic:
                 self.backend.set_deferred(m.id, now_ns + int(m.deferred * 1e9))
 
     def _deliver(self, msgs: list[Message], from_backlog: bool = False) -> None:
-        """Copy messages to every channel (the first channel gets the originals)."""
+        """Copy messages to every channel (the first channel gets the originals).
+
+        A publish is staged in every channel before any of it is delivered: if
+        one channel cannot store it, it is taken back from the others and the
+        error is raised, so a failed PUB or MPUB leaves nothing anywhere. A
+        backlog (``from_backlog``) is never taken back: each channel keeps it.
+        """
         channels = list(self.channels.values())
-        # copies first: delivering to the first channel changes its messages
         batches = [msgs] + [[m.copy() for m in msgs] for _ in channels[1:]]
+        staged: list[Callable[[], None]] = []
         failure: Exception | None = None
         for channel, batch in zip(channels, batches, strict=True):
             try:
-                channel.put_messages(batch, keep_on_failure=from_backlog)
+                staged.append(channel.stage(batch, keep_on_failure=from_backlog))
             except ChannelError as e:
                 self.ctx.log.error(
                     "TOPIC({name}) ERROR: failed to put msgs to channel({channel}) - {err}",
@@ -122,8 +138,14 @@ class Topic:
                 )
             except Exception as e:
                 failure = failure or e
+                if not from_backlog:
+                    break
         if failure is not None and not from_backlog:
+            for take_back in reversed(staged):
+                take_back()
             raise failure
+        for channel in channels:
+            channel.kick()
 
     def _schedule_pump(self) -> None:
         if self._pump_scheduled or not self.started or self.paused or not self.channels:
@@ -163,6 +185,7 @@ class Topic:
                 if not memory:
                     break
                 msg = memory.popleft()
+                self.memory_bytes -= len(msg.body)
             batch.append(msg)
         if batch:
             self._deliver(batch, from_backlog=True)
@@ -229,6 +252,7 @@ class Topic:
 
     def empty(self) -> None:
         self.memory.clear()
+        self.memory_bytes = 0
         self.backend.empty()
 
     def delete(self) -> None:
@@ -257,6 +281,7 @@ class Topic:
             )
             msgs = list(self.memory)
             self.memory.clear()
+            self.memory_bytes = 0
             try:
                 self.backend.put_many([m.encode() for m in msgs])
                 self._remember_delays(msgs)

@@ -9,22 +9,33 @@
   V1 response with ``X-NSQ-Content-Type: nsq; version=1.0``.
 - :func:`parse_query` is Go's ``url.ParseQuery``.
 - :class:`HTTPChannel` answers ``400`` at once to bytes that cannot start an
-  HTTP request.
+  HTTP request, and malformed requests with Go's ``400 Bad Request`` text; it
+  keeps at most what the route reads of a body, in memory (a body over the
+  route's limit is refused from its Content-Length, or as soon as that many
+  bytes of a chunked body arrived), and gives every request a header deadline
+  and a body deadline that bytes dripped one at a time do not extend.
 """
 
 from __future__ import annotations
 
+import io
+import re
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
 from klein import Klein
 from twisted.internet import defer
-from twisted.web import http
+from twisted.internet.protocol import connectionDone
+from twisted.logger import LogLevel
+from twisted.python.failure import Failure
+from twisted.web import http, resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
-from werkzeug.exceptions import NotFound
+from werkzeug.exceptions import HTTPException, NotFound
+from werkzeug.routing import RoutingException
 
 from nsqd_tw import gojson
+from nsqd_tw.limits import RateLimitedLog
 from nsqd_tw.log import Logger
 
 log = Logger(namespace="nsqd_tw.web")
@@ -33,6 +44,33 @@ BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
 NSQ_CONTENT_TYPE = b"nsq; version=1.0"
 JSON_TYPE = b"application/json; charset=utf-8"
 TEXT_TYPE = b"text/plain; charset=utf-8"
+
+# Deadlines of an HTTP request, in seconds (Go's net/http has none by default, and Go
+# nsqd sets none). The request line and headers must arrive within HEADER_TIMEOUT of
+# the connection (or of the first byte of a later request on a kept-alive one); the
+# body within BODY_TIMEOUT of the headers: V2's deadline for a whole command is twice
+# the default 30 s heartbeat, the same. A kept-alive connection with no request in
+# progress is closed after IDLE_TIMEOUT (longer than Go's http.Transport keeps idle
+# connections, 90 s, so Go clients close first).
+HEADER_TIMEOUT = 10
+BODY_TIMEOUT = 60
+IDLE_TIMEOUT = 120
+# A route that reads no body still reads and drops up to this much of one to keep the
+# connection alive (Go's maxPostHandlerReadBytes); past it, the request is answered at
+# once and the connection closed.
+DISCARD_LIMIT = 256 << 10
+# After answering a request whose body was not read, wait this long before closing
+# (Go's rstAvoidanceDelay): closing with unread data sends a reset, which can destroy
+# the answer before the client has read it.
+LINGER = 0.5
+MAX_CONTENT_LENGTH = (1 << 63) - 1  # Go: strconv.ParseUint(cl, 10, 63)
+
+_GO_ERROR_HEADERS = b"\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
+
+
+def go_error_response(status: bytes, text: bytes | None = None) -> bytes:
+    """What Go's net/http writes before closing a connection it cannot serve."""
+    return b"HTTP/1.1 " + status + _GO_ERROR_HEADERS + (status if text is None else text)
 
 
 class HTTPError(Exception):
@@ -88,6 +126,17 @@ def query(request: Request) -> dict[str, list[str]]:
         raise HTTPError(400, "INVALID_REQUEST") from None
 
 
+def go_parse_int(s: str) -> int:
+    """strconv.ParseInt(s, 10, 64)."""
+    digits = s[1:] if s[:1] in "+-" else s
+    if not digits or not digits.isdigit() or not digits.isascii():
+        raise ValueError(s)
+    value = int(s)
+    if not -(1 << 63) <= value < 1 << 63:
+        raise ValueError(s)
+    return value
+
+
 def body(request: Request, limit: int | None = None) -> bytes:
     content = request.content
     if content is None:
@@ -113,19 +162,30 @@ class Router:
     def __init__(self) -> None:
         self.app = Klein()
         self.routes: dict[str, tuple[str, ...]] = {}
+        self.bodies: dict[str, Callable[[Any], int]] = {}
 
         @self.app.handle_errors(NotFound)  # type: ignore[arg-type]
         def not_found(api: GoHTTPAPI, request: Request, failure: Any) -> bytes:
             return api.not_found(request, self.routes)
 
     def handler(
-        self, path: str, *methods: str, style: str = "v1", access_log: bool = True
+        self,
+        path: str,
+        *methods: str,
+        style: str = "v1",
+        access_log: bool = True,
+        body: Callable[[Any], int] | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Register ``path`` for ``methods``. ``style``: ``v1`` (Go's V1
-        decorator), ``plain`` (PlainText) or ``raw`` (the handler answers)."""
+        decorator), ``plain`` (PlainText) or ``raw`` (the handler answers).
+        ``body(api)``: the largest body the route accepts; the channel keeps one
+        byte more, so that the handler sees a body is too big, and refuses a
+        longer Content-Length at once. Without it, the route reads no body."""
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             self.routes[path] = tuple(methods)
+            if body is not None:
+                self.bodies[fn.__name__] = body
 
             def route(api: GoHTTPAPI, request: Request, **kw: Any) -> Any:
                 early = api.refuse(request)
@@ -146,15 +206,61 @@ class Router:
 
         return register
 
+    def body_limit(self, api: Any, target: bytes) -> int | None:
+        """The largest body the route of ``target`` accepts, None if it reads none.
+
+        The path is decoded and matched as Klein will route it.
+        """
+        if not self.bodies:
+            return None
+        path = target.partition(b"?")[0]
+        try:
+            text = b"/".join(unquote_to_bytes(seg) for seg in path.split(b"/")).decode("utf-8")
+            endpoint, _ = self.app.url_map.bind("localhost").match(text)
+        except (UnicodeDecodeError, HTTPException, RoutingException):
+            return None
+        limit = self.bodies.get(endpoint)
+        return None if limit is None else limit(api)
+
+
+class _APIResource(resource.Resource):
+    """The Klein app, behind a check that its path decodes as UTF-8: Go routes
+    raw bytes (and answers 404), where Klein would answer a bare 400."""
+
+    isLeaf = True
+
+    def __init__(self, api: GoHTTPAPI) -> None:
+        super().__init__()
+        self.api = api
+        self.klein = api.app.resource()
+
+    def render(self, request: Any) -> Any:
+        try:
+            b"/".join(request.postpath or []).decode("utf-8")
+        except UnicodeDecodeError:
+            return self.api.not_found(request, self.api.router.routes)
+        return self.klein.render(request)
+
 
 class GoHTTPAPI:
     """Base of the API classes: Go's response rendering."""
 
     app: Klein
+    router: Router
     log = log
+    reactor: Any
 
     def resource(self) -> Any:
-        return self.app.resource()
+        return _APIResource(self)
+
+    def body_limit(self, method: bytes, target: bytes) -> int | None:
+        """The largest body the route of ``method target`` accepts (None: no body)."""
+        return self.router.body_limit(self, target)
+
+    def site(self) -> QuietSite:
+        """The Site serving this API: Go's answers to bad requests, bounded
+        bodies, header/body deadlines (on the API's reactor)."""
+        return QuietSite(self.resource(), body_limit=self.body_limit, reactor=self.reactor)
 
     def refuse(self, request: Request) -> bytes | None:
         """A response for every request, before routing (nsqd: TLS required)."""
@@ -204,7 +310,9 @@ class GoHTTPAPI:
                 return self.finish(request, 200, data.encode() if isinstance(data, str) else data, TEXT_TYPE, False)
             return self.v1(request, 200, data)
 
-        def failed(f: Any) -> bytes:
+        def failed(f: Any) -> Any:
+            if f.check(defer.CancelledError):
+                return f  # the client went away (Klein cancels): nothing to answer
             if f.check(HTTPError):
                 code, text = f.value.code, f.value.text
             else:
@@ -267,48 +375,298 @@ def _peer(request: Request) -> str:
     return f"{host}:{port}" if host else str(peer)
 
 
-class HTTPChannel(http.HTTPChannel):
-    """Answer 400 at once to bytes that cannot start an HTTP request (like the
-    V2 magic ``"  V2"``), instead of waiting for a request line."""
+class BoundedRequest(Request):
+    """A request that keeps at most ``body_keep`` bytes of its body, in memory
+    (twisted spools a body over 100 KB to a temporary file), and does not parse
+    form bodies (nothing here reads ``request.args``)."""
 
-    _first_bytes_pending = True
+    body_keep = 0
+    body_received = 0
+
+    _buffer: io.BytesIO
+
+    def gotLength(self, length: int | None) -> None:
+        self.content = self._buffer = io.BytesIO()
+
+    def handleContentChunk(self, data: bytes) -> None:
+        self.body_received += len(data)
+        room = self.body_keep - self._buffer.tell()
+        if room > 0:
+            self._buffer.write(data if len(data) <= room else data[:room])
+
+
+_HIGH_BYTES = re.compile(rb"[\x80-\xff]")
+_CONTROL_BYTES = re.compile(rb"[\x00-\x1f\x7f]")
+
+
+class HTTPChannel(http.HTTPChannel):
+    """Twisted's HTTP/1.1 channel with Go's answers and bounds.
+
+    - bytes that cannot start an HTTP request (like the V2 magic ``"  V2"``) get
+      ``400`` at once instead of waiting for a request line;
+    - malformed requests get Go's ``400 Bad Request`` text (logged);
+    - a request target with raw bytes >= 0x80 is served as Go serves it (they are
+      %-escaped for twisted, which refuses them);
+    - a body is kept in memory up to one byte more than its route accepts
+      (``site.body_limit``); past that, or with a longer Content-Length, the request
+      is answered from what arrived, the rest is not read and the connection closes
+      (after ``LINGER``);
+    - the headers must arrive within ``site.header_timeout`` and the body within
+      ``site.body_timeout``, however slowly they drip; ``timeOut`` (twisted's
+      idle timeout, reset by every byte) is ``site.idle_timeout``.
+    """
+
+    site: Any
     transport: Any
+    _first_bytes_pending = True
+    _want_request_line = True
+    _between_requests = False
+    _refusing = False  # reading nothing more from this connection
+    _linger_on_close = False
+    _body_limit = 0
+    _deadline: Any = None
+    _linger: Any = None
 
     def connectionMade(self) -> None:
         self._first_bytes_pending = True
+        self._want_request_line = True
         super().connectionMade()
+        self._start_deadline(self.site.header_timeout, self._header_timed_out)
 
     def dataReceived(self, data: bytes) -> None:
+        if self._refusing:
+            return
+        if self._between_requests and data:
+            self._between_requests = False
+            self._start_deadline(self.site.header_timeout, self._header_timed_out)
         if self._first_bytes_pending:
             stripped = data.lstrip(b"\r\n")
             if stripped:
                 self._first_bytes_pending = False
                 first = stripped[:1]
                 if not (first.isalpha() or first in b"!#$%&'*+-.^_`|~0123456789"):
-                    self.transport.write(
-                        b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
-                        b"Connection: close\r\n\r\n400 Bad Request"
-                    )
-                    self.transport.loseConnection()
+                    self._bad_request("not an HTTP request")
                     return
         super().dataReceived(data)
 
+    def lineReceived(self, line: bytes) -> None:
+        if self._want_request_line and line:
+            self._want_request_line = False
+            parts = line.split(b" ")
+            if len(parts) == 3:
+                if _CONTROL_BYTES.search(parts[1]):
+                    self._bad_request("invalid control character in URL")
+                    return
+                if _HIGH_BYTES.search(parts[1]):
+                    raw = parts[1]
+                    parts[1] = _HIGH_BYTES.sub(lambda m: b"%%%02X" % m.group()[0], raw)
+                    line = b" ".join(parts)
+                    try:
+                        raw.decode("utf-8")
+                    except UnicodeDecodeError:
+                        log.info(
+                            "HTTP: non-UTF-8 bytes in the request target from {addr}: {target}",
+                            addr=self._peer(),
+                            target=parts[1].decode("ascii"),
+                        )
+        super().lineReceived(line)
+
+    def _maybeChooseTransferDecoder(self, header: bytes, data: bytes) -> bool:
+        if header == b"Content-Length":
+            value = data.strip(b" \t\r\n")
+            if not value.isdigit() or int(value) > MAX_CONTENT_LENGTH:
+                self._bad_request(f"bad Content-Length {data.decode('latin-1')!r}")
+                self.length = None
+                return False
+            data = value
+        elif header == b"Transfer-Encoding" and data.lower() != b"chunked":
+            log.info(
+                "HTTP: 501 Not Implemented to {addr} - unsupported Transfer-Encoding {te!r}",
+                addr=self._peer(),
+                te=data.decode("latin-1"),
+            )
+            self._refuse(go_error_response(b"501 Not Implemented", b"Unsupported transfer encoding"), linger=False)
+            self.length = None
+            return False
+        return bool(super()._maybeChooseTransferDecoder(header, data))
+
+    def allHeadersReceived(self) -> None:
+        self._cancel_deadline()
+        request = self.requests[-1]
+        limit = self.site.body_limit(self._command, self._path)
+        # one byte more than a valid body may have, for the route to see it is too big
+        request.body_keep = 0 if limit is None else limit + 1
+        self._body_limit = DISCARD_LIMIT if limit is None else limit
+        if self.length is not None and self.length > self._body_limit:
+            # answer from the headers (the route refuses or ignores the body): no
+            # 100 Continue, no reading
+            request.parseCookies()
+            request.gotLength(0)
+            self._close_after_answer(request)
+            self.length = 0  # so that twisted dispatches the request now
+            return
+        super().allHeadersReceived()
+        if self.length != 0:
+            self._start_deadline(self.site.body_timeout, self._body_timed_out)
+
+    def rawDataReceived(self, data: bytes) -> None:
+        if self._refusing:
+            return
+        super().rawDataReceived(data)
+        if self._handlingRequest or self._refusing or self._transferDecoder is None:
+            return
+        request = self.requests[-1]
+        if request.body_received > self._body_limit:
+            # a chunked body reached what the route reads: answer from that
+            self._close_after_answer(request)
+            self.allContentReceived()
+
     def allContentReceived(self) -> None:
+        self._cancel_deadline()
         self._first_bytes_pending = True
+        self._want_request_line = True
         super().allContentReceived()
+
+    def requestDone(self, request: Any) -> None:
+        if self.persistent and not self._refusing:
+            self._between_requests = True
+        super().requestDone(request)
+
+    def loseConnection(self) -> Any:
+        if self._linger_on_close:
+            # let the client read the answer before unread data resets the connection
+            self._linger_on_close = False
+            self._networkProducer.pauseProducing()
+            self._linger = self.callLater(self.site.linger, self._close_now)
+            return None
+        return super().loseConnection()
+
+    def _close_now(self) -> None:
+        self._linger = None
+        self._abortingCall = self.callLater(self.abortTimeout, self.forceAbortClient)
+        super().loseConnection()
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self._cancel_deadline()
+        if self._linger is not None and self._linger.active():
+            self._linger.cancel()
+        self._linger = None
+        super().connectionLost(reason)
+
+    def _respondToBadRequestAndDisconnect(self) -> None:
+        self._bad_request("malformed request")
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _peer(self) -> str:
+        peer = self.transport.getPeer() if self.transport is not None else None
+        host = getattr(peer, "host", "")
+        return f"{host}:{getattr(peer, 'port', '')}" if host else str(peer)
+
+    def _bad_request(self, reason: str) -> None:
+        log.info("HTTP: 400 Bad Request to {addr} - {reason}", addr=self._peer(), reason=reason)
+        self._refuse(go_error_response(b"400 Bad Request"), linger=False)
+
+    def _refuse(self, answer: bytes, linger: bool) -> None:
+        """Write ``answer`` and close, reading nothing more."""
+        self._cancel_deadline()
+        if self._refusing:
+            return
+        self._refusing = True
+        self._linger_on_close = linger
+        self.transport.write(answer)
+        self.loseConnection()
+
+    def _close_after_answer(self, request: Any) -> None:
+        self._refusing = True
+        self._linger_on_close = True
+        self.persistent = False
+        request.responseHeaders.setRawHeaders(b"connection", [b"close"])
+        self._networkProducer.pauseProducing()
+
+    def _start_deadline(self, seconds: float | None, expired: Callable[[], None]) -> None:
+        self._cancel_deadline()
+        if seconds:
+            self._deadline = self.callLater(seconds, expired)
+
+    def _cancel_deadline(self) -> None:
+        if self._deadline is not None and self._deadline.active():
+            self._deadline.cancel()
+        self._deadline = None
+
+    def _header_timed_out(self) -> None:
+        self._deadline = None
+        timeout = self.site.header_timeout
+        self.site.note_timeout(
+            "headers",
+            lambda c: f"HTTP: closed {c['n']} connection(s) that sent no complete request headers within {timeout:g}s",
+        )
+        self._refusing = True  # as Go: no answer, the request was never read
+        self._close_now()
+
+    def _body_timed_out(self) -> None:
+        self._deadline = None
+        timeout = self.site.body_timeout
+        self.site.note_timeout(
+            "body", lambda c: f"HTTP: answered 408 to {c['n']} request(s) whose body did not arrive within {timeout:g}s"
+        )
+        self._refuse(go_error_response(b"408 Request Timeout"), linger=True)
 
 
 class QuietSite(Site):
-    """A Site with our channel and no access log line per request."""
+    """A Site with our channel and requests and no access log line per request.
+
+    ``body_limit(method, target)``: the largest body that request's route accepts
+    (None: it reads none). The deadlines are attributes, in seconds.
+    """
 
     noisy = False
     protocol = HTTPChannel  # type: ignore[assignment]
+    requestFactory = BoundedRequest
+    header_timeout: float = HEADER_TIMEOUT
+    body_timeout: float = BODY_TIMEOUT
+    idle_timeout: float = IDLE_TIMEOUT
+    linger: float = LINGER
+
+    def __init__(
+        self, resource: Any, body_limit: Callable[[bytes, bytes], int | None] | None = None, reactor: Any = None
+    ) -> None:
+        super().__init__(
+            resource,
+            requestFactory=BoundedRequest,
+            parsePOSTFormSubmission=False,
+            timeout=self.idle_timeout,
+            reactor=reactor,
+        )
+        self.body_limit = body_limit or (lambda method, target: None)
+        self._timeouts = RateLimitedLog(self.reactor, log, interval=10.0)
+
+    def note_timeout(self, kind: str, text: Callable[[dict[str, int]], str]) -> None:
+        self._timeouts.emit(kind, LogLevel.info, text, n=1)
+
+    def stopFactory(self) -> None:
+        self._timeouts.stop()
+        super().stopFactory()
 
     def log(self, request: Any) -> None:
         pass
 
 
 # -- /debug: Python's equivalents of Go's pprof endpoints ------------------------------
+
+
+def profile_seconds(raw: str) -> float:
+    """Go's pprof.Profile: ``seconds`` is a base-10 int64, 30 when it is not one or is
+    not positive; the duration is ``seconds * time.Second`` in int64 nanoseconds (it
+    wraps, and a duration <= 0 ends at once)."""
+    try:
+        sec = go_parse_int(raw)
+    except ValueError:
+        sec = 30
+    if sec <= 0:
+        sec = 30
+    ns = (sec * 1_000_000_000 + (1 << 63)) % (1 << 64) - (1 << 63)
+    return max(ns, 0) / 1e9
 
 
 def add_debug_routes(router: Router, index: str, nsqd_extras: bool = False) -> None:
@@ -318,14 +676,11 @@ def add_debug_routes(router: Router, index: str, nsqd_extras: bool = False) -> N
     """
     import cProfile
     import gc
-    import io
     import marshal
     import pstats
     import sys
     import threading
     import traceback
-
-    from twisted.internet import task
 
     html = b"text/html; charset=utf-8"
 
@@ -387,24 +742,40 @@ def add_debug_routes(router: Router, index: str, nsqd_extras: bool = False) -> N
     @router.handler("/debug/pprof/profile", "GET", style="raw")
     def pprof_profile(api: Any, request: Request) -> Any:
         """cProfile the reactor thread for ?seconds=N (default 30); pstats text,
-        or the binary pstats file with ?format=pstats (for snakeviz, pstats)."""
+        or the binary pstats file with ?format=pstats (for snakeviz, pstats).
+
+        ``seconds`` is read as Go's handler reads it; the profiler is turned off
+        when the time is up, when the client goes away, or if answering fails.
+        """
         params = query(request)
-        try:
-            seconds = float(params.get("seconds", ["30"])[0] or "30")
-        except ValueError:
-            seconds = 30.0
-        if seconds <= 0:
-            seconds = 30.0
+        request.responseHeaders.setRawHeaders(b"x-content-type-options", [b"nosniff"])
+        seconds = profile_seconds(params.get("seconds", [""])[0])
         if api.profiling:
+            request.responseHeaders.setRawHeaders(b"x-go-pprof", [b"1"])
             msg = b"Could not enable CPU profiling: cpu profiling already in use\n"
             return api.finish(request, 500, msg, TEXT_TYPE, nsq=False)
-        api.profiling = True
         profiler = cProfile.Profile()
-        profiler.enable()
+        running = [True]
 
-        def done() -> bytes:
-            profiler.disable()
-            api.profiling = False
+        def stop() -> None:
+            if running[0]:
+                running[0] = False
+                profiler.disable()
+                api.profiling = False
+
+        def cancel(_: Any) -> None:
+            if timer.active():
+                timer.cancel()
+            stop()
+
+        done: defer.Deferred[None] = defer.Deferred(canceller=cancel)
+        api.profiling = True
+        profiler.enable()
+        timer = api.reactor.callLater(seconds, done.callback, None)
+        request.notifyFinish().addErrback(cancel)
+
+        def answer(_: None) -> bytes:
+            stop()
             if params.get("format", [""])[0] == "pstats":
                 profiler.create_stats()
                 data = marshal.dumps(profiler.stats)  # type: ignore[attr-defined]
@@ -416,7 +787,11 @@ def add_debug_routes(router: Router, index: str, nsqd_extras: bool = False) -> N
             pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(60)
             return api.finish(request, 200, out.getvalue().encode(), TEXT_TYPE, nsq=False)
 
-        return task.deferLater(api.reactor, seconds, done)
+        def failed(f: Any) -> Any:
+            stop()
+            return f
+
+        return done.addCallback(answer).addErrback(failed)
 
     if not nsqd_extras:
         return

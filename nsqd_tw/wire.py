@@ -52,6 +52,8 @@ def unpack_frames(buf: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
     end = len(buf)
     while end - pos >= 8:
         size, frame_type = _FRAME_HEADER.unpack_from(buf, pos)
+        if size < 4:
+            raise ValueError(f"invalid frame size {size}")
         if end - pos - 4 < size:
             break
         frames.append((frame_type, buf[pos + 8 : pos + 4 + size]))
@@ -247,6 +249,8 @@ class V2Parser:
         self._need = 0
         self._mpub_left = 0
         self._mpub_index = 0
+        self._mpub_declared = 0  # the MPUB's body size, as its sender declared it
+        self._mpub_used = 0  # bytes of that body its messages take so far
 
     def feed(self, data: bytes) -> None:
         if self._pos >= len(self._buf) and not self._parts:
@@ -337,6 +341,8 @@ class V2Parser:
                 self._check_size(self._cmd.name, size)
                 if self._cmd.name == b"MPUB":
                     self._cmd.bodies = []
+                    self._mpub_declared = size
+                    self._mpub_used = 4
                     self._state = _MPUB_COUNT
                 else:
                     self._need = size
@@ -382,11 +388,12 @@ class V2Parser:
                 # fast path: whole (size, body) pairs already in the buffer
                 while self._mpub_left and end - pos >= 4:
                     (size,) = unpack_from(buf, pos)
-                    if size <= 0 or size > max_msg_size:
+                    if size <= 0 or size > max_msg_size or self._mpub_used + 4 + size > self._mpub_declared:
                         self._pos = pos
                         self._check_message_size(size)
                     if end - pos - 4 < size:
                         break
+                    self._mpub_used += 4 + size
                     bodies.append(buf[pos + 4 : pos + 4 + size])
                     pos += 4 + size
                     self._mpub_left -= 1
@@ -398,6 +405,7 @@ class V2Parser:
                 if size is None:
                     return None
                 self._check_message_size(size)
+                self._mpub_used += 4 + size
                 self._need = size
                 self._state = _MPUB_BODY
             body = self._read_bytes(self._need)
@@ -416,6 +424,11 @@ class V2Parser:
             raise FatalClientError("E_BAD_MESSAGE", f"MPUB invalid message({self._mpub_index}) body size {size}")
         if size > self.max_msg_size:
             raise FatalClientError("E_BAD_MESSAGE", f"MPUB message too big {size} > {self.max_msg_size}")
+        # beyond Go (which reads on past the declared size): an MPUB holds only the
+        # bytes it declared, which --max-body-size bounds, however it is compressed
+        used = self._mpub_used + 4 + size
+        if used > self._mpub_declared:
+            raise FatalClientError("E_BAD_BODY", f"MPUB body too big {used} > {self._mpub_declared}")
 
     def _check_size(self, name: bytes, size: int) -> None:
         verb = name.decode()

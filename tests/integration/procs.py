@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 _LISTEN = re.compile(r"(TCP|HTTP|HTTPS): listening on (\S+)")
 
@@ -32,10 +33,18 @@ def command(name: str) -> list[str]:
 
 class ServerProcess:
     def __init__(
-        self, name: str, *args: str, cwd: str | None = None, argv: list[str] | None = None, stdout: bool = False
+        self,
+        name: str,
+        *args: str,
+        cwd: str | None = None,
+        argv: list[str] | None = None,
+        stdout: bool = False,
+        preexec_fn: Any = None,
     ) -> None:
-        """Start ``name`` with ``args``; log lines are read from stderr (or stdout)."""
+        """Start ``name`` with ``args``; log lines are read from stderr (or stdout).
+        ``preexec_fn`` runs in the child before exec (e.g. to ignore a signal)."""
         self.name = name
+        self.preexec_fn = preexec_fn
         self.use_stdout = stdout
         self.argv = argv if argv is not None else [*command(name), *args]
         self.cwd = cwd
@@ -46,7 +55,9 @@ class ServerProcess:
 
     def start(self, wait_for: tuple[str, ...] = ("TCP", "HTTP"), timeout: float = 15.0) -> ServerProcess:
         out, err = (subprocess.PIPE, subprocess.STDOUT) if self.use_stdout else (subprocess.DEVNULL, subprocess.PIPE)
-        self.proc = subprocess.Popen(self.argv, cwd=self.cwd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            self.argv, cwd=self.cwd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, preexec_fn=self.preexec_fn
+        )
         self.stream = self.proc.stdout if self.use_stdout else self.proc.stderr
         assert self.stream is not None
         fd = self.stream.fileno()

@@ -1,8 +1,12 @@
-"""The twistd plugin ships in the wheel and is found once installed."""
+"""The twistd plugin ships in the wheel and is found once installed, editable or not."""
 
+import importlib.metadata
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
+import venv
 import zipfile
 from pathlib import Path
 
@@ -62,3 +66,81 @@ class PluginTests(unittest.TestCase):
         )
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertEqual(done.stdout.strip(), "nsqd_tw.tap")
+
+    def test_editable_install_finds_the_plugin(self) -> None:
+        """``pip install -e .``, as contributors install, gives ``twistd nsqd``."""
+        work = Path(self.mktemp()).resolve()
+        work.mkdir()
+        src = work / "src"
+        shutil.copytree(ROOT, src, ignore=_not_source)
+        env = work / "env"
+        venv.create(env, with_pip=False)
+        python = env / "bin" / "python"
+        site = Path(
+            subprocess.run(
+                [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+        )
+        # the packages this test runs with (pip, setuptools, twisted, ...) but not nsq-tw itself
+        base = work / "base"
+        _installed_without_nsq_tw(base)
+        (site / "zz_base.pth").write_text(f"{base}\n")
+
+        run = {"cwd": str(work), "capture_output": True, "text": True, "env": _clean_env()}
+        twistd = [python, "-c", "import sys; from twisted.scripts.twistd import run; sys.argv[0] = 'twistd'; run()"]
+        done = subprocess.run(
+            [python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index", "-e", src], **run
+        )
+        self.assertEqual(done.returncode, 0, done.stderr)
+
+        done = subprocess.run([*twistd, "--help"], **run)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertRegex(done.stdout, r"\n\s+nsqd\s+NSQ daemon")
+        self.assertRegex(done.stdout, r"\n\s+nsqlookupd\s+NSQ discovery service")
+        done = subprocess.run([*twistd, "nsqd", "--version"], **run)
+        self.assertEqual((done.returncode, done.stdout[:12]), (0, "nsqd v1.3.0 "), done.stderr)
+        done = subprocess.run([*twistd, "nsqlookupd", "--help"], **run)
+        self.assertIn("--tombstone-lifetime", done.stdout, done.stderr)
+
+        # the code twistd runs is the working copy: an edit shows without reinstalling
+        probe = "import nsqd_tw.tap, twisted.plugins; print(nsqd_tw.tap.__file__)"
+        done = subprocess.run([python, "-c", probe], **run)
+        self.assertEqual(done.stdout.strip(), str(src / "nsqd_tw" / "tap.py"), done.stderr)
+
+
+def _not_source(directory: str, names: list[str]) -> set[str]:
+    junk = {".git", ".venv", "build", "dist", "__pycache__", "dropin.cache", "data"}
+    return {n for n in names if n in junk or n.startswith("_trial_temp") or n.endswith(".egg-info")}
+
+
+def _clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env["PIP_NO_INDEX"] = "1"
+    return env
+
+
+def _installed_without_nsq_tw(base: Path) -> None:
+    """Link every package installed next to this test into ``base``, except nsq-tw's own files."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    ours: set[str] = set()
+    try:
+        ours = {str(f) for f in importlib.metadata.distribution("nsq-tw").files or []}
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    top = {name.split("/", 1)[0] for name in ours} - {"twisted"}
+    base.mkdir()
+    for entry in site.iterdir():
+        if entry.name in top or entry.name in ("twisted", "__pycache__"):
+            continue
+        (base / entry.name).symlink_to(entry)
+    # twisted itself, with its plugin directory minus ours
+    (base / "twisted" / "plugins").mkdir(parents=True)
+    for entry in (site / "twisted").iterdir():
+        if entry.name != "plugins":
+            (base / "twisted" / entry.name).symlink_to(entry)
+    for entry in (site / "twisted" / "plugins").iterdir():
+        if f"twisted/plugins/{entry.name}" not in ours and entry.name not in ("dropin.cache", "__pycache__"):
+            (base / "twisted" / "plugins" / entry.name).symlink_to(entry)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -15,6 +16,7 @@ from twisted.internet.threads import deferToThread
 from twisted.trial import unittest
 
 from nsqd_tw.client import Consumer, connect
+from nsqd_tw.wire import encode_mpub
 from tests.integration import crashtest
 from tests.integration.procs import ServerProcess, command
 
@@ -142,6 +144,138 @@ class DiskFullTests(StorageProcessTestCase):
         self.assertEqual((resp.code, (yield resp.content())), (200, b"OK"))
         proc.signal(signal.SIGTERM)
         proc.wait()
+
+
+class DiskBudgetProcessTests(StorageProcessTestCase):
+    @defer.inlineCallbacks
+    def test_past_max_disk_bytes_publishes_fail_and_ping_says_so(self):
+        proc = self.start("--mem-queue-size", "0", "--max-disk-bytes", "100000")
+        port, http = proc.port(), proc.addresses["HTTP"]
+        conn = yield connect(reactor, "127.0.0.1", port)
+        yield conn.sub("budget", "c")
+        conn.close()
+        yield conn.closed_d
+        acked, failure = yield deferToThread(_publish_until_full, port, "budget")
+        self.assertRegex(
+            failure.decode(),
+            r"^E_PUB_FAILED PUB failed disk budget full: \d+ of 100000 bytes \(--max-disk-bytes\) queued",
+        )
+        self.assertEqual(len(acked), 100000 // (4 + 26 + 4096))
+        resp = yield treq.get(f"http://{http}/ping", persistent=False)
+        self.assertEqual(resp.code, 500)
+        self.assertTrue((yield resp.content()).startswith(b"NOK - disk budget full"))
+        resp = yield treq.post(f"http://{http}/pub?topic=budget", b"x" * 4096, persistent=False)
+        self.assertEqual((resp.code, (yield resp.content())), (503, b'{"message":"EXITING"}'))
+
+        got = yield self.drain(port, "budget", "c", len(acked))
+        self.assertEqual(sorted(got), sorted(acked), "every acknowledged message is delivered")
+        p = yield connect(reactor, "127.0.0.1", port)
+        self.assertEqual((yield p.pub("budget", b"room again")), b"OK")
+        p.close()
+        yield p.closed_d
+        resp = yield treq.get(f"http://{http}/ping", persistent=False)
+        self.assertEqual((resp.code, (yield resp.content())), (200, b"OK"))
+
+
+class TmpfsKeeper:
+    """A small tmpfs at ``path`` in a private mount namespace that outlives the
+    nsqd processes started in it (with nsenter), so nsqd can be killed and
+    restarted on the same full disk."""
+
+    def __init__(self, path: str, size: str) -> None:
+        root = os.geteuid() == 0
+        ns = ["unshare", "-m", "--propagation", "private"] if root else ["unshare", "-U", "-r", "-m"]
+        script = f"mount -t tmpfs -o size={size} tmpfs {shlex.quote(path)} && echo ready && exec sleep 3600"
+        self.proc = subprocess.Popen([*ns, "sh", "-c", script], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline() != b"ready\n":
+            raise RuntimeError("could not mount a tmpfs")
+        enter = ["nsenter", "-t", str(self.proc.pid), "-m"]
+        self.enter = enter if root else [*enter, "-U", "--preserve-credentials"]
+
+    def start(self, argv: list[str]) -> ServerProcess:
+        return ServerProcess("nsqd", argv=[*self.enter, *argv]).start()
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+class DiskFullRestartTests(StorageProcessTestCase):
+    @defer.inlineCallbacks
+    def test_a_refused_mpub_is_not_delivered_after_a_crash(self):
+        """MPUB answered E_MPUB_FAILED on a full disk, then kill -9 and restart:
+        not one of its messages is delivered (it was written half, then taken back)."""
+        keeper = TmpfsKeeper(self.dir, "1m")
+        self.addCleanup(keeper.close)
+        argv = [*command("nsqd"), *LOOPBACK, "--data-path", self.dir, "--mem-queue-size", "0"]
+        argv += ["--max-bytes-per-file", "65536"]
+        proc = keeper.start(argv)
+        self.addCleanup(proc.kill)
+        conn = yield connect(reactor, "127.0.0.1", proc.port())
+        yield conn.sub("full", "c")
+        conn.close()
+        yield conn.closed_d
+
+        acked, failure = yield deferToThread(_publish_until_full, proc.port(), "full")
+        self.assertIn(b"E_PUB_FAILED", failure)
+        # reading past the first file removes it: room for part of the next batch
+        taken = yield deferToThread(_take, proc.port(), "full", "c", 20)
+        self.assertEqual(taken, acked[:20])
+        bodies = [b"mpub-%04d" % i + b"y" * 91 for i in range(1000)]
+        answer = yield deferToThread(_send_mpub, proc.port(), "full", bodies)
+        self.assertTrue(answer.startswith(b"E_MPUB_FAILED MPUB failed"), answer)
+
+        proc.kill()
+        again = keeper.start(argv)
+        self.addCleanup(again.kill)
+        http = again.addresses["HTTP"]
+        resp = yield treq.get(f"http://{http}/stats?format=json&topic=full&channel=c", persistent=False)
+        stats = json.loads((yield resp.content()))
+        depth = stats["topics"][0]["channels"][0]["depth"]
+        # the 20 taken may come again (the read position is synced every 2 s: at least
+        # once), but nothing of the refused MPUB may
+        self.assertLessEqual(len(acked) - 20, depth)
+        self.assertLessEqual(depth, len(acked), "nothing of the refused MPUB is queued")
+        got = yield self.drain(again.port(), "full", "c", depth)
+        self.assertEqual(set(got) - set(acked), set())
+        self.assertEqual(set(acked[20:]) - set(got), set())
+        again.signal(signal.SIGTERM)
+        again.wait()
+
+
+def _take(port: int, topic: str, channel: str, n: int) -> list[bytes]:
+    """Subscribe, take and FIN ``n`` messages, close: their bodies in order."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(b"  V2SUB %s %s\nRDY %d\n" % (topic.encode(), channel.encode(), n))
+    got: list[bytes] = []
+    buf = b""
+    while len(got) < n:
+        while len(buf) < 4 or len(buf) < 4 + struct.unpack(">i", buf[:4])[0]:
+            chunk = s.recv(65536)
+            if not chunk:
+                raise ConnectionError("closed")
+            buf += chunk
+        size, ft = struct.unpack(">ii", buf[:8])
+        data, buf = buf[8 : 4 + size], buf[4 + size :]
+        if ft == 2:
+            got.append(data[26:])
+            s.sendall(b"FIN %s\n" % data[10:26])
+    s.close()
+    return got
+
+
+def _send_mpub(port: int, topic: str, bodies: list[bytes]) -> bytes:
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(b"  V2" + encode_mpub(topic, bodies))
+    buf = b""
+    while len(buf) < 4 or len(buf) < 4 + struct.unpack(">i", buf[:4])[0]:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed")
+        buf += chunk
+    s.close()
+    return buf[8 : 4 + struct.unpack(">i", buf[:4])[0]]
 
 
 def _publish_until_full(port: int, topic: str) -> tuple[list[bytes], bytes]:

@@ -139,3 +139,32 @@ class LookupdHTTPTests(unittest.TestCase):
         resp = yield self.treq.put("http://lookupd/config/log_level", data=b"warn")
         self.assertEqual((resp.code, (yield resp.content())), (200, b"3"))
         yield self.treq.put("http://lookupd/config/log_level", data=b"info")
+
+
+class LookupdSiteTests(unittest.TestCase):
+    """The channel's bounds hold for nsqlookupd's site too."""
+
+    def setUp(self) -> None:
+        from lookupd_tw.http_api import make_site
+
+        self.clock = Clock()
+        self.site = make_site(NSQLookupd(NSQLookupdOptions(), self.clock))
+
+    def test_body_over_the_config_limit_answered_at_once(self):
+        from tests.nsqd_tw.test_web import Conn, response
+
+        c = Conn(self.site)
+        c.send(b"PUT /config/log_level HTTP/1.1\r\nHost: x\r\nContent-Length: 300000000\r\n\r\n")
+        code, headers, body = response(c.take())
+        self.assertEqual((code, body, headers[b"connection"]), (413, b'{"message":"INVALID_VALUE"}', b"close"))
+
+    def test_header_deadline(self):
+        from tests.nsqd_tw.test_web import Conn
+
+        c = Conn(self.site)
+        for _ in range(9):
+            self.clock.advance(1)
+            c.send(b"G")
+        self.assertFalse(c.closed)
+        self.clock.advance(1)
+        self.assertTrue(c.closed)

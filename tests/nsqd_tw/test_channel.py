@@ -12,6 +12,7 @@ class FakeConsumer:
         self.in_flight_count = 0
         self.msg_timeout = msg_timeout
         self.sample_rate = 0
+        self.blocked = False
         self.got: list[Message] = []
         self.closed = False
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import struct
 
 from twisted.internet import defer
@@ -262,6 +263,74 @@ class FaultTests(Base):
         self.patch(diskqueue.os, "pwrite", _pwrite)
         q.put(record(3))
         self.assertEqual(self.drain(q), [0, 3])
+
+    def fail_after(self, good: int):
+        """Make pwrite write ``good`` bytes more (torn mid-record), then fail as a full disk."""
+        left = [good]
+
+        def full(fd, data, offset):
+            data = bytes(data)
+            if len(data) <= left[0]:
+                left[0] -= len(data)
+                return _pwrite(fd, data, offset)
+            if left[0]:
+                _pwrite(fd, data[: left[0]], offset)
+                left[0] = 0
+            raise OSError(28, "No space left on device")
+
+        self.patch(diskqueue.os, "pwrite", full)
+
+    def after_a_crash(self, q: DiskQueue) -> list[int]:
+        """What nsqd would read if it were killed now and restarted: a copy of the
+        files (as the page cache holds them) opened by a new queue."""
+        copy = self.mktemp()
+        shutil.copytree(self.dir, copy)
+        again = DiskQueue(
+            q.name, copy, q.max_bytes_per_file, MIN, MAX, 2500, Syncer(self.clock, self.run_inline), ListLog()
+        )
+        return self.drain(again)
+
+    def test_a_failed_batch_leaves_nothing_a_restart_could_read(self) -> None:
+        """A batch refused half-written is taken out of the file, so a crash and restart
+        (which salvages records past the synced metadata) cannot deliver any of it."""
+        q = self.queue()
+        q.put(record(0))
+        q.sync_now()
+        q.put(record(1))  # acknowledged, not synced yet
+        size = os.path.getsize(q.file_name(0))
+        self.fail_after(len(record(2)) + 4 + 10)  # record 2 whole, record 3 torn
+        self.assertRaises(OSError, q.put_many, [record(2), record(3), record(4)])
+        self.assertEqual(os.path.getsize(q.file_name(0)), size)
+        self.assertEqual(q.depth(), 2)
+        self.patch(diskqueue.os, "pwrite", _pwrite)
+        self.assertEqual(self.after_a_crash(q), [0, 1])
+        q.put(record(5))
+        self.assertEqual(self.drain(q), [0, 1, 5])
+
+    def test_a_failed_batch_across_files_is_taken_back_whole(self) -> None:
+        size = 4 + len(record(0))
+        q = self.queue(max_bytes=3 * size)
+        q.put_many([record(0), record(1)])
+        self.fail_after(2 * size)  # file 0 fills with 2 and 3; file 1 fails
+        self.assertRaises(OSError, q.put_many, [record(i) for i in range(2, 7)])
+        self.assertEqual(os.path.getsize(q.file_name(0)), 2 * size)
+        self.assertFalse(os.path.exists(q.file_name(1)))
+        self.assertEqual((q.write_file_num, q.write_pos, q.depth()), (0, 2 * size, 2))
+        self.patch(diskqueue.os, "pwrite", _pwrite)
+        self.assertEqual(self.after_a_crash(q), [0, 1])
+        q.put_many([record(7), record(8)])
+        self.assertEqual(self.drain(q), [0, 1, 7, 8])
+
+    def test_unput_takes_back_the_last_batch(self) -> None:
+        q = self.queue(max_bytes=3 * (4 + len(record(0))))
+        q.put(record(0))
+        mark = q.put_many([record(i) for i in range(1, 6)])
+        q.unput(mark)
+        self.assertEqual(q.depth(), 1)
+        self.assertFalse(os.path.exists(q.file_name(1)))
+        self.assertEqual(self.after_a_crash(q), [0])
+        q.put(record(9))
+        self.assertEqual(self.drain(q), [0, 9])
 
 
 _pwrite = os.pwrite

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 
 from treq.testing import StubTreq
 from twisted.internet import defer
@@ -23,7 +24,8 @@ class HTTPTestCase(unittest.TestCase):
         self.nsqd = make_nsqd(**self.opts)
         self.nsqd.tcp_address = ("127.0.0.1", 4150)
         self.nsqd.http_address = ("127.0.0.1", 4151)
-        self.treq = StubTreq(NSQDHTTPAPI(self.nsqd).resource())
+        self.api = NSQDHTTPAPI(self.nsqd)
+        self.treq = StubTreq(self.api.resource())
 
     @defer.inlineCallbacks
     def call(self, method: str, path: str, body: bytes = b"", headers: dict | None = None):
@@ -269,6 +271,31 @@ class ConfigTests(HTTPTestCase):
         yield self.assertError("PUT", "/config/nsqlookupd_tcp_addresses", 400, "INVALID_VALUE", b"[1]")
         yield self.assertError("PUT", "/config/msg_timeout", 400, "INVALID_OPTION", b"1")
 
+    @defer.inlineCallbacks
+    def test_put_lookupd_addresses_all_or_nothing(self):
+        changed = []
+        self.nsqd.option_observers.append(changed.append)
+        self.nsqd.opts.lookupd_tcp_addresses = ["127.0.0.1:4160"]
+        for bad in (
+            ["junk", "127.0.0.1:4161"],
+            ["127.0.0.1:4161", "127.0.0.1"],
+            ["::1:4161"],
+            ["127.0.0.1:"],
+            ["127.0.0.1:http"],
+            ["127.0.0.1:65536"],
+            ["[::1:4161"],
+            [""],
+        ):
+            yield self.assertError(
+                "PUT", "/config/nsqlookupd_tcp_addresses", 400, "INVALID_VALUE", json.dumps(bad).encode()
+            )
+            self.assertEqual(self.nsqd.opts.lookupd_tcp_addresses, ["127.0.0.1:4160"], bad)
+        self.assertEqual(changed, [])
+        good = ["[::1]:4161", "localhost:4162", ":4163", "127.0.0.1:4160"]
+        resp, content = yield self.call("PUT", "/config/nsqlookupd_tcp_addresses", json.dumps(good).encode())
+        self.assertEqual((resp.code, json.loads(content)), (200, good))
+        self.assertEqual(changed, ["lookupd_tcp_addresses"])
+
 
 class StatsTests(HTTPTestCase):
     opts = {"e2e_processing_latency_percentiles": [0.99, 0.5]}
@@ -300,9 +327,14 @@ class StatsTests(HTTPTestCase):
                 "message_bytes",
                 "paused",
                 "e2e_processing_latency",
+                # beyond Go, after Go's keys
+                "memory_bytes",
+                "backend_bytes",
             ],
         )
+        self.assertEqual((t1["memory_bytes"], t1["backend_bytes"]), (0, 0))
         c1 = t1["channels"][0]
+        self.assertEqual(list(c1)[-3:], ["e2e_processing_latency", "memory_bytes", "backend_bytes"])
         self.assertEqual(c1["channel_name"], "c1")
         self.assertEqual((c1["message_count"], c1["client_count"]), (1, 1))
         e2e = c1["e2e_processing_latency"]
@@ -390,3 +422,28 @@ class DebugTests(HTTPTestCase):
         resp, content = yield d
         self.assertEqual(resp.code, 200)
         self.assertIn(b"function calls", content)
+
+    @defer.inlineCallbacks
+    def test_profile_seconds_read_as_go_does(self):
+        # Go: a base-10 int64, else (or if <= 0) 30 s; the profiler always stops
+        for raw in ("nan", "inf", "1e300", "-5", "0", "1.5", "abc", ""):
+            d = self.call("GET", f"/debug/pprof/profile?seconds={raw}")
+            self.nsqd.reactor.advance(29.9)
+            self.assertNoResult(d)
+            self.nsqd.reactor.advance(0.2)
+            self.treq.flush()
+            resp, content = yield d
+            self.assertEqual(resp.code, 200, raw)
+            self.assertIn(b"function calls", content)
+            self.assertFalse(self.api.profiling)
+            self.assertIsNone(sys.getprofile())
+
+    @defer.inlineCallbacks
+    def test_profile_seconds_overflowing_go_duration_end_at_once(self):
+        # seconds * time.Second wraps around in Go: a duration <= 0 does not wait
+        d = self.call("GET", "/debug/pprof/profile?seconds=9223372037")
+        self.nsqd.reactor.advance(0)
+        self.treq.flush()
+        resp, _ = yield d
+        self.assertEqual(resp.code, 200)
+        self.assertIsNone(sys.getprofile())

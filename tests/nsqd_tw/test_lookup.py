@@ -156,6 +156,30 @@ class LookupTests(unittest.TestCase):
             yield deferLater(reactor, 0.02, lambda: None)
 
     @defer.inlineCallbacks
+    def put_lookupds(self, server: InProcessNSQD, addresses: list[str]):
+        resp = yield treq.put(
+            f"http://127.0.0.1:{server.http_port}/config/nsqlookupd_tcp_addresses",
+            json.dumps(addresses).encode(),
+            persistent=False,
+        )
+        content = yield resp.content()
+        return resp.code, content
+
+    @defer.inlineCallbacks
+    def test_junk_address_refuses_the_whole_value(self):
+        factory, port = self.fake_lookupd()
+        server = self.nsqd()
+        code, content = yield self.put_lookupds(server, ["junk", f"127.0.0.1:{port}"])
+        self.assertEqual((code, content), (400, b'{"message":"INVALID_VALUE"}'))
+        self.assertEqual(server.nsqd.opts.lookupd_tcp_addresses, [])
+        # a repeated address is one peer, as in Go
+        code, _ = yield self.put_lookupds(server, [f"127.0.0.1:{port}", f"127.0.0.1:{port}"])
+        self.assertEqual(code, 200)
+        session = yield self.connected(factory)
+        self.assertEqual(session.commands, [b"IDENTIFY"])
+        self.assertEqual(len(factory.sessions), 1)
+
+    @defer.inlineCallbacks
     def test_channels_are_created_from_lookupd_before_messages_flow(self):
         lookupd = make_lookupd(
             NSQLookupdOptions(tcp_address="127.0.0.1:0", http_address="127.0.0.1:0", broadcast_address="127.0.0.1"),

@@ -3,7 +3,6 @@ import os
 import sys
 import tempfile
 
-from twisted.python import usage
 from twisted.trial import unittest
 
 from nsqd_tw.options import (
@@ -19,6 +18,49 @@ from nsqd_tw.options import (
     parse_duration,
 )
 from nsqd_tw.tap import Options as TwistdOptions
+from tests.front_ends import FrontEndParity, write_config
+
+GO_NSQD_EXAMPLE_CONFIG = """
+log_level = "info"
+tcp_address = "0.0.0.0:4150"
+http_address = "0.0.0.0:4151"
+https_address = "0.0.0.0:4152"
+broadcast_address = ""
+nsqlookupd_tcp_addresses = ["127.0.0.1:4160"]
+http_client_connect_timeout = "2s"
+http_client_request_timeout = "5s"
+data_path = "/var/lib/nsq"
+mem_queue_size = 10000
+max_bytes_per_file = 104857600
+sync_every = 2500
+sync_timeout = "2s"
+msg_timeout = "60s"
+max_msg_timeout = "15m"
+max_msg_size = 1024768
+max_req_timeout = "1h"
+max_body_size = 5123840
+max_heartbeat_interval = "60s"
+max_rdy_count = 2500
+max_output_buffer_size = 65536
+max_output_buffer_timeout = "1s"
+statsd_address = "127.0.0.1:8125"
+statsd_prefix = "nsq.%s"
+statsd_interval = "60s"
+statsd_mem_stats = true
+statsd_udp_packet_size = 508
+e2e_processing_latency_percentiles = [1.0, 0.99, 0.95]
+e2e_processing_latency_window_time = "10m"
+tls_cert = ""
+tls_key = ""
+tls_client_auth_policy = "require-verify"
+tls_root_ca_file = ""
+tls_required = false
+tls_min_version = ""
+deflate = true
+max_deflate_level = 6
+snappy = true
+id = 5150
+"""
 
 
 def parse(*argv: str, config: str | None = None) -> NSQDOptions:
@@ -182,5 +224,87 @@ class TwistdOptionsTests(unittest.TestCase):
         self.assertEqual((o.tcp_address, o.snappy, o.msg_timeout), ("127.0.0.1:1", False, 10.0))
         self.assertEqual(o.lookupd_tcp_addresses, ["a:1", "b:2"])
 
-    def test_bad_value(self) -> None:
-        self.assertRaises(usage.UsageError, TwistdOptions().parseOptions, ["--max-rdy-count", "x"])
+    def test_bad_value_exits_2_as_nsqd_does(self) -> None:
+        err = io.StringIO()
+        self.patch(sys, "stderr", err)
+        e = self.assertRaises(SystemExit, TwistdOptions().parseOptions, ["--max-rdy-count", "x"])
+        self.assertEqual(e.code, 2)
+        self.assertIn('invalid value "x" for flag -max-rdy-count', err.getvalue())
+
+
+class NSQDFrontEndTests(FrontEndParity, unittest.TestCase):
+    """``nsqd ARGS`` and ``twistd nsqd ARGS`` resolve to the same NSQDOptions."""
+
+    cls = NSQDOptions
+    prog = "nsqd"
+    deprecated = NSQD_DEPRECATED_FLAGS
+    twistd_options = TwistdOptions
+
+    def test_tls_required_tri_state(self) -> None:
+        for argv, want in [
+            (["--tls-required"], TLS_REQUIRED),
+            (["-tls-required"], TLS_REQUIRED),
+            (["--tls-required", "--tcp-address", "127.0.0.1:0"], TLS_REQUIRED),
+            (["--tls-required=true"], TLS_REQUIRED),
+            (["--tls-required", "true"], TLS_REQUIRED),
+            (["--tls-required=false"], TLS_NOT_REQUIRED),
+            (["--tls-required", "false"], TLS_NOT_REQUIRED),
+            (["--tls-required=tcp-https"], TLS_REQUIRED_EXCEPT_HTTP),
+            (["--tls-required", "tcp-https"], TLS_REQUIRED_EXCEPT_HTTP),
+            ([], TLS_NOT_REQUIRED),
+        ]:
+            self.assertEqual(self.assert_same(argv).tls_required, want, argv)
+
+    def test_gos_example_config_loads_without_a_warning(self) -> None:
+        # every key of Go nsqd 1.3's contrib/nsqd.cfg.example, with its values
+        self.assert_warnings(GO_NSQD_EXAMPLE_CONFIG, [])
+        path = write_config(GO_NSQD_EXAMPLE_CONFIG)
+        self.addCleanup(os.remove, path)
+        o = self.assert_same(["--config", path])
+        self.assertEqual(
+            (o.lookupd_tcp_addresses, o.max_body_size, o.tls_min_version), (["127.0.0.1:4160"], 5123840, "tls1.0")
+        )
+
+    def test_lists_repeat_and_floats_sort(self) -> None:
+        o = self.assert_same(
+            [
+                "--lookupd-tcp-address",
+                "a:1",
+                "-lookupd-tcp-address=b:2",
+                "--auth-http-address=x:1",
+                "-e2e-processing-latency-percentile",
+                "0.5,0.99",
+                "--e2e-processing-latency-percentile=1.0",
+            ]
+        )
+        self.assertEqual(o.lookupd_tcp_addresses, ["a:1", "b:2"])
+        self.assertEqual(o.auth_http_addresses, ["x:1"])
+        self.assertEqual(o.e2e_processing_latency_percentiles, [1.0, 0.99, 0.5])
+
+    def test_twistd_keeps_no_prefix_for_booleans(self) -> None:
+        config = TwistdOptions()
+        config.parseOptions(["--no-snappy", "--no-statsd-mem-stats", "--deflate=false", "--no-tls-required"])
+        o = config.resolved
+        self.assertEqual((o.snappy, o.statsd_mem_stats, o.deflate, o.tls_required), (False, False, False, 0))
+        config = TwistdOptions()
+        config.parseOptions(["--no-snappy", "--snappy"])
+        self.assertTrue(config.resolved.snappy)
+
+    def test_twistd_options_expose_resolved_values(self) -> None:
+        config = TwistdOptions()
+        config.parseOptions(["--tcp-address", "127.0.0.1:1", "--tls-required", "--msg-timeout=2s"])
+        self.assertEqual(
+            (config["tcp-address"], config["tls-required"], config["msg-timeout"]), ("127.0.0.1:1", TLS_REQUIRED, 2.0)
+        )
+
+
+class ConfigValueTests(unittest.TestCase):
+    def test_a_list_of_non_numbers_is_a_config_error(self) -> None:
+        e = self.assertRaises(ConfigError, parse, config='e2e_processing_latency_percentiles = ["x"]\n')
+        self.assertIn("e2e_processing_latency_percentiles", str(e))
+        e = self.assertRaises(ConfigError, parse, config="e2e_processing_latency_percentiles = [true]\n")
+        self.assertIn("e2e_processing_latency_percentiles", str(e))
+
+    def test_numeric_strings_in_a_float_list(self) -> None:
+        o = parse(config='e2e_processing_latency_percentiles = ["0.5", 1]\n')
+        self.assertEqual(o.e2e_processing_latency_percentiles, [0.5, 1.0])

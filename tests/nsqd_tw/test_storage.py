@@ -8,9 +8,9 @@ import os
 from twisted.trial import unittest
 
 from nsqd_tw import diskqueue
-from nsqd_tw.metadata import MetadataError
 from nsqd_tw.nsqd import NSQD
-from nsqd_tw.wire import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
+from nsqd_tw.options import StartError
+from nsqd_tw.wire import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, encode_mpub
 from tests.helpers import FakeClient, make_nsqd
 from tests.nsqd_tw.test_channel import FakeConsumer
 
@@ -98,21 +98,29 @@ class MetadataTests(StorageTestCase):
     def test_unparsable_metadata_is_fatal(self) -> None:
         with open(os.path.join(self.dir, "nsqd.dat"), "w") as f:
             f.write("{not json")
-        e = self.assertRaises(MetadataError, self.start)
-        self.assertTrue(str(e).startswith(f"failed to parse metadata in {self.dir}/nsqd.dat - "), str(e))
+        e = self.assertRaises(StartError, self.start)
+        self.assertEqual(
+            str(e),
+            f"failed to load metadata - failed to parse metadata in {self.dir}/nsqd.dat - "
+            "invalid character 'n' looking for beginning of object key string",
+        )
 
     def test_data_path_lock(self) -> None:
         self.start()
-        e = self.assertRaises(MetadataError, self.start)
+        e = self.assertRaises(StartError, self.start)
         self.assertEqual(
             str(e),
-            f"failed to lock data-path: cannot flock directory {self.dir} - resource temporarily unavailable "
+            f"failed to instantiate nsqd - failed to lock data-path: cannot flock directory {self.dir} - "
+            "resource temporarily unavailable "
             "(possibly in use by another instance of nsqd)",
         )
 
     def test_missing_data_path(self) -> None:
-        e = self.assertRaises(MetadataError, self.start, data_path=self.dir + "/nope")
-        self.assertEqual(str(e), f"failed to lock data-path: open {self.dir}/nope: no such file or directory")
+        e = self.assertRaises(StartError, self.start, data_path=self.dir + "/nope")
+        self.assertEqual(
+            str(e),
+            f"failed to instantiate nsqd - failed to lock data-path: open {self.dir}/nope: no such file or directory",
+        )
 
 
 class OverflowTests(StorageTestCase):
@@ -277,6 +285,173 @@ class FaultTests(StorageTestCase):
         ch.add_client(c)
         ch.kick()
         self.assertEqual([m.body for m in c.got], [b"before", b"after"])
+
+    def fail_writes_to(self, queue_name: str) -> None:
+        """Writes to one queue's files fail as on a full disk; the others succeed."""
+
+        def pwrite(fd, data, offset):
+            if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(queue_name + ".diskqueue."):
+                raise OSError(28, "No space left on device")
+            return _pwrite(fd, data, offset)
+
+        self.patch(diskqueue.os, "pwrite", pwrite)
+
+    def drained(self, n: NSQD, topic: str, channel: str) -> list[bytes]:
+        c = FakeConsumer(99, rdy=100)
+        ch = n.topics[topic].channels[channel]
+        ch.add_client(c)
+        ch.kick()
+        return [m.body for m in c.got]
+
+    def test_a_failed_mpub_reaches_no_channel(self) -> None:
+        """One channel's write fails: the MPUB is refused and no channel keeps any of it."""
+        n = self.start(mem_queue_size=0)
+        topic = n.get_topic("t")
+        topic.get_channel("a")
+        topic.get_channel("b")
+        p = FakeClient(n)
+        self.assertEqual(p.mpub("t", [b"1", b"2"]), (FRAME_TYPE_RESPONSE, b"OK"))
+        self.fail_writes_to("t:b")
+        p2 = FakeClient(n)
+        p2.send(encode_mpub("t", [b"x", b"y", b"z"]))
+        self.assertEqual(p2.frames()[0][1][:29], b"E_MPUB_FAILED MPUB failed [Er")
+        self.patch(diskqueue.os, "pwrite", _pwrite)
+        self.assertEqual(topic.channels["a"].depth(), 2)
+        self.assertEqual(self.drained(n, "t", "a"), [b"1", b"2"])
+        self.assertEqual(self.drained(n, "t", "b"), [b"1", b"2"])
+
+    def test_a_failed_mpub_leaves_no_part_in_memory(self) -> None:
+        """Room in memory for part of a batch: a failed write of the rest takes that part back."""
+        n = self.start(mem_queue_size=5)
+        n.get_topic("t").get_channel("c")
+        p = FakeClient(n)
+        self.assertEqual(p.mpub("t", [b"1", b"2", b"3"]), (FRAME_TYPE_RESPONSE, b"OK"))
+        self.fail_writes_to("t:c")
+        p2 = FakeClient(n)
+        p2.send(encode_mpub("t", [b"w", b"x", b"y", b"z"]))
+        self.assertEqual(p2.frames()[0][0], FRAME_TYPE_ERROR)
+        self.patch(diskqueue.os, "pwrite", _pwrite)
+        self.assertEqual(self.drained(n, "t", "c"), [b"1", b"2", b"3"])
+
+    def test_a_failed_mpub_to_a_topic_without_channels_is_not_held(self) -> None:
+        n = self.start(mem_queue_size=2)
+        n.get_topic("t")
+        self.fail_writes_to("t")
+        p = FakeClient(n)
+        p.send(encode_mpub("t", [b"w", b"x", b"y"]))
+        self.assertEqual(p.frames()[0][0], FRAME_TYPE_ERROR)
+        self.patch(diskqueue.os, "pwrite", _pwrite)
+        self.assertEqual(n.topics["t"].depth(), 0)
+        n.topics["t"].get_channel("c")
+        n.reactor.advance(0)
+        self.assertEqual(self.drained(n, "t", "c"), [])
+
+
+class MemoryBudgetTests(StorageTestCase):
+    """--mem-queue-bytes: past a topic's or channel's budget in bytes, messages go to disk."""
+
+    def test_past_the_budget_messages_go_to_disk(self) -> None:
+        n = self.start(mem_queue_bytes=100)
+        ch = n.get_topic("t").get_channel("c")
+        self.publish(n, "t", [b"%040d" % i for i in range(5)])
+        self.assertEqual((len(ch.memory), ch.memory_bytes, ch.backend.depth()), (2, 80, 3))
+        self.assertEqual(ch.backend.queued_bytes, 3 * (4 + 26 + 40))
+        c = FakeConsumer(1, rdy=10)
+        ch.add_client(c)
+        ch.kick()
+        self.assertEqual(sorted(m.body for m in c.got), [b"%040d" % i for i in range(5)])
+        self.assertEqual((ch.memory_bytes, ch.backend.queued_bytes), (0, 0))
+
+    def test_a_topic_holds_by_bytes_too(self) -> None:
+        n = self.start(mem_queue_bytes=50)
+        topic = n.get_topic("t")
+        self.publish(n, "t", [b"x" * 30, b"y" * 30, b"z" * 10])
+        self.assertEqual((len(topic.memory), topic.memory_bytes, topic.backend.depth()), (2, 40, 1))
+
+    def test_requeued_messages_keep_to_it(self) -> None:
+        n = self.start(mem_queue_bytes=60)
+        ch = n.get_topic("t").get_channel("c")
+        c = FakeConsumer(1, rdy=10)
+        ch.add_client(c)
+        self.publish(n, "t", [b"a" * 40, b"b" * 40])
+        self.assertEqual(len(c.got), 2)
+        for m in c.got:
+            ch.requeue_message(1, m.id, 0)
+        self.assertEqual((ch.memory_bytes, ch.backend.depth()), (40, 1))
+
+    def test_shown_in_stats(self) -> None:
+        from nsqd_tw.stats import get_stats
+
+        n = self.start(mem_queue_bytes=100)
+        n.get_topic("t").get_channel("c")
+        self.publish(n, "t", [b"%040d" % i for i in range(3)])
+        (t,) = get_stats(n)["topics"]
+        self.assertEqual((t["channels"][0]["memory_bytes"], t["channels"][0]["backend_bytes"]), (80, 70))
+
+
+class DiskBudgetTests(StorageTestCase):
+    """--max-disk-bytes: past it publishes are refused, nothing acknowledged is lost."""
+
+    def test_publishes_past_the_budget_are_refused_clearly(self) -> None:
+        n = self.start(mem_queue_size=0, max_disk_bytes=1000)
+        n.get_topic("t").get_channel("c")
+        p = FakeClient(n)
+        for i in range(7):  # 130 bytes a record: 7 fit
+            self.assertEqual(p.pub("t", b"%0100d" % i), (FRAME_TYPE_RESPONSE, b"OK"))
+        text = "disk budget full: 910 of 1000 bytes (--max-disk-bytes) queued, 130 more asked"
+        self.assertEqual(p.pub("t", b"%0100d" % 7), (FRAME_TYPE_ERROR, f"E_PUB_FAILED PUB failed {text}".encode()))
+        self.assertEqual(n.get_health(), f"NOK - {text}")
+        p2 = FakeClient(n)
+        p2.send(encode_mpub("t", [b"m", b"n"]))
+        self.assertEqual(p2.frames(), [(FRAME_TYPE_RESPONSE, b"OK")], "what still fits goes in")
+        p3 = FakeClient(n)
+        p3.send(encode_mpub("t", [b"%0100d" % i for i in range(3)]))
+        self.assertEqual(p3.frames()[0][1][:36], b"E_MPUB_FAILED MPUB failed disk budge")
+
+        c = FakeConsumer(1, rdy=100)
+        ch = n.topics["t"].channels["c"]
+        ch.add_client(c)
+        ch.kick()
+        self.assertEqual(len(c.got), 9, "everything acknowledged, nothing of the refused MPUB")
+        self.assertEqual(n.disk_budget.used, 0)
+        p4 = FakeClient(n)
+        self.assertEqual(p4.pub("t", b"room again"), (FRAME_TYPE_RESPONSE, b"OK"))
+        self.assertEqual(n.get_health(), "OK")
+
+    def test_durable_mode_counts_until_finished(self) -> None:
+        n = self.start(mem_queue_size=0, sync_every=1, max_disk_bytes=300)
+        ch = n.get_topic("t").get_channel("c")
+        self.publish(n, "t", [b"%0100d" % i for i in range(2)])
+        c = FakeConsumer(1, rdy=10)
+        ch.add_client(c)
+        ch.kick()
+        self.assertEqual(n.disk_budget.used, 260, "read but not finished: still on disk")
+        ch.finish_message(1, c.got[0].id)
+        self.assertEqual(n.disk_budget.used, 130)
+
+    def test_a_clean_stop_writes_what_memory_holds_whatever_the_budget(self) -> None:
+        n = self.start(mem_queue_size=5, max_disk_bytes=200)
+        n.get_topic("t").get_channel("c")
+        self.publish(n, "t", [b"%0100d" % i for i in range(5)])  # in memory
+        self.stop(n)
+        again = self.start(mem_queue_size=5, max_disk_bytes=200)
+        c = FakeConsumer(1, rdy=10)
+        ch = again.topics["t"].channels["c"]
+        ch.add_client(c)
+        ch.kick()
+        self.assertEqual(sorted(m.body for m in c.got), [b"%0100d" % i for i in range(5)])
+
+    def test_messages_coming_back_are_kept_when_disk_and_memory_are_full(self) -> None:
+        n = self.start(mem_queue_size=1, max_disk_bytes=130)
+        ch = n.get_topic("t").get_channel("c")
+        c = FakeConsumer(1, rdy=3)
+        ch.add_client(c)
+        for i in range(5):  # 3 in flight, then memory (1 message) and disk (1 record) are full
+            self.publish(n, "t", [b"%0100d" % i])
+        self.assertEqual((len(c.got), len(ch.memory), ch.backend.depth()), (3, 1, 1))
+        for m in c.got:
+            ch.requeue_message(1, m.id, 0)
+        self.assertEqual(ch.depth(), 5, "requeued ones are kept in memory rather than lost")
 
 
 class HTTPStorageTests(StorageTestCase):

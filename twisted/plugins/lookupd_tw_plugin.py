@@ -1,6 +1,6 @@
-from twisted.application.service import ServiceMaker
+from nsqd_tw.options import TwistdServiceMaker
 
-nsqlookupd = ServiceMaker(
+nsqlookupd = TwistdServiceMaker(
     "nsq-tw nsqlookupd",
     "lookupd_tw.tap",
     "NSQ discovery service: nsqd registers its topics, consumers look them up",

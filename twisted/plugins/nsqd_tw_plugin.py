@@ -1,6 +1,6 @@
-from twisted.application.service import ServiceMaker
+from nsqd_tw.options import TwistdServiceMaker
 
-nsqd = ServiceMaker(
+nsqd = TwistdServiceMaker(
     "nsq-tw nsqd",
     "nsqd_tw.tap",
     "NSQ daemon: the realtime distributed message queue (V2 TCP protocol and HTTP API)",

@@ -1,0 +1,89 @@
+"""Files as Go nsqd writes them: atomic replacement, and OS errors in Go's words.
+
+Go prints a failed file operation as ``open /d/nsqd.dat.123.tmp: read-only file
+system`` (an ``*os.PathError``); :class:`PathError` is that, and still an OSError.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+
+_GO_ERRNO = {
+    errno.EAGAIN: "resource temporarily unavailable",
+    errno.ENOENT: "no such file or directory",
+    errno.EACCES: "permission denied",
+    errno.ENOTDIR: "not a directory",
+    errno.EADDRINUSE: "address already in use",
+    errno.EADDRNOTAVAIL: "cannot assign requested address",
+}
+
+
+def go_errno(e: OSError) -> str:
+    """An errno as Go's syscall.Errno prints it (its lower-case strerror)."""
+    if e.errno is not None and e.errno in _GO_ERRNO:
+        return _GO_ERRNO[e.errno]
+    return (e.strerror or str(e)).lower()
+
+
+class PathError(OSError):
+    """Go's ``*os.PathError``: ``OP PATH: ERRNO TEXT``."""
+
+    def __init__(self, op: str, path: str, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror, path)
+        self.op = op
+        self.text = f"{op} {path}: {go_errno(cause)}"
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Replace a file so that readers see the old or the new content, never half.
+
+    Written to ``PATH.<random>.tmp`` (Go's name), fsynced, renamed over ``path``;
+    a failure removes the temporary file and raises :class:`PathError`.
+    """
+    tmp = f"{path}.{random.getrandbits(63)}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except OSError as e:
+        raise PathError("open", tmp, e) from None
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError as e:
+            raise PathError("write", tmp, e) from None
+        try:
+            os.fsync(fd)
+        except OSError as e:
+            raise PathError("sync", tmp, e) from None
+        finally:
+            os.close(fd)
+        try:
+            os.replace(tmp, path)
+        except OSError as e:
+            raise PathError("rename", tmp, e) from None
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(os.path.dirname(path))

@@ -1,0 +1,371 @@
+"""The HTTP channel under abuse, in memory: bounded bodies, Go's answers to bad
+framing, header/body deadlines that a dripping client cannot extend."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from typing import Any
+
+from twisted.internet.address import IPv4Address
+from twisted.internet.testing import StringTransport
+from twisted.logger import LogLevel, globalLogPublisher
+from twisted.trial import unittest
+
+from nsqd_tw import web
+from nsqd_tw.http_api import make_site
+from tests.helpers import make_nsqd
+
+GO_400 = (
+    b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"
+)
+
+
+class Conn:
+    """One HTTP connection to a site, over a StringTransport."""
+
+    _port = 40000
+
+    def __init__(self, site: Any) -> None:
+        Conn._port += 1
+        peer = IPv4Address("TCP", "127.0.0.1", Conn._port)
+        self.proto = site.buildProtocol(peer)
+        self.transport = StringTransport(peerAddress=peer, hostAddress=IPv4Address("TCP", "127.0.0.1", 4151))
+        self.proto.makeConnection(self.transport)
+
+    def send(self, data: bytes) -> None:
+        self.proto.dataReceived(data)
+
+    def take(self) -> bytes:
+        out = self.transport.value()
+        self.transport.clear()
+        return out
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.transport.disconnecting)
+
+    def lose(self) -> None:
+        from twisted.internet import error
+        from twisted.python.failure import Failure
+
+        self.proto.connectionLost(Failure(error.ConnectionDone()))
+
+
+def response(raw: bytes) -> tuple[int, dict[bytes, bytes], bytes]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    code = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(b":")
+        headers[k.strip().lower()] = v.strip()
+    return code, headers, body
+
+
+class SiteTestCase(unittest.TestCase):
+    opts: dict[str, Any] = {}
+
+    def setUp(self) -> None:
+        self.nsqd = make_nsqd(**self.opts)
+        self.nsqd.tcp_address = ("127.0.0.1", 4150)
+        self.nsqd.http_address = ("127.0.0.1", 4151)
+        self.clock = self.nsqd.reactor
+        self.site = make_site(self.nsqd)
+        # a body over twisted's 100 KB threshold must never reach a temporary file
+        self.patch(tempfile, "TemporaryFile", self.no_temporary_file)
+
+    def no_temporary_file(self, *a: Any, **kw: Any) -> Any:
+        raise AssertionError("a request body was spooled to a temporary file")
+
+    def conn(self) -> Conn:
+        return Conn(self.site)
+
+    def depth(self, topic: str) -> int:
+        t = self.nsqd.topics.get(topic)
+        return 0 if t is None else t.depth()
+
+
+class BodyLimitTests(SiteTestCase):
+    opts = {"max_msg_size": 1000, "max_body_size": 5000}
+
+    def test_content_length_over_the_limit_is_refused_at_once(self):
+        c = self.conn()
+        c.send(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 314572800\r\n\r\n")
+        code, headers, body = response(c.take())
+        self.assertEqual((code, body), (413, b'{"message":"MSG_TOO_BIG"}'))
+        self.assertEqual(headers[b"connection"], b"close")
+        # what follows is not read into memory; the socket is not read any more
+        self.assertEqual(c.transport.producerState, "paused")
+        c.send(b"x" * 100_000)
+        self.assertEqual(c.take(), b"")
+        self.assertEqual(self.depth("t"), 0)
+
+    def test_no_100_continue_for_a_refused_body(self):
+        c = self.conn()
+        c.send(b"POST /mpub?topic=t HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5001\r\n\r\n")
+        out = c.take()
+        self.assertTrue(out.startswith(b"HTTP/1.1 413 "), out)
+        self.assertEqual(response(out)[2], b'{"message":"BODY_TOO_BIG"}')
+
+    def test_100_continue_for_an_accepted_body(self):
+        c = self.conn()
+        c.send(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+        self.assertEqual(c.take(), b"HTTP/1.1 100 Continue\r\n\r\n")
+        c.send(b"hello")
+        self.assertEqual(response(c.take())[::2], (200, b"OK"))
+
+    def test_chunked_body_read_up_to_the_limit_only(self):
+        c = self.conn()
+        c.send(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        c.send(b"190\r\n" + b"x" * 400 + b"\r\n")
+        c.send(b"190\r\n" + b"x" * 400 + b"\r\n")
+        self.assertEqual(c.take(), b"")
+        # 1200 bytes > --max-msg-size: answered without waiting for the last chunk
+        c.send(b"190\r\n" + b"x" * 400 + b"\r\n")
+        code, headers, body = response(c.take())
+        self.assertEqual((code, body), (413, b'{"message":"MSG_TOO_BIG"}'))
+        self.assertEqual(headers[b"connection"], b"close")
+        c.send(b"190\r\n" + b"x" * 400 + b"\r\n0\r\n\r\n")
+        self.assertEqual(c.take(), b"")
+
+    def test_chunked_mpub_over_the_body_limit(self):
+        c = self.conn()
+        c.send(b"POST /mpub?topic=t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        line = b"m" * 99 + b"\n"
+        for _ in range(60):
+            c.send(b"%x\r\n%s\r\n" % (len(line), line))
+        self.assertEqual(response(c.take())[::2], (413, b'{"message":"BODY_TOO_BIG"}'))
+        self.assertEqual(self.depth("t"), 0)
+
+    def test_chunked_body_within_the_limit(self):
+        c = self.conn()
+        c.send(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        c.send(b"5\r\nhello\r\n0\r\n\r\n")
+        self.assertEqual(response(c.take())[::2], (200, b"OK"))
+        self.assertEqual(self.depth("t"), 1)
+
+    def test_body_of_exactly_the_limit_is_published(self):
+        c = self.conn()
+        c.send(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"x" * 1000)
+        self.assertEqual(response(c.take())[::2], (200, b"OK"))
+        c.send(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 1001\r\n\r\n" + b"x" * 1001)
+        self.assertEqual(response(c.take())[::2], (413, b'{"message":"MSG_TOO_BIG"}'))
+
+
+class LargeBodyTests(SiteTestCase):
+    def test_large_bodies_stay_in_memory(self):
+        c = self.conn()
+        body = b"y" * 500_000
+        c.send(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body))
+        for i in range(0, len(body), 65536):
+            c.send(body[i : i + 65536])
+        self.assertEqual(response(c.take())[::2], (200, b"OK"))
+        self.assertEqual(self.depth("t"), 1)
+
+    def test_routes_without_a_body_do_not_keep_one(self):
+        c = self.conn()
+        c.send(b"POST /topic/create?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n0123456789")
+        code, headers, _ = response(c.take())
+        self.assertEqual(code, 200)
+        self.assertNotIn(b"connection", headers)
+        # keep-alive goes on
+        c.send(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertEqual(response(c.take())[::2], (200, b"OK"))
+        # a big one is not read: answered at once, then the connection closes
+        c.send(b"POST /topic/create?topic=u HTTP/1.1\r\nHost: x\r\nContent-Length: 300000000\r\n\r\n")
+        code, headers, _ = response(c.take())
+        self.assertEqual((code, headers[b"connection"]), (200, b"close"))
+        self.assertIn("u", self.nsqd.topics)
+
+    def test_lingering_close_after_a_refusal(self):
+        c = self.conn()
+        c.send(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 314572800\r\n\r\n")
+        self.assertEqual(response(c.take())[0], 413)
+        # the client gets time to read the answer before unread data resets the connection
+        self.assertFalse(c.closed)
+        self.clock.advance(web.LINGER)
+        self.assertTrue(c.closed)
+
+
+class BadFramingTests(SiteTestCase):
+    def assertGo400(self, request: bytes) -> None:
+        c = self.conn()
+        c.send(request)
+        self.assertEqual(c.take(), GO_400)
+        self.assertTrue(c.closed)
+
+    def test_content_length_too_big_for_int64(self):
+        self.assertGo400(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\nabc")
+        self.assertGo400(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 9223372036854775808\r\n\r\n")
+
+    def test_content_length_not_a_number(self):
+        self.assertGo400(b'POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: " 3"\r\n\r\nabc')
+        self.assertGo400(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: +3\r\n\r\nabc")
+        self.assertGo400(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\nabc")
+        self.assertGo400(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: \r\n\r\nabc")
+
+    def test_content_length_with_spaces_is_trimmed_as_go_does(self):
+        c = self.conn()
+        c.send(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length:   3  \r\n\r\nabc")
+        self.assertEqual(response(c.take())[::2], (200, b"OK"))
+
+    def test_other_bad_requests_get_go_text(self):
+        self.assertGo400(b"GET /ping HTTP/1.1\r\nHost: x\r\nbad header line\r\n\r\n")
+        self.assertGo400(b"GET /ping HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabc")
+
+    def test_bad_requests_are_logged(self):
+        events: list[dict] = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        self.assertGo400(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n")
+        texts = [e.get("reason", "") for e in events if e.get("log_namespace") == "nsqd_tw.web"]
+        self.assertTrue(any("Content-Length" in t for t in texts), events)
+
+    def test_raw_non_utf8_in_the_query(self):
+        # Go serves these: the raw bytes are the query's, as %-escaped ones would be
+        events: list[dict] = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        c = self.conn()
+        c.send(b"POST /pub?topic=\xff\xfe HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc")
+        code, headers, body = response(c.take())
+        self.assertEqual((code, body), (400, b'{"message":"INVALID_TOPIC"}'))
+        self.assertEqual(headers[b"x-nsq-content-type"], b"nsq; version=1.0")
+        c.send(b"GET /stats?format=json&topic=\xc3\xa9\xff HTTP/1.1\r\nHost: x\r\n\r\n")
+        code, _, body = response(c.take())
+        self.assertEqual((code, json.loads(body)["topics"]), (200, None))  # Go's nil slice
+        c.send(b"GET /\xff HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertEqual(response(c.take())[::2], (404, b'{"message":"NOT_FOUND"}'))
+        self.assertFalse(c.closed)
+        targets = [e.get("target") for e in events if e.get("log_namespace") == "nsqd_tw.web"]
+        self.assertIn("/pub?topic=%FF%FE", targets)  # logged, as %-escapes
+        self.assertIn("/stats?format=json&topic=%C3%A9%FF", targets)
+
+    def test_control_bytes_in_the_target(self):
+        self.assertGo400(b"GET /ping?a=\x7f HTTP/1.1\r\nHost: x\r\n\r\n")
+
+    def test_unsupported_transfer_encoding(self):
+        c = self.conn()
+        c.send(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n")
+        self.assertEqual(
+            c.take(),
+            b"HTTP/1.1 501 Not Implemented\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            b"Connection: close\r\n\r\nUnsupported transfer encoding",
+        )
+
+
+class DeadlineTests(SiteTestCase):
+    def test_values(self):
+        # documented in docs/http-api.md and docs/operator-guide.md
+        self.assertEqual((self.site.header_timeout, self.site.body_timeout, self.site.idle_timeout), (10, 60, 120))
+
+    def test_dripping_headers_do_not_extend_the_deadline(self):
+        c = self.conn()
+        c.send(b"GET /ping HTTP/1.1\r\nHost: x\r\nX-Drip: ")
+        for _ in range(self.site.header_timeout - 1):
+            self.clock.advance(1)
+            c.send(b"a")
+        self.assertFalse(c.closed)
+        self.clock.advance(1)
+        self.assertTrue(c.closed)
+        self.assertEqual(c.take(), b"")  # as Go: no answer to a request never finished
+
+    def test_silent_connection_closed_at_the_header_deadline(self):
+        c = self.conn()
+        self.clock.advance(self.site.header_timeout - 0.1)
+        self.assertFalse(c.closed)
+        self.clock.advance(0.1)
+        self.assertTrue(c.closed)
+
+    def test_dripping_body_gets_408(self):
+        c = self.conn()
+        c.send(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n")
+        for _ in range(self.site.body_timeout - 1):
+            self.clock.advance(1)
+            c.send(b"a")
+        self.assertFalse(c.closed)
+        self.assertEqual(c.take(), b"")
+        self.clock.advance(1)
+        self.assertEqual(
+            c.take(),
+            b"HTTP/1.1 408 Request Timeout\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            b"Connection: close\r\n\r\n408 Request Timeout",
+        )
+        self.clock.advance(web.LINGER)
+        self.assertTrue(c.closed)
+        self.assertEqual(self.depth("t"), 0)
+
+    def test_keep_alive_idle_then_next_request(self):
+        c = self.conn()
+        c.send(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertEqual(response(c.take())[::2], (200, b"OK"))
+        # the header deadline of the next request starts with its first byte
+        self.clock.advance(self.site.idle_timeout - 1)
+        self.assertFalse(c.closed)
+        c.send(b"GET /pi")
+        self.clock.advance(self.site.header_timeout - 1)
+        c.send(b"ng HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertEqual(response(c.take())[::2], (200, b"OK"))
+        self.clock.advance(self.site.idle_timeout)
+        self.assertTrue(c.closed)
+
+    def test_a_long_request_is_not_cut(self):
+        c = self.conn()
+        c.send(b"GET /debug/pprof/profile?seconds=200 HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.clock.advance(199)
+        self.assertFalse(c.closed)
+        self.clock.advance(1)
+        self.assertEqual(response(c.take())[0], 200)
+        self.assertFalse(c.closed)
+
+    def test_pipelined_requests(self):
+        c = self.conn()
+        c.send(
+            b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\nPOST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi"
+        )
+        out = c.take()
+        self.assertEqual(out.count(b"HTTP/1.1 200 OK"), 2)
+        self.assertEqual(self.depth("t"), 1)
+
+    def test_timeouts_are_logged_rate_limited(self):
+        events: list[dict] = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        conns = [self.conn() for _ in range(50)]
+        self.clock.advance(self.site.header_timeout)
+        self.assertTrue(all(c.closed for c in conns))
+        self.clock.advance(60)
+        lines = [e["text"] for e in events if e.get("log_namespace") == "nsqd_tw.web" and "text" in e]
+        self.assertLessEqual(len(lines), 2, lines)
+        self.assertIn("no complete request headers within 10s", lines[0])
+        self.assertIn("49", lines[-1])
+        self.assertTrue(all(e["log_level"] == LogLevel.info for e in events if e.get("text") in lines))
+
+
+class ProfileTests(SiteTestCase):
+    def test_client_gone_mid_profile_turns_the_profiler_off(self):
+        c = self.conn()
+        c.send(b"GET /debug/pprof/profile?seconds=1000 HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertIsNotNone(sys.getprofile())
+        c.lose()
+        self.assertIsNone(sys.getprofile())
+        # and the next profile runs
+        c = self.conn()
+        c.send(b"GET /debug/pprof/profile?seconds=2 HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.clock.advance(2)
+        self.assertEqual(response(c.take())[0], 200)
+        self.assertIsNone(sys.getprofile())
+
+    def test_busy_profiler_answers_as_go(self):
+        first = self.conn()
+        first.send(b"GET /debug/pprof/profile?seconds=5 HTTP/1.1\r\nHost: x\r\n\r\n")
+        c = self.conn()
+        c.send(b"GET /debug/pprof/profile HTTP/1.1\r\nHost: x\r\n\r\n")
+        code, headers, body = response(c.take())
+        self.assertEqual((code, body), (500, b"Could not enable CPU profiling: cpu profiling already in use\n"))
+        self.assertEqual(headers[b"x-go-pprof"], b"1")
+        self.clock.advance(5)
+        self.assertEqual(response(first.take())[0], 200)
+        self.assertIsNone(sys.getprofile())
