@@ -214,7 +214,13 @@ def tree(pids: set[int]) -> set[int]:
 
 
 def signal_groups(pids: set[int], sig: int) -> None:
-    for pgid in {os.getpgid(p) for p in pids if alive(p)}:
+    groups: set[int] = set()
+    for pid in pids:
+        try:
+            groups.add(os.getpgid(pid))
+        except ProcessLookupError:
+            pass
+    for pgid in groups:
         try:
             os.killpg(pgid, sig)
         except ProcessLookupError:
