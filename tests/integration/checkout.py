@@ -11,6 +11,7 @@ of the dependencies and never touches the developer's own ``.venv``.
 
 from __future__ import annotations
 
+import atexit
 import http.client
 import os
 import shutil
@@ -55,7 +56,9 @@ def git(cwd: Path, *args: str) -> str:
 
 
 def make_checkout(dest: Path) -> Path:
-    """Copy the checkout to ``dest`` and give it a ``.venv``; returns ``dest``."""
+    """Copy the checkout to ``dest`` and give it a ``.venv``; returns ``dest``,
+    which is removed when the test run ends."""
+    atexit.register(shutil.rmtree, dest, True)
     for name in source_files():
         target = dest / name
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -402,7 +402,7 @@ def checkout() -> Path:
         env = {k: v for k, v in os.environ.items() if not k.startswith("VIRTUAL_ENV")}
         for name in ("NSQD_TCP", "NSQD_HTTP", "NSQLOOKUPD_TCP", "NSQLOOKUPD_HTTP"):
             env[f"{name}_PORT"] = str(free_port())
-        log = root.parent / (root.name + "-first-run.log")
+        log = root / ".venv" / "first-run.log"
         node = Node(root, env, log)
         node.wait_ready()
         status = node.stop()
