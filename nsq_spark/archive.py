@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from typing import Any
 
@@ -43,6 +44,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-messages-per-batch", type=int, default=10000)
     p.add_argument("--max-in-flight", type=int, default=0, help="default: --max-messages-per-batch")
     p.add_argument("--idle-timeout", default="2s", help="available-now: drained after this long without a message")
+    p.add_argument(
+        "--no-node-timeout",
+        default="60s",
+        help="fail when no nsqd could be reached (through lookupd or directly) for this long; 0: keep trying",
+    )
     p.add_argument("--master", help="Spark master URL (default: spark-submit's, else local[*])")
     p.add_argument("--tls", action="store_true", help="connect to nsqd with TLS")
     p.add_argument("--tls-root-ca-file")
@@ -66,6 +72,7 @@ def source_options(args: argparse.Namespace) -> dict[str, str]:
         "maxMessagesPerBatch": str(args.max_messages_per_batch),
         "maxInFlight": str(args.max_in_flight or args.max_messages_per_batch),
         "idleTimeout": args.idle_timeout,
+        "noNodeTimeout": args.no_node_timeout,
     }
     if args.nsqd_tcp_address:
         options["nsqdTcpAddresses"] = ",".join(args.nsqd_tcp_address)
@@ -168,8 +175,7 @@ class _ProgressLogger:
                 pass
 
             def onQueryTerminated(self, event: Any) -> None:
-                if event.exception:
-                    log.error("archive query failed: %s", event.exception)
+                pass  # main() reports a failure, with its reason
 
         self.total = 0
         self.listener = Listener()
@@ -189,18 +195,34 @@ def main(argv: list[str] | None = None) -> int:
     progress = _ProgressLogger(args.topic)
     spark.streams.addListener(progress.listener)
     query = archive_query(spark, args)
+    failed: str | None = None
     try:
         query.awaitTermination()
     except KeyboardInterrupt:
         query.stop()
     except Exception as e:
-        log.error("archiving %s failed: %s", args.topic, e)
-        return 1
+        failed = failure_reason(str(e))
     finally:
         spark.streams.removeListener(progress.listener)
+    if failed is not None:
+        log.error("archiving %s failed: %s", args.topic, failed)
+        spark.stop()
+        return 1
     log.info("done: %d messages of %s archived in %s", progress.total, args.topic, args.output)
     spark.stop()
     return 0
+
+
+def failure_reason(text: str) -> str:
+    """The error a failed query carries, without Spark's wrapping: the Python
+    exception's message when the source raised one (e.g. no nsqd reachable)."""
+    start = text.rfind("Traceback (most recent call last):")
+    if start >= 0:
+        for line in text[start:].splitlines()[1:]:
+            if line and not line[0].isspace():
+                name, _, message = line.partition(": ")
+                return re.sub(r"(\s+SQLSTATE: \w+)+\s*$", "", message or name)
+    return text.strip().splitlines()[0] if text.strip() else "unknown error"
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from urllib.error import HTTPError
 from urllib.parse import quote
 from urllib.request import Request, urlopen
 
@@ -70,6 +71,12 @@ class ConsumerConfig:
     lookupd_poll_interval: float = 60.0
     idle_timeout: float = 2.0  # availableNow: the channel is drained after this long without a message
     touch_interval: float = 0.0  # 0: half the negotiated msg_timeout
+    no_node_timeout: float = 60.0  # fail after this long with no nsqd reachable; 0: wait forever
+
+
+class NoNodeError(RuntimeError):
+    """No nsqd could be consumed from for ``noNodeTimeout`` (or ever, for a
+    failure retrying cannot mend, such as E_AUTH_FAILED)."""
 
 
 @dataclass
@@ -100,8 +107,11 @@ class HoldingConsumer:
         self.cutoff_ns: int | None = None  # availableNow: messages stamped later are given back
         self.last_activity = clock()
         self.discovered = threading.Event()  # the first lookupd poll (or none to do) is done
-        self.errors: list[str] = []
-        self.subscribed_once = False
+        # reachability: the last failure to reach a lookupd or nsqd since the
+        # last sign of health, and since when no connection has been live
+        self.last_error: str | None = None
+        self.fatal_error: str | None = None
+        self.unreachable_since = clock()
         self._threads: list[threading.Thread] = []
 
     # -- life ----------------------------------------------------------------------
@@ -110,6 +120,7 @@ class HoldingConsumer:
         if self.started:
             return
         self.started = True
+        self.unreachable_since = self.clock()
         for address in self.config.nsqd_addresses:
             self._add(address, static=True)
         if self.config.lookupd_addresses:
@@ -153,7 +164,7 @@ class HoldingConsumer:
                     return
                 continue
             with self.cond:
-                self.subscribed_once = True
+                self.last_error = None
                 state.conn = conn
                 self.last_activity = self.clock()
                 self._rebalance_rdy()
@@ -168,17 +179,27 @@ class HoldingConsumer:
                 conn.close()
                 with self.cond:
                     state.conn = None
+                    if not self._live():
+                        self.unreachable_since = self.clock()
                     self._rebalance_rdy()
                     self.cond.notify_all()
 
     def _connection_failed(self, state: _ConnState, e: BaseException) -> None:
         state.failures += 1
         text = f"cannot consume from {state.address}: {e}"
+        permanent = isinstance(e, NSQError) and e.code in (
+            "E_AUTH_FAILED",
+            "E_UNAUTHORIZED",
+            "E_BAD_TOPIC",
+            "E_BAD_CHANNEL",
+        )
         with self.cond:
-            self.errors.append(text)
+            self._failed(text)
+            if permanent:
+                self.fatal_error = text
             self.cond.notify_all()
         log.warning(text)
-        if isinstance(e, NSQError) and e.code in ("E_AUTH_FAILED", "E_UNAUTHORIZED", "E_BAD_TOPIC", "E_BAD_CHANNEL"):
+        if permanent:
             state.closing = True  # retrying cannot help
             return
         delay = min(60.0, 0.5 * 2 ** min(state.failures, 7)) * (0.5 + random.random() / 2)
@@ -244,21 +265,49 @@ class HoldingConsumer:
             except (OSError, NSQError):
                 pass
 
+    def _failed(self, text: str) -> None:
+        """Record a failure to reach a node (called with the lock held)."""
+        self.last_error = text
+
+    def _live(self) -> bool:
+        return any(s.conn is not None for s in self.conns.values())
+
     def _poll_lookupd(self) -> None:
         first = True
+        failures = 0
         while not self.stopping:
-            for address in self._lookup():
+            found, problems = self._lookup()
+            if problems and len(problems) == len(self.config.lookupd_addresses):
+                failures += 1  # none answered: ask again soon, backing off
+                with self.cond:
+                    self._failed("; ".join(problems))
+                    self.cond.notify_all()
+            else:
+                failures = 0
+                if not found and not self.config.nsqd_addresses:
+                    # the lookupds answered: no node has the topic yet, which is no failure
+                    with self.cond:
+                        self.last_error = None
+                        if not self._live():
+                            self.unreachable_since = self.clock()
+                        self.cond.notify_all()
+            for address in found:
                 self._add(address, static=False)
             if first:
                 first = False
                 self.discovered.set()
-            deadline = self.clock() + self.config.lookupd_poll_interval
+            interval = self.config.lookupd_poll_interval
+            if failures:
+                interval = min(interval, 0.5 * 2 ** min(failures, 7))
+            deadline = self.clock() + interval
             with self.cond:
                 while not self.stopping and self.clock() < deadline:
                     self.cond.wait(deadline - self.clock())
 
-    def _lookup(self) -> list[str]:
+    def _lookup(self) -> tuple[list[str], list[str]]:
+        """The topic's nsqd addresses the lookupds list, and the lookupds that failed."""
         found: list[str] = []
+        problems: list[str] = []
         for lookupd in self.config.lookupd_addresses:
             base = lookupd if "://" in lookupd else f"http://{lookupd}"
             url = f"{base.rstrip('/')}/lookup?topic={quote(self.config.topic)}"
@@ -266,15 +315,23 @@ class HoldingConsumer:
                 req = Request(url, headers={"Accept": "application/vnd.nsq; version=1.0"})
                 with urlopen(req, timeout=5) as resp:
                     data = json.loads(resp.read())
-            except Exception as e:  # a 404 (topic unknown yet) included
-                log.info("lookupd %s: %s", lookupd, e)
+            except HTTPError as e:
+                if e.code == 404:  # the topic is on no node yet
+                    log.info("lookupd %s: no nsqd has topic %s yet", lookupd, self.config.topic)
+                else:
+                    problems.append(f"lookupd {lookupd}: {e}")
+                    log.warning("lookupd %s: %s", lookupd, e)
+                continue
+            except Exception as e:
+                problems.append(f"lookupd {lookupd}: {e}")
+                log.warning("lookupd %s: %s", lookupd, e)
                 continue
             data = data.get("data", data)  # pre-1.0 lookupd wrapped it
             for p in data.get("producers") or []:
                 host = p.get("broadcast_address") or p.get("address")
                 if host and p.get("tcp_port"):
                     found.append(f"[{host}]:{p['tcp_port']}" if ":" in host else f"{host}:{p['tcp_port']}")
-        return sorted(set(found))
+        return sorted(set(found)), problems
 
     def _toucher(self) -> None:
         while not self.stopping:
@@ -335,11 +392,34 @@ class HoldingConsumer:
         with self.cond:
             self.cutoff_ns = time.time_ns()
 
+    def no_node_error(self) -> str | None:
+        """Why the query should fail, if no nsqd has been reachable for
+        ``no_node_timeout`` (called with the lock held)."""
+        if self._live():
+            return None
+        if self.fatal_error is not None and not any(not s.closing for s in self.conns.values()):
+            return f"no nsqd can be consumed from: {self.fatal_error}"
+        timeout = self.config.no_node_timeout
+        if self.last_error is None or timeout <= 0:
+            return None
+        if self.clock() - self.unreachable_since < timeout:
+            return None
+        return f"no nsqd could be reached for {timeout:g}s: {self.last_error}"
+
+    def check_reachable(self) -> None:
+        """Raise :class:`NoNodeError` once no nsqd has been reachable for ``no_node_timeout``."""
+        with self.cond:
+            error = self.no_node_error()
+        if error is not None:
+            raise NoNodeError(error)
+
     def wait_for_more(self, seq: int) -> bool:
         """availableNow: block until a message numbered ``seq`` exists (True) or
         the channel is drained (False): every connection has caught up with the
         cutoff, or nothing arrived for ``idle_timeout`` (since the last message,
-        subscription or FIN, which lets nsqd send more)."""
+        subscription or FIN, which lets nsqd send more). While no nsqd can be
+        reached the channel is not drained: it waits, and raises
+        :class:`NoNodeError` after ``no_node_timeout``."""
         self.discovered.wait(30)
         with self.cond:
             while True:
@@ -348,10 +428,14 @@ class HoldingConsumer:
                 live = [s for s in self.conns.values() if s.conn is not None]
                 if live and all(s.caught_up for s in live):
                     return False
+                error = self.no_node_error()
+                if error is not None:
+                    raise NoNodeError(error)
+                unreachable = not live and self.last_error is not None
                 idle_for = self.clock() - self.last_activity
-                if idle_for >= self.config.idle_timeout:
+                if idle_for >= self.config.idle_timeout and not unreachable:
                     return False
-                self.cond.wait(min(0.2, self.config.idle_timeout - idle_for))
+                self.cond.wait(0.2 if unreachable else min(0.2, self.config.idle_timeout - idle_for))
 
     def fill(self, target: int, quiet: float = 0.1, max_wait: float = 2.0) -> None:
         """availableNow: let a batch grow to ``target`` while messages keep

@@ -22,6 +22,9 @@ Options (all strings, names case-insensitive):
 ``lookupdPollInterval``    default ``60s``
 ``idleTimeout``            availableNow: drained after this long without a message
                            (default ``2s``)
+``noNodeTimeout``          fail the query when no nsqd could be reached (lookupd
+                           or nsqd unreachable) for this long (default ``60s``;
+                           ``0``: keep trying forever)
 ``rowsPerPartition``       split a batch's rows into partitions of this size
                            (default 10000)
 ``tls``                    ``true`` to upgrade connections to TLS
@@ -79,6 +82,18 @@ _ARROW_SCHEMA = pa.schema(
 
 class OptionError(ValueError):
     pass
+
+
+def _log_to_stderr() -> None:
+    """Spark runs the stream reader in a Python process of its own, where no one
+    configures logging; its stderr goes to the driver's console. Give our
+    warnings a handler there, in the usual shape, unless logging is set up."""
+    ours = logging.getLogger("nsq_spark")
+    if ours.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+    ours.addHandler(handler)
 
 
 def _bool(options: dict[str, str], key: str, default: bool = False) -> bool:
@@ -143,6 +158,7 @@ class NSQOptions:
     max_in_flight: int
     lookupd_poll_interval: float
     idle_timeout: float
+    no_node_timeout: float
     rows_per_partition: int
     body_column: str
     max_message_size: int
@@ -191,6 +207,7 @@ class NSQOptions:
             max_in_flight=max_in_flight,
             lookupd_poll_interval=_seconds(options, "lookupdpollinterval", 60.0),
             idle_timeout=_seconds(options, "idletimeout", 2.0),
+            no_node_timeout=_seconds(options, "nonodetimeout", 60.0),
             rows_per_partition=_int(options, "rowsperpartition", 10000),
             body_column=str(options.get("bodycolumn") or ""),
             max_message_size=_int(options, "maxmessagesize", 1048576),
@@ -275,8 +292,10 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     max_in_flight=o.max_in_flight,
                     lookupd_poll_interval=o.lookupd_poll_interval,
                     idle_timeout=o.idle_timeout,
+                    no_node_timeout=o.no_node_timeout,
                 )
             )
+            _log_to_stderr()
             self._consumer.start()
         return self._consumer
 
@@ -301,11 +320,11 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         done = consumer.finish_below(seq)
         if done:
             log.info("FINed %d messages of committed batches", done)
-        if self._available_now and not consumer.wait_for_more(seq):
+        if not self._available_now:
+            consumer.check_reachable()
+        elif not consumer.wait_for_more(seq):
             # drained: this run ends here; make sure nsqd has every FIN
             consumer.close()
-            if not consumer.subscribed_once and consumer.errors:
-                raise RuntimeError(f"no nsqd could be consumed from: {consumer.errors[-1]}")
             return start
         if self._available_now:
             cap = self.options.max_messages_per_batch

@@ -322,6 +322,11 @@ class Consumer:
         self.max_in_flight = max_in_flight
         self.requeue_delay_ms = requeue_delay_ms
         self.conn: NSQClientProtocol | None = None
+        self.reactor: Any = None
+        self._running = 0  # handlers called and not yet done
+        self._idle: list[defer.Deferred[None]] = []
+        self._closing: defer.Deferred[None] | None = None
+        self._shutdown_trigger: Any = None
 
     @classmethod
     @defer.inlineCallbacks
@@ -337,14 +342,19 @@ class Consumer:
         **identify: Any,
     ) -> Any:
         consumer = cls(topic, channel, handler, max_in_flight)
+        consumer.reactor = reactor
         conn = yield connect(reactor, host, port, **identify)
         consumer.conn = conn
         conn.on_message = consumer._handle
         yield conn.sub(topic, channel)
         conn.rdy(max_in_flight)
+        # a program that stops the reactor without close() (task.react once
+        # main() returns) still gets the FINs of the handlers that returned
+        consumer._shutdown_trigger = reactor.addSystemEventTrigger("before", "shutdown", consumer.close)
         return consumer
 
     def _handle(self, msg: ReceivedMessage) -> None:
+        self._running += 1
         d = defer.maybeDeferred(self.handler, msg)
 
         def ok(_: Any) -> None:
@@ -357,17 +367,62 @@ class Consumer:
                 msg.requeue(self.requeue_delay_ms)
 
         d.addCallbacks(ok, failed)
+        d.addBoth(self._handled)
+
+    def _handled(self, _: Any) -> None:
+        self._running -= 1
+        if not self._running:
+            idle, self._idle = self._idle, []
+            for waiter in idle:
+                waiter.callback(None)
+
+    def _handlers_done(self) -> defer.Deferred[None]:
+        d: defer.Deferred[None] = defer.Deferred()
+        if self._running:
+            self._idle.append(d)
+        else:
+            d.callback(None)
+        return d
+
+    def close(self, timeout: float = 10.0) -> defer.Deferred[None]:
+        """Stop: CLS (nsqd sends nothing more), let the handlers still running
+        finish and answer their messages, then close the connection, which
+        sends their FINs first. After ``timeout`` seconds it closes anyway."""
+        if self._closing is None:
+            self._closing = self._close(timeout)
+        d: defer.Deferred[None] = defer.Deferred()
+
+        def closed(result: Any) -> Any:
+            d.callback(None)
+            return result
+
+        self._closing.addBoth(closed)
+        return d
 
     @defer.inlineCallbacks
-    def close(self) -> Any:
-        """CLS, then close the connection."""
+    def _close(self, timeout: float) -> Any:
+        if self._shutdown_trigger is not None:
+            try:
+                self.reactor.removeSystemEventTrigger(self._shutdown_trigger)
+            except (ValueError, KeyError):
+                pass  # already fired: we are the trigger
+            self._shutdown_trigger = None
         conn = self.conn
         if conn is None or conn.closed:
             return
+        waits: list[defer.Deferred[Any]] = [conn.cls(), self._handlers_done()]
+        ready: defer.Deferred[Any] = defer.DeferredList(waits, consumeErrors=True)
+        if self.reactor is not None:
+            ready.addTimeout(timeout, self.reactor)
         try:
-            yield conn.cls()
-        except Exception:
-            pass
+            yield ready
+        except defer.TimeoutError:
+            log.warn(
+                "closing the consumer of {topic}/{channel}: gave up waiting after {t}s",
+                topic=self.topic,
+                channel=self.channel,
+                t=timeout,
+            )
         conn.close()
         yield conn.closed_d
 

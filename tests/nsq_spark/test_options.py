@@ -17,6 +17,9 @@ class OptionTests(unittest.TestCase):
         self.assertEqual(o.nsqd_addresses, ["127.0.0.1:4150"])
         self.assertEqual((o.max_messages_per_batch, o.max_in_flight, o.rows_per_partition), (10000, 1000, 10000))
         self.assertEqual((o.msg_timeout, o.idle_timeout, o.lookupd_poll_interval), (0.0, 2.0, 60.0))
+        self.assertEqual(o.no_node_timeout, 60.0)
+        self.assertEqual(self.parse(noNodeTimeout="0").no_node_timeout, 0.0)  # keep trying forever
+        self.assertEqual(self.parse(NONODETIMEOUT="90s").no_node_timeout, 90.0)
         self.assertFalse(o.tls.enabled)
         self.assertIsNone(o.auth_secret)
 
@@ -51,6 +54,7 @@ class OptionTests(unittest.TestCase):
             ({"maxInFlight": "lots"}, "option maxinflight: 'lots' is not an integer"),
             ({"msgTimeout": "soon"}, 'option msgtimeout: time: invalid duration "soon"'),
             ({"tls": "maybe"}, "option tls: 'maybe' is not a boolean"),
+            ({"noNodeTimeout": "never"}, 'option nonodetimeout: time: invalid duration "never"'),
         ]
         for options, text in cases:
             with self.assertRaises(OptionError) as e:

@@ -138,3 +138,50 @@ class ClientTests(unittest.TestCase):
         self.assertEqual(len({m.body for m in b_got}), 50)
         by_conn = {id(m.conn) for m in b_got}
         self.assertEqual(len(by_conn), 2, "both consumers of channel b got messages")
+
+    @defer.inlineCallbacks
+    def wait_settled(self, channel: str = "c"):
+        """The channel once nsqd has seen every consumer go."""
+        ch = self.server.nsqd.topics["t"].channels[channel]
+        for _ in range(200):
+            if not ch.clients:
+                return ch
+            yield task.deferLater(reactor, 0.01, lambda: None)
+        self.fail("the consumer's connection is still open on nsqd")
+
+    @defer.inlineCallbacks
+    def test_close_waits_for_a_running_handler_and_its_fin(self):
+        release: defer.Deferred = defer.Deferred()
+        running: defer.Deferred = defer.Deferred()
+
+        def handler(msg):
+            running.callback(None)
+            return release
+
+        consumer, _ = yield self.consume(1, handler=handler)
+        p = yield self.producer()
+        yield p.pub("t", b"slow")
+        yield running
+        closing = consumer.close()
+        yield task.deferLater(reactor, 0.1, lambda: None)
+        self.assertFalse(closing.called, "close() waits for the handler")
+        release.callback(None)
+        yield closing
+        ch = yield self.wait_settled()
+        self.assertEqual((ch.message_count, ch.requeue_count, len(ch.in_flight), ch.depth()), (1, 0, 0, 0))
+
+    @defer.inlineCallbacks
+    def test_close_from_inside_the_handler_still_fins_that_message(self):
+        closed: defer.Deferred = defer.Deferred()
+        consumers: list = []
+
+        def handler(msg):
+            consumers[0].close().chainDeferred(closed)  # e.g. a Deferred the handler fires resumes main()
+
+        consumer, _ = yield self.consume(1, handler=handler)
+        consumers.append(consumer)
+        p = yield self.producer()
+        yield p.pub("t", b"last")
+        yield closed
+        ch = yield self.wait_settled()
+        self.assertEqual((ch.message_count, ch.requeue_count, len(ch.in_flight), ch.depth()), (1, 0, 0, 0))
