@@ -52,14 +52,30 @@ def start_error_text(e: BaseException, instantiate_error: str) -> str:
 
 
 def install_stop_signals(reactor: Any) -> None:
-    """SIGTERM and SIGINT stop the reactor cleanly from now on: a signal that
-    comes before the reactor runs queues the stop for when it does. SIGINT is
-    caught even when the process inherited it ignored (started with ``&``), as
-    Go's signal.Notify does; the reactor keeps these handlers when it starts."""
+    """SIGTERM and SIGINT stop the reactor cleanly from now on, as Go's nsqd.
+
+    A signal that comes before the reactor runs queues the stop for when it
+    does; SIGINT is caught even when the process inherited it ignored (started
+    with ``&``), as Go's signal.Notify does; signals after the first are ignored
+    (Go's nsqd, too). The reactor installs its own handlers when it starts:
+    ours go back in place once it runs.
+    """
     import signal
 
-    signal.signal(signal.SIGTERM, reactor.sigTerm)
-    signal.signal(signal.SIGINT, reactor.sigInt)
+    stopping: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        if stopping:
+            return
+        stopping.append(signum)
+        (reactor.sigInt if signum == signal.SIGINT else reactor.sigTerm)(signum, frame)
+
+    def install() -> None:
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    install()
+    reactor.callWhenRunning(install)
 
 
 # -- Go's time.ParseDuration ---------------------------------------------

@@ -185,6 +185,30 @@ class EarlySignalTests(unittest.TestCase):
             self.assertEqual(proc.wait(), 0, (sig, proc.lines))
             self.assertTrue(any("NSQ: bye" in line for line in proc.lines), proc.lines)
 
+    def test_a_second_signal_is_ignored(self) -> None:
+        """As Go's: the first SIGTERM/SIGINT stops nsqd; more while it stops change nothing."""
+        for first, second in ((signal.SIGINT, signal.SIGTERM), (signal.SIGTERM, signal.SIGTERM)):
+            proc = self.start()
+            proc.signal(first)
+            for _ in range(5):
+                proc.signal(second)
+            self.assertEqual(proc.wait(), 0, proc.lines)
+            self.assertFalse([line for line in proc.lines if "FATAL" in line or "Traceback" in line], proc.lines)
+            self.assertTrue(any("NSQ: bye" in line for line in proc.lines), proc.lines)
+
+    def test_a_second_signal_under_twistd(self) -> None:
+        path = self.mktemp()
+        os.makedirs(path)
+        argv = [*command("twistd"), "-n", "--pidfile=", "--logfile=-", "nsqd", *LOOPBACK, "--data-path", path]
+        proc = ServerProcess("twistd", argv=argv, stdout=True).start()
+        self.addCleanup(proc.kill)
+        proc.signal(signal.SIGINT)
+        for _ in range(5):
+            proc.signal(signal.SIGTERM)
+        self.assertIn(proc.wait(), (0, -signal.SIGINT), "twistd re-raises the first signal")
+        self.assertFalse([line for line in proc.lines if "Traceback" in line], proc.lines)
+        self.assertTrue(any("NSQ: bye" in line for line in proc.lines), proc.lines)
+
     def test_sigint_stops_nsqd_that_inherited_it_ignored(self) -> None:
         proc = self.start(preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
         proc.signal(signal.SIGINT)
