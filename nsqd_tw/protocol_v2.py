@@ -166,6 +166,12 @@ class Pause:
         self.pause_reading = pause_reading
 
 
+def _cancel(call: Any) -> None:
+    """Cancel a pending DelayedCall (None, or one already run, is fine)."""
+    if call is not None and call.active():
+        call.cancel()
+
+
 def _s(b: bytes) -> str:
     """Bytes from the wire as text for an error message (round-trips exactly)."""
     return b.decode("utf-8", "surrogateescape")
@@ -496,10 +502,8 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
             self._process(self._parser)
 
     def _cancel_write_deadline(self) -> None:
-        if self._write_deadline is not None:
-            if self._write_deadline.active():
-                self._write_deadline.cancel()
-            self._write_deadline = None
+        _cancel(self._write_deadline)
+        self._write_deadline = None
 
     def _write_timed_out(self) -> None:
         """Backed up for a whole heartbeat interval: drop the client, as Go's
@@ -804,10 +808,8 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
         self.transport.abortConnection()
 
     def _cancel_tls_timer(self) -> None:
-        if self._tls_timer is not None:
-            if self._tls_timer.active():
-                self._tls_timer.cancel()
-            self._tls_timer = None
+        _cancel(self._tls_timer)
+        self._tls_timer = None
 
     # -- what the channel calls ----------------------------------------------
 

@@ -36,6 +36,19 @@ class StorageProcessTestCase(unittest.TestCase):
         return proc
 
     @defer.inlineCallbacks
+    def recovers(self, port: int, http: str, topic: str, acked: list[bytes]):
+        """Every acknowledged message of channel c is delivered; then there is room
+        again: a PUB is answered OK and /ping turns OK."""
+        got = yield self.drain(port, topic, "c", len(acked))
+        self.assertEqual(sorted(got), sorted(acked), "every acknowledged message is delivered")
+        p = yield connect(reactor, "127.0.0.1", port)
+        self.assertEqual((yield p.pub(topic, b"room again")), b"OK")
+        p.close()
+        yield p.closed_d
+        resp = yield treq.get(f"http://{http}/ping", persistent=False)
+        self.assertEqual((resp.code, (yield resp.content())), (200, b"OK"))
+
+    @defer.inlineCallbacks
     def drain(self, port: int, topic: str, channel: str, n: int):
         got: list[bytes] = []
         done: defer.Deferred = defer.Deferred()
@@ -133,15 +146,7 @@ class DiskFullTests(StorageProcessTestCase):
         self.assertEqual(resp.code, 500)
         self.assertTrue(body.startswith(b"NOK - "), body)
 
-        got = yield self.drain(port, "full", "c", len(acked))
-        self.assertEqual(set(got), set(acked), "every acknowledged message is delivered")
-
-        p = yield connect(reactor, "127.0.0.1", port)
-        self.assertEqual((yield p.pub("full", b"room again")), b"OK")
-        p.close()
-        yield p.closed_d
-        resp = yield treq.get(f"http://{http}/ping", persistent=False)
-        self.assertEqual((resp.code, (yield resp.content())), (200, b"OK"))
+        yield self.recovers(port, http, "full", acked)
         proc.signal(signal.SIGTERM)
         proc.wait()
 
@@ -167,14 +172,7 @@ class DiskBudgetProcessTests(StorageProcessTestCase):
         resp = yield treq.post(f"http://{http}/pub?topic=budget", b"x" * 4096, persistent=False)
         self.assertEqual((resp.code, (yield resp.content())), (503, b'{"message":"EXITING"}'))
 
-        got = yield self.drain(port, "budget", "c", len(acked))
-        self.assertEqual(sorted(got), sorted(acked), "every acknowledged message is delivered")
-        p = yield connect(reactor, "127.0.0.1", port)
-        self.assertEqual((yield p.pub("budget", b"room again")), b"OK")
-        p.close()
-        yield p.closed_d
-        resp = yield treq.get(f"http://{http}/ping", persistent=False)
-        self.assertEqual((resp.code, (yield resp.content())), (200, b"OK"))
+        yield self.recovers(port, http, "budget", acked)
 
 
 class TmpfsKeeper:
