@@ -10,7 +10,19 @@ setup(
     python_requires=">=3.11",
     # twisted/plugins has no __init__.py: it is Twisted's plugin namespace, and
     # listing it here ships our plugin modules into it
-    packages=["nsqd_tw", "lookupd_tw", "nsq_spark", "twisted.plugins"],
+    packages=[
+        "nsq_wire",
+        "nsq_client",
+        "nsq_service",
+        "nsqd_tw",
+        "nsqd_tw.core",
+        "nsqd_tw.storage",
+        "nsqd_tw.tcp",
+        "nsqd_tw.http",
+        "lookupd_tw",
+        "nsq_spark",
+        "twisted.plugins",
+    ],
     # Naming the root makes `pip install -e .` put the checkout on sys.path (a .pth
     # line) rather than install an import hook: Twisted finds plugins by looking
     # for twisted/plugins/ directories on sys.path, and an import hook hides ours.

@@ -17,9 +17,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nsqd_tw.compression import DeflateCodec, SnappyCodec
-from nsqd_tw.options import parse_duration
-from nsqd_tw.wire import MAGIC_V2, encode_command
+from nsq_wire.commands import encode_command
+from nsq_wire.compression import DeflateCodec, SnappyCodec
+from nsq_wire.frames import MAGIC_V2
+from nsq_wire.gofmt import parse_duration
 
 FRAME = struct.Struct(">ii")
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nsqd_tw.wire import encode_command, encode_mpub
+from nsq_wire.commands import encode_command, encode_mpub
 
 MB = 1024 * 1024
 

@@ -10,7 +10,7 @@ import time
 
 from _common import FEATURES, base_parser, connect, expect_ok, features, run_workers
 
-from nsqd_tw.wire import encode_command
+from nsq_wire.commands import encode_command
 
 _FRAME = struct.Struct(">ii")
 

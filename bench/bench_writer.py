@@ -9,7 +9,7 @@ import time
 
 from _common import FEATURES, base_parser, connect, expect_ok, features, run_workers
 
-from nsqd_tw.wire import encode_mpub
+from nsq_wire.commands import encode_mpub
 
 
 def pub_worker(address: str, topic: str, size: int, batch_size: int, *, ready, runfor: float) -> int:  # type: ignore[no-untyped-def]

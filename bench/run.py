@@ -27,7 +27,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from _common import connect  # noqa: E402
 
-from nsqd_tw.wire import encode_command  # noqa: E402
+from nsq_wire.commands import encode_command  # noqa: E402
 
 
 def launch(extra: list[str]) -> tuple[subprocess.Popen, str]:

@@ -6,8 +6,8 @@ import sys
 from collections.abc import Sequence
 
 from lookupd_tw.options import DEPRECATED_FLAGS, NSQLookupdOptions
-from nsqd_tw.cli import fatal, run_server
-from nsqd_tw.options import ConfigError, parse_command_line
+from nsq_service.cli import fatal, run_server
+from nsq_service.options import ConfigError, parse_command_line
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """nsqlookupd's HTTP API (Klein): discovery for consumers, administration.
 
 Go nsqlookupd 1.3's routes, statuses and JSON; the response conventions are
-:mod:`nsqd_tw.web`'s, shared with nsqd.
+:mod:`nsq_service.web`'s, shared with nsqd.
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from twisted.web.server import Request, Site
 
 from lookupd_tw.nsqlookupd import NSQLookupd
 from lookupd_tw.registration_db import GO_ZERO_TIME_NS, Registration, filter_by_active
-from nsqd_tw.log import LEVEL_NUMBERS, Logger, set_log_level
-from nsqd_tw.options import LOG_LEVELS, VERSION, flag_fields
-from nsqd_tw.web import GoHTTPAPI, HTTPError, JSONValue, Router, add_debug_routes, query
-from nsqd_tw.web import body as read_body
-from nsqd_tw.wire import is_valid_channel_name, is_valid_topic_name
+from nsq_service.log import LEVEL_NUMBERS, Logger, set_log_level
+from nsq_service.options import LOG_LEVELS, flag_fields
+from nsq_service.web import GoHTTPAPI, HTTPError, JSONValue, Router, add_debug_routes, query
+from nsq_service.web import body as read_body
+from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
+from nsq_wire.version import VERSION
 
 log = Logger(namespace="lookupd_tw.http_api")
 

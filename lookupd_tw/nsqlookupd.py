@@ -10,9 +10,8 @@ from twisted.application import service
 
 from lookupd_tw.options import NSQLookupdOptions
 from lookupd_tw.registration_db import PeerInfo, Registration, RegistrationDB
-from nsqd_tw.log import Logger
-from nsqd_tw.nsqd import python_version
-from nsqd_tw.options import VERSION
+from nsq_service.log import Logger
+from nsq_wire.version import VERSION, python_version
 
 REMOVALS_PER_TURN = 200  # registrations of disconnected peers removed per reactor turn
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nsqd_tw.options import DURATION, LOG_LEVEL, STRING, ConfigError, hostname, missing_port, opt, split_address
+from nsq_service.options import DURATION, LOG_LEVEL, STRING, ConfigError, hostname, missing_port, opt, split_address
 
 
 @dataclass

@@ -21,9 +21,12 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from lookupd_tw.registration_db import PeerInfo, Producer, Registration
-from nsqd_tw.log import Logger
-from nsqd_tw.options import VERSION, hostname
-from nsqd_tw.wire import MAGIC_V1, FatalClientError, is_valid_channel_name, is_valid_topic_name
+from nsq_service.log import Logger
+from nsq_service.options import hostname
+from nsq_wire.errors import FatalClientError
+from nsq_wire.frames import MAGIC_V1
+from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
+from nsq_wire.version import VERSION
 
 if TYPE_CHECKING:
     from lookupd_tw.nsqlookupd import NSQLookupd

@@ -7,11 +7,11 @@ from typing import Any
 
 from lookupd_tw.nsqlookupd import NSQLookupd
 from lookupd_tw.options import DEPRECATED_FLAGS, NSQLookupdOptions
-from nsqd_tw.limits import raise_fd_limit
-from nsqd_tw.log import set_log_level
-from nsqd_tw.nsqd import python_version
-from nsqd_tw.options import VERSION, usage_options
-from nsqd_tw.tap import ListeningService, ServerService
+from nsq_service.limits import raise_fd_limit
+from nsq_service.listen import ListeningService, ServerService
+from nsq_service.log import set_log_level
+from nsq_service.options import usage_options
+from nsq_wire.version import VERSION, python_version
 
 _BaseOptions = usage_options(
     NSQLookupdOptions,

@@ -142,7 +142,7 @@ def archive_query(spark: Any, args: argparse.Namespace) -> Any:
 
 
 def _spark_interval(go_duration: str) -> str:
-    from nsqd_tw.options import parse_duration
+    from nsq_wire.gofmt import parse_duration
 
     return f"{int(parse_duration(go_duration) * 1000)} milliseconds"
 

@@ -3,7 +3,7 @@
 Spark runs data source code in plain Python worker processes, where a thread
 per connection is simpler than a reactor. This client negotiates like the
 official libraries: IDENTIFY with feature negotiation, then TLS (``ssl``),
-then snappy or deflate (:mod:`nsqd_tw.compression`), then AUTH.
+then snappy or deflate (:mod:`nsq_wire.compression`), then AUTH.
 
 Writes are serialised by a lock (a consumer thread answers heartbeats while
 the driver sends FIN/TOUCH); reads belong to one thread at a time.
@@ -19,8 +19,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from nsqd_tw.compression import DeflateCodec, SnappyCodec
-from nsqd_tw.wire import (
+from nsq_wire.commands import encode_command, encode_mpub
+from nsq_wire.compression import DeflateCodec, SnappyCodec
+from nsq_wire.frames import (
     CLOSE_WAIT,
     FRAME_TYPE_ERROR,
     FRAME_TYPE_MESSAGE,
@@ -28,8 +29,6 @@ from nsqd_tw.wire import (
     HEARTBEAT,
     MAGIC_V2,
     OK,
-    encode_command,
-    encode_mpub,
 )
 
 _FRAME = struct.Struct(">ii")

@@ -62,7 +62,7 @@ from pyspark.sql.types import StructType
 
 from nsq_spark.conn import Connection, ConnectOptions, NSQError, TLSConfig
 from nsq_spark.consumer import ConsumerConfig, HoldingConsumer
-from nsqd_tw.wire import is_valid_channel_name, is_valid_topic_name
+from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
 
 log = logging.getLogger("nsq_spark")
 
@@ -128,11 +128,11 @@ def _seconds(options: dict[str, str], key: str, default: float) -> float:
     text = str(value).strip()
     if text.isdigit():
         return int(text) / 1000.0  # plain numbers are milliseconds, as nsqd's flags
-    from nsqd_tw.options import ConfigError, parse_duration
+    from nsq_wire.gofmt import DurationError, parse_duration
 
     try:
         return parse_duration(text)
-    except ConfigError as e:
+    except DurationError as e:
         raise OptionError(f"option {key}: {e}") from None
 
 

@@ -1,8 +1,8 @@
 """nsq-tw nsqd: NSQ's queue daemon on Twisted.
 
 Public seams for embedding and extending (see docs/extending.md):
-:func:`nsqd_tw.tap.makeService`, :class:`nsqd_tw.nsqd.NSQD`,
-:class:`nsqd_tw.backend.IBackendQueue`, :class:`nsqd_tw.options.NSQDOptions`.
+:func:`nsqd_tw.tap.makeService`, :class:`nsqd_tw.core.nsqd.NSQD`,
+:class:`nsqd_tw.storage.backend.IBackendQueue`, :class:`nsqd_tw.options.NSQDOptions`.
 """
 
 __version__ = "1.3.0"

@@ -21,9 +21,9 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from twisted.internet import defer
 
-from nsqd_tw import gojson
-from nsqd_tw.log import Logger
-from nsqd_tw.wire import go_quote
+from nsq_service.log import Logger
+from nsq_wire import gojson
+from nsq_wire.gofmt import go_quote
 
 log = Logger(namespace="nsqd_tw.auth")
 

@@ -8,55 +8,10 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any
 
-from twisted.logger import globalLogBeginner
-
-from nsqd_tw.log import GoLogObserver, go_log_line
-from nsqd_tw.options import (
-    NSQD_DEPRECATED_FLAGS,
-    ConfigError,
-    NSQDOptions,
-    install_stop_signals,
-    parse_command_line,
-    start_error_text,
-)
-
-
-def fatal(prefix: str, text: str) -> int:
-    sys.stderr.write(go_log_line(prefix, "FATAL", text))
-    sys.stderr.flush()
-    return 1
-
-
-def run_server(
-    app: str,
-    opts: Any,
-    make_service: Any,
-    instantiate_error: str,
-) -> int:
-    """Log to stderr as Go does, start the services, run the reactor.
-
-    A failed start prints one FATAL line and returns 1 without stopping
-    anything: nothing was handed over yet, and stopping would write files.
-    """
-    from twisted.internet import reactor
-
-    install_stop_signals(reactor)
-    observer = GoLogObserver(sys.stderr, opts.log_prefix, opts.log_level)
-    globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False, discardBuffer=False)
-    try:
-        top = make_service(opts, reactor)
-    except ConfigError as e:
-        return fatal(opts.log_prefix, f"{instantiate_error} - {e}")
-    try:
-        top.privilegedStartService()
-        top.startService()
-    except Exception as e:
-        return fatal(opts.log_prefix, start_error_text(e, instantiate_error))
-    reactor.addSystemEventTrigger("before", "shutdown", top.stopService)
-    reactor.run()
-    return 0
+from nsq_service.cli import fatal, run_server
+from nsq_service.options import ConfigError, parse_command_line
+from nsqd_tw.options import NSQD_DEPRECATED_FLAGS, NSQDOptions
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -66,7 +21,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         return fatal("[nsqd] ", str(e))
     if opts is None:
-        from nsqd_tw.tap import version_string
+        from nsq_wire.version import version_string
 
         print(version_string("nsqd"))
         return 0

@@ -24,14 +24,16 @@ from twisted.internet import defer, endpoints, protocol
 from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
 
-from nsqd_tw.log import Logger
-from nsqd_tw.options import VERSION, hostname
-from nsqd_tw.wire import MAGIC_V1, is_ephemeral
+from nsq_service.log import Logger
+from nsq_service.options import hostname
+from nsq_wire.frames import MAGIC_V1
+from nsq_wire.names import is_ephemeral
+from nsq_wire.version import VERSION
 
 if TYPE_CHECKING:
-    from nsqd_tw.channel import Channel
-    from nsqd_tw.nsqd import NSQD
-    from nsqd_tw.topic import Topic
+    from nsqd_tw.core.channel import Channel
+    from nsqd_tw.core.nsqd import NSQD
+    from nsqd_tw.core.topic import Topic
 
 log = Logger(namespace="nsqd_tw.lookup")
 

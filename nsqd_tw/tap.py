@@ -7,32 +7,20 @@ TCP listener, HTTP, and the queue-scan timer.
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import Callable
 from typing import Any
 
-from twisted.application import service
 from twisted.application.internet import TimerService
-from twisted.internet import endpoints
-from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
-from twisted.python.failure import Failure
 
-from nsqd_tw.files import go_errno
-from nsqd_tw.limits import raise_fd_limit, watch_accept_errors
-from nsqd_tw.log import set_log_level
-from nsqd_tw.nsqd import NSQD, python_version, tune_gc
-from nsqd_tw.options import (
-    NSQD_DEPRECATED_FLAGS,
-    VERSION,
-    NSQDOptions,
-    exit_fatal,
-    missing_port,
-    split_address,
-    start_error_text,
-    usage_options,
-)
+from nsq_service.limits import raise_fd_limit
+from nsq_service.listen import ListeningService, ServerService
+from nsq_service.log import set_log_level
+from nsq_service.options import usage_options
+from nsq_service.runtime import tune_gc
+from nsq_wire.version import version_string
+from nsqd_tw.core.nsqd import NSQD
+from nsqd_tw.options import NSQD_DEPRECATED_FLAGS, NSQDOptions
 
 log = Logger(namespace="nsqd_tw.tap")
 
@@ -50,137 +38,6 @@ class Options(_BaseOptions):  # type: ignore[misc,valid-type]
         sys.exit(0)
 
 
-def version_string(app: str = "nsqd") -> str:
-    return f"{app} v{VERSION} (built w/{python_version()})"
-
-
-def format_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def address_text(host: Any) -> str:
-    """A listening address as Go prints it: ``HOST:PORT``, or a unix socket's path."""
-    if hasattr(host, "port"):
-        return format_address(host.host, host.port)
-    name = host.name
-    return os.fsdecode(name) if isinstance(name, bytes) else str(name)
-
-
-def server_endpoint(reactor: Any, address: str, tls: Any = None) -> Any:
-    parsed = split_address(address)
-    if parsed is None:
-        return endpoints.UNIXServerEndpoint(reactor, address)
-    host, port = parsed
-    if host == "":
-        host = "::"
-    if tls is not None:
-        return endpoints.SSL4ServerEndpoint(reactor, port, tls, interface=host)
-    if ":" in host:
-        return endpoints.TCP6ServerEndpoint(reactor, port, interface=host)
-    return endpoints.TCP4ServerEndpoint(reactor, port, interface=host)
-
-
-class ListeningService(service.Service):
-    """Listen on an address at start; log Go's ``NAME: listening on ADDR``."""
-
-    def __init__(
-        self,
-        label: str,
-        reactor: Any,
-        address: str,
-        factory: Any,
-        bound: Callable[[Any], None] | None = None,
-        tls: Any = None,
-        unix: bool | None = None,
-    ) -> None:
-        """``unix``: whether an address without a port is a unix socket path (nsqd's TCP
-        and HTTP listeners) or an error as for Go's ``net.Listen("tcp", ...)``; by
-        default, a path is refused for TLS."""
-        self.label = label
-        self.tls = tls
-        self.unix = tls is None if unix is None else unix
-        self.reactor = reactor
-        self.address = address
-        self.factory = factory
-        self.bound = bound
-        self.port: IListeningPort | None = None
-        self.shown = address
-
-    def privilegedStartService(self) -> None:
-        if not self.unix and split_address(self.address) is None:
-            raise ListenError(missing_port(self.address))
-        result: list[Any] = []
-        server_endpoint(self.reactor, self.address, self.tls).listen(self.factory).addBoth(result.append)
-        if not result:
-            raise RuntimeError(f"listen ({self.address}) did not complete")
-        if isinstance(result[0], Failure):
-            raise ListenError(f"listen ({self.address}) failed - {self._listen_error(result[0])}")
-        self.port = result[0]
-        watch_accept_errors(self.port, self.label)
-        host: Any = self.port.getHost()
-        self.shown = address_text(host)
-        if self.bound is not None:
-            self.bound(host)
-        log.info("{label}: listening on {addr}", label=self.label, addr=self.shown)
-        service.Service.privilegedStartService(self)
-
-    def startService(self) -> None:
-        if self.port is None:
-            self.privilegedStartService()
-        service.Service.startService(self)
-
-    def stopService(self) -> Any:
-        service.Service.stopService(self)
-        if self.port is not None:
-            port, self.port = self.port, None
-            log.info("{label}: closing {addr}", label=self.label, addr=self.shown)
-            return port.stopListening()
-        return None
-
-    def _listen_error(self, failure: Failure) -> str:
-        """Go's net.Listen error: ``listen tcp 127.0.0.1:4150: bind: address already in use``."""
-        cause = getattr(failure.value, "socketError", None)
-        if not isinstance(cause, OSError):
-            return str(failure.value)
-        net = "tcp" if split_address(self.address) is not None else "unix"
-        return f"listen {net} {self.address}: bind: {go_errno(cause)}"
-
-
-class ListenError(Exception):
-    pass
-
-
-class ServerService(service.MultiService):
-    """The top of nsqd's (or nsqlookupd's) service tree.
-
-    A failed start raises and leaves everything as it was: nothing is stopped
-    (stopping would flush and persist what this process never loaded), so the
-    process can exit at once, as Go's does. Under twistd
-    (``exit_on_start_failure``, set by the plugin) the failure is the same one
-    FATAL line as the console command's, and exit status 1.
-    """
-
-    def __init__(self, instantiate_error: str, log_prefix: str) -> None:
-        super().__init__()
-        self.instantiate_error = instantiate_error
-        self.log_prefix = log_prefix
-        self.exit_on_start_failure = False
-
-    def privilegedStartService(self) -> None:
-        self._guarded(super().privilegedStartService)
-
-    def startService(self) -> None:
-        self._guarded(super().startService)
-
-    def _guarded(self, start: Callable[[], None]) -> None:
-        try:
-            start()
-        except Exception as e:
-            if not self.exit_on_start_failure:
-                raise
-            exit_fatal(self.log_prefix, start_error_text(e, self.instantiate_error))
-
-
 def makeService(config: Any, reactor: Any = None) -> ServerService:
     """Build nsqd's services from NSQDOptions (or twistd's parsed Options)."""
     opts: NSQDOptions = config if isinstance(config, NSQDOptions) else config.resolved
@@ -193,10 +50,10 @@ def makeService(config: Any, reactor: Any = None) -> ServerService:
     raise_fd_limit()
     tune_gc()
 
-    from nsqd_tw.http_api import make_site
+    from nsqd_tw.http.api import make_site
+    from nsqd_tw.http.statsd import StatsdService
     from nsqd_tw.lookup import LookupService
-    from nsqd_tw.protocol_v2 import V2Factory
-    from nsqd_tw.statsd import StatsdService
+    from nsqd_tw.tcp.protocol import V2Factory
     from nsqd_tw.tls import server_tls
 
     top = ServerService("failed to instantiate nsqd", opts.log_prefix)

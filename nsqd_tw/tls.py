@@ -14,7 +14,8 @@ from OpenSSL import SSL
 from twisted.internet.interfaces import IOpenSSLContextFactory
 from zope.interface import implementer
 
-from nsqd_tw.options import ConfigError, NSQDOptions
+from nsq_service.options import ConfigError
+from nsqd_tw.options import NSQDOptions
 
 MIN_VERSIONS = {
     "tls1.0": SSL.TLS1_VERSION,

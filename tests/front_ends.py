@@ -18,14 +18,15 @@ from typing import Any
 from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 from twisted.python import usage
 
+from nsq_service import options as machinery
 from nsqd_tw import options as o
 
 # sample flag values by kind: (text, what it must resolve to)
 SAMPLES: dict[type, list[tuple[str, Any]]] = {
-    type(o.STRING): [("some-value", "some-value"), ("127.0.0.1:7", "127.0.0.1:7")],
-    type(o.INT): [("7", 7), ("0x10", 16)],
-    type(o.DURATION): [("1m30s", 90.0), ("250ms", 0.25)],
-    type(o.BOOL): [("true", True), ("false", False), ("0", False), ("T", True)],
+    type(machinery.STRING): [("some-value", "some-value"), ("127.0.0.1:7", "127.0.0.1:7")],
+    type(machinery.INT): [("7", 7), ("0x10", 16)],
+    type(machinery.DURATION): [("1m30s", 90.0), ("250ms", 0.25)],
+    type(machinery.BOOL): [("true", True), ("false", False), ("0", False), ("T", True)],
     type(o.TLS_REQUIRED_KIND): [
         ("true", o.TLS_REQUIRED),
         ("false", o.TLS_NOT_REQUIRED),
@@ -34,10 +35,10 @@ SAMPLES: dict[type, list[tuple[str, Any]]] = {
         ("1", o.TLS_REQUIRED),
         ("F", o.TLS_NOT_REQUIRED),
     ],
-    type(o.STRING_LIST): [("a:4160", ["a:4160"])],
-    type(o.FLOAT_LIST): [("0.5,0.99", [0.99, 0.5]), ("1.0", [1.0])],
+    type(machinery.STRING_LIST): [("a:4160", ["a:4160"])],
+    type(machinery.FLOAT_LIST): [("0.5,0.99", [0.99, 0.5]), ("1.0", [1.0])],
     type(o.TLS_MIN_VERSION): [("tls1.2", "tls1.2"), ("TLS1.3", "tls1.3")],
-    type(o.LOG_LEVEL): [("debug", "debug"), ("WARN", "warn")],
+    type(machinery.LOG_LEVEL): [("debug", "debug"), ("WARN", "warn")],
 }
 
 
@@ -49,7 +50,7 @@ def forms(flag: str, text: str) -> list[list[str]]:
 def generated_cases(cls: type) -> list[tuple[list[str], str, Any]]:
     """(argv, field name, expected value) for every flag of the table."""
     cases: list[tuple[list[str], str, Any]] = []
-    for f in o.flag_fields(cls):
+    for f in machinery.flag_fields(cls):
         flag, kind = f.metadata["flag"], f.metadata["kind"]
         samples = SAMPLES[type(kind)]
         for text, want in samples:
@@ -87,7 +88,7 @@ class FrontEndParity:
     patch: Callable[..., None]
 
     def command(self, argv: Sequence[str]) -> Any:
-        opts, _ = o.parse_command_line(self.prog, self.cls, argv, self.deprecated)
+        opts, _ = machinery.parse_command_line(self.prog, self.cls, argv, self.deprecated)
         return opts
 
     def twistd(self, argv: Sequence[str]) -> Any:
@@ -103,7 +104,7 @@ class FrontEndParity:
 
     def test_every_flag_in_every_form(self) -> None:
         cases = generated_cases(self.cls)
-        self.assertGreater(len(cases), 4 * len(o.flag_fields(self.cls)))
+        self.assertGreater(len(cases), 4 * len(machinery.flag_fields(self.cls)))
         for argv, name, want in cases:
             resolved = self.assert_same(argv)
             self.assertEqual(getattr(resolved, name), want, argv)
@@ -159,7 +160,7 @@ class FrontEndParity:
 
     def test_known_config_keys_do_not_warn(self) -> None:
         lines = []
-        for f in o.flag_fields(self.cls):
+        for f in machinery.flag_fields(self.cls):
             text, want = SAMPLES[type(f.metadata["kind"])][0]
             value = json.dumps(want) if isinstance(want, list) else json.dumps(text)
             lines.append(f"{f.metadata['cfg']} = {value}")
@@ -186,9 +187,9 @@ class FrontEndParity:
         return theirs[1]
 
     def test_bad_flag_value(self) -> None:
-        for f in o.flag_fields(self.cls):
+        for f in machinery.flag_fields(self.cls):
             kind = f.metadata["kind"]
-            if kind in (o.STRING, o.STRING_LIST):
+            if kind in (machinery.STRING, machinery.STRING_LIST):
                 continue
             flag = f.metadata["flag"]
             for argv in ([f"--{flag}=bogus"], [f"-{flag}", "bogus"]):

@@ -10,11 +10,12 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from nsqd_tw.message import Message
-from nsqd_tw.nsqd import NSQD, memory_backend_factory
+from nsq_wire.commands import encode_command, encode_mpub
+from nsq_wire.frames import FRAME_TYPE_MESSAGE, MAGIC_V2, unpack_frames
+from nsqd_tw.core.message import Message
+from nsqd_tw.core.nsqd import NSQD, memory_backend_factory
 from nsqd_tw.options import NSQDOptions
-from nsqd_tw.protocol_v2 import V2Protocol
-from nsqd_tw.wire import FRAME_TYPE_MESSAGE, MAGIC_V2, encode_command, encode_mpub, unpack_frames
+from nsqd_tw.tcp.protocol import V2Protocol
 
 START_TIME = 1_700_000_000.0
 

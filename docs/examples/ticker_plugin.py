@@ -17,7 +17,7 @@ from typing import Any
 from twisted.application.internet import TimerService
 from twisted.application.service import MultiService, ServiceMaker
 
-from nsqd_tw.nsqd import NSQD
+from nsqd_tw.core.nsqd import NSQD
 from nsqd_tw.tap import Options as NSQDUsageOptions
 from nsqd_tw.tap import makeService as make_nsqd_service
 

@@ -137,6 +137,7 @@ class Load:
 
 def run(kills: int = 20, seed: int | None = None, publishers: int = 2, consumers: int = 2, log=print) -> dict:  # type: ignore[no-untyped-def]
     rng = random.Random(seed)
+    stats: dict = {}
     data = tempfile.mkdtemp(prefix="nsq-crash-")
     args = ["--mem-queue-size", "0", "--sync-every", "1", "--data-path", data, "--log-level", "warn"]
     proc = ServerProcess("nsqd", "-tcp-address", "127.0.0.1:0", "-http-address", "127.0.0.1:0", *args[:-2])
@@ -160,6 +161,7 @@ def run(kills: int = 20, seed: int | None = None, publishers: int = 2, consumers
             if not missing:
                 break
             time.sleep(0.1)
+        stats = _channel_stats(http)
     finally:
         load.stop.set()
         load.stop_publishing.set()
@@ -181,7 +183,24 @@ def run(kills: int = 20, seed: int | None = None, publishers: int = 2, consumers
             "duplicate_rate": round(duplicates / max(1, len(load.seen)), 4),
             "final_exit_code": code,
             "lost_sample": sorted(x.decode() for x in lost)[:10],
+            # where the channel stood when the drain ended: what nsqd still holds is not lost
+            "channel_at_end": stats,
         }
+
+
+def _channel_stats(http: str) -> dict:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{http}/stats?format=json&topic={TOPIC}", timeout=10) as resp:
+            data = json.loads(resp.read())
+    except OSError as e:
+        return {"error": str(e)}
+    for t in data.get("topics") or []:
+        for c in t["channels"]:
+            keys = ("depth", "backend_depth", "in_flight_count", "deferred_count", "client_count")
+            return {"topic_depth": t["depth"], **{k: c[k] for k in keys}}
+    return {}
 
 
 def main() -> None:

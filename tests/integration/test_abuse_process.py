@@ -20,8 +20,8 @@ from twisted.internet import defer, reactor
 from twisted.internet.threads import deferToThread
 from twisted.trial import unittest
 
-from nsqd_tw.client import Consumer
-from nsqd_tw.wire import encode_command, encode_mpub
+from nsq_client.twisted_client import Consumer
+from nsq_wire.commands import encode_command, encode_mpub
 from tests.integration.procs import ServerProcess
 
 LOOPBACK = ("-tcp-address", "127.0.0.1:0", "-http-address", "127.0.0.1:0")

@@ -15,7 +15,7 @@ from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.trial import unittest
 
-from nsqd_tw.client import LookupdConsumer
+from nsq_client.twisted_client import LookupdConsumer
 from tests.integration.procs import ServerProcess, command
 
 LOOPBACK = ("-tcp-address", "127.0.0.1:0", "-http-address", "127.0.0.1:0")

@@ -6,7 +6,7 @@ from pathlib import Path
 from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
-from nsqd_tw.client import Consumer
+from nsq_client.twisted_client import Consumer
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "ticker_plugin.py"
 

@@ -11,7 +11,7 @@ from twisted.internet import defer, protocol, reactor, ssl
 from twisted.trial import unittest
 from twisted.web.client import Agent, BrowserLikePolicyForHTTPS, HTTPConnectionPool
 
-from nsqd_tw.client import Consumer
+from nsq_client.twisted_client import Consumer
 from tests.certs import make_certs
 from tests.integration.procs import ServerProcess
 

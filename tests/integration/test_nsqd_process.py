@@ -10,7 +10,7 @@ import treq
 from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
-from nsqd_tw.client import Consumer, connect
+from nsq_client.twisted_client import Consumer, connect
 from tests.integration.procs import ServerProcess, command
 
 LOOPBACK = ("-tcp-address", "127.0.0.1:0", "-http-address", "127.0.0.1:0")

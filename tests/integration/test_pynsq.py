@@ -8,7 +8,7 @@ from pathlib import Path
 from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
-from nsqd_tw.client import connect
+from nsq_client.twisted_client import connect
 from tests.integration.procs import ServerProcess
 
 SCRIPT = Path(__file__).with_name("pynsq_interop.py")

@@ -20,9 +20,9 @@ _BLOCK = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
 
 
 def readme_example() -> str:
-    blocks = [b for b in _BLOCK.findall((ROOT / "README.md").read_text()) if "nsqd_tw.client" in b]
+    blocks = [b for b in _BLOCK.findall((ROOT / "README.md").read_text()) if "nsq_client.twisted_client" in b]
     if len(blocks) != 1:
-        raise AssertionError(f"expected one README python block using nsqd_tw.client, found {len(blocks)}")
+        raise AssertionError(f"expected one README python block using nsq_client.twisted_client, found {len(blocks)}")
     return blocks[0]
 
 
@@ -91,7 +91,7 @@ class ReadmeExampleTests(unittest.TestCase):
         reactor: the FIN written as the handler returned still reaches nsqd."""
         code = f"""
 from twisted.internet import defer, task
-from nsqd_tw.client import Consumer, connect
+from nsq_client.twisted_client import Consumer, connect
 
 @defer.inlineCallbacks
 def main(reactor):

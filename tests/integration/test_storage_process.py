@@ -15,8 +15,8 @@ from twisted.internet import defer, reactor
 from twisted.internet.threads import deferToThread
 from twisted.trial import unittest
 
-from nsqd_tw.client import Consumer, connect
-from nsqd_tw.wire import encode_mpub
+from nsq_client.twisted_client import Consumer, connect
+from nsq_wire.commands import encode_mpub
 from tests.integration import crashtest
 from tests.integration.procs import ServerProcess, command
 

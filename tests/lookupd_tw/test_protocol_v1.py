@@ -16,7 +16,7 @@ from lookupd_tw.nsqlookupd import REMOVALS_PER_TURN, NSQLookupd
 from lookupd_tw.options import NSQLookupdOptions
 from lookupd_tw.protocol_v1 import COMMANDS_PER_TURN, MAX_LINE, LookupFactory, LookupProtocolV1, V1Parser, frame
 from lookupd_tw.registration_db import Registration
-from nsqd_tw.wire import FatalClientError
+from nsq_wire.errors import FatalClientError
 
 IDENTIFY_BODY = json.dumps(
     {"version": "1.3.0", "tcp_port": 4150, "http_port": 4151, "hostname": "h", "broadcast_address": "127.0.0.1"}

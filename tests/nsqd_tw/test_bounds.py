@@ -14,8 +14,8 @@ import struct
 
 from twisted.trial import unittest
 
-from nsqd_tw.compression import SnappyCodec
-from nsqd_tw.wire import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, unpack_frames
+from nsq_wire.compression import SnappyCodec
+from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, unpack_frames
 from tests.helpers import FakeClient, make_nsqd
 
 OK = (FRAME_TYPE_RESPONSE, b"OK")

@@ -1,7 +1,7 @@
 from twisted.trial import unittest
 
-from nsqd_tw.channel import ChannelError
-from nsqd_tw.message import Message
+from nsqd_tw.core.channel import ChannelError
+from nsqd_tw.core.message import Message
 from tests.helpers import make_nsqd
 
 

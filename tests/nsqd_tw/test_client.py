@@ -3,7 +3,7 @@
 from twisted.internet import defer, reactor, task
 from twisted.trial import unittest
 
-from nsqd_tw.client import Consumer, NSQError, connect
+from nsq_client.twisted_client import Consumer, NSQError, connect
 from tests.helpers import InProcessNSQD
 
 

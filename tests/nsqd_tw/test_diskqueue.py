@@ -11,9 +11,9 @@ from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.trial import unittest
 
-from nsqd_tw import diskqueue
-from nsqd_tw.diskqueue import DiskQueue, DiskQueueError, Syncer
-from nsqd_tw.message import Message
+from nsqd_tw.core.message import Message
+from nsqd_tw.storage import diskqueue
+from nsqd_tw.storage.diskqueue import DiskQueue, DiskQueueError, Syncer
 
 MIN, MAX = 26, 26 + 1024
 

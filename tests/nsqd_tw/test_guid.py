@@ -1,6 +1,6 @@
 from twisted.trial import unittest
 
-from nsqd_tw.guid import GUIDFactory
+from nsqd_tw.core.guid import GUIDFactory
 
 
 class GUIDTests(unittest.TestCase):

@@ -10,7 +10,7 @@ from treq.testing import StubTreq
 from twisted.internet import defer
 from twisted.trial import unittest
 
-from nsqd_tw.http_api import NSQDHTTPAPI, QueryError, parse_query
+from nsqd_tw.http.api import NSQDHTTPAPI, QueryError, parse_query
 from tests.helpers import FakeClient, make_nsqd
 from tests.nsqd_tw.test_channel import FakeConsumer
 

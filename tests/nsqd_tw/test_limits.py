@@ -1,4 +1,4 @@
-"""nsqd_tw.limits in memory: the rate-limited log, the accept() failure lines, the
+"""nsq_service.limits in memory: the rate-limited log, the accept() failure lines, the
 RLIMIT_NOFILE raise (the process-level checks are in tests/integration)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from twisted.internet.task import Clock, deferLater
 from twisted.logger import LogLevel, globalLogPublisher
 from twisted.trial import unittest
 
-from nsqd_tw import limits
-from nsqd_tw.log import Logger
+from nsq_service import limits
+from nsq_service.log import Logger
 
 
 class Events:
@@ -21,7 +21,7 @@ class Events:
         globalLogPublisher.addObserver(self.events.append)
         case.addCleanup(globalLogPublisher.removeObserver, self.events.append)
 
-    def texts(self, namespace: str = "nsqd_tw.limits") -> list[tuple[LogLevel, str]]:
+    def texts(self, namespace: str = "nsq_service.limits") -> list[tuple[LogLevel, str]]:
         return [(e["log_level"], e["text"]) for e in self.events if e.get("log_namespace") == namespace and "text" in e]
 
 
@@ -29,7 +29,7 @@ class RateLimitedLogTests(unittest.TestCase):
     def test_one_line_per_interval_with_the_sum_of_the_rest(self) -> None:
         events = Events(self)
         clock = Clock()
-        rl = limits.RateLimitedLog(clock, Logger(namespace="nsqd_tw.limits"), interval=10)
+        rl = limits.RateLimitedLog(clock, Logger(namespace="nsq_service.limits"), interval=10)
 
         def text(counts: dict[str, int]) -> str:
             return f"{counts['n']} thing(s)"
@@ -121,5 +121,5 @@ class RaiseFdLimitTests(unittest.TestCase):
         events = Events(self)
         self.fake(1024, 4096, fail=True)
         self.assertIsNone(limits.raise_fd_limit())
-        warnings = [e for e in events.events if e.get("log_namespace") == "nsqd_tw.limits"]
+        warnings = [e for e in events.events if e.get("log_namespace") == "nsq_service.limits"]
         self.assertEqual(warnings[0]["log_level"], LogLevel.warn)

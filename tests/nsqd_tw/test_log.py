@@ -5,8 +5,8 @@ from __future__ import annotations
 from twisted.logger import LogLevel, globalLogPublisher
 from twisted.trial import unittest
 
-from nsqd_tw import log
-from nsqd_tw.log import Logger, Throttle
+from nsq_service import log
+from nsq_service.log import Logger, Throttle
 
 
 class ThrottleTests(unittest.TestCase):

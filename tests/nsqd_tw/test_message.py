@@ -1,7 +1,7 @@
 from twisted.trial import unittest
 
-from nsqd_tw.message import Message
-from nsqd_tw.wire import FRAME_TYPE_MESSAGE, unpack_frames
+from nsq_wire.frames import FRAME_TYPE_MESSAGE, unpack_frames
+from nsqd_tw.core.message import Message
 
 
 class MessageTests(unittest.TestCase):

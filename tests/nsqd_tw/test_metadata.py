@@ -2,8 +2,8 @@
 
 from twisted.trial import unittest
 
-from nsqd_tw.gojson import syntax_error
-from nsqd_tw.metadata import ChannelMeta, MetadataError, TopicMeta, decode_metadata, encode_metadata
+from nsq_wire.gojson import syntax_error
+from nsqd_tw.core.metadata import ChannelMeta, MetadataError, TopicMeta, decode_metadata, encode_metadata
 
 # (input, what Go 1.19's json.Unmarshal says), checked against Go itself
 SYNTAX = [

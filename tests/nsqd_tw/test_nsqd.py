@@ -2,7 +2,7 @@ import random
 
 from twisted.trial import unittest
 
-from nsqd_tw.message import Message
+from nsqd_tw.core.message import Message
 from tests.helpers import make_nsqd
 from tests.nsqd_tw.test_channel import FakeConsumer
 

@@ -13,7 +13,7 @@ from treq.testing import StubTreq
 from twisted.internet import defer
 from twisted.trial import unittest
 
-from nsqd_tw.http_api import NSQDHTTPAPI, ROUTES
+from nsqd_tw.http.api import NSQDHTTPAPI, ROUTES
 from tests.helpers import FakeClient, make_nsqd
 
 SPEC_PATH = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"

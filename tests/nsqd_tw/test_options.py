@@ -5,17 +5,15 @@ import tempfile
 
 from twisted.trial import unittest
 
+from nsq_service.options import ConfigError, parse_command_line
+from nsq_wire.gofmt import DurationError, format_duration, parse_duration
 from nsqd_tw.options import (
     NSQD_DEPRECATED_FLAGS,
     TLS_NOT_REQUIRED,
     TLS_REQUIRED,
     TLS_REQUIRED_EXCEPT_HTTP,
-    ConfigError,
     NSQDOptions,
     default_node_id,
-    format_duration,
-    parse_command_line,
-    parse_duration,
 )
 from nsqd_tw.tap import Options as TwistdOptions
 from tests.front_ends import FrontEndParity, write_config
@@ -91,7 +89,7 @@ class DurationTests(unittest.TestCase):
 
     def test_errors(self) -> None:
         for text in ["", "1", "s", "1x", "1s2"]:
-            self.assertRaises(ConfigError, parse_duration, text)
+            self.assertRaises(DurationError, parse_duration, text)
 
     def test_format(self) -> None:
         self.assertEqual(

@@ -1,7 +1,7 @@
 from twisted.trial import unittest
 
-from nsqd_tw.message import Message
-from nsqd_tw.pqueue import TimeoutQueue
+from nsqd_tw.core.message import Message
+from nsqd_tw.core.pqueue import TimeoutQueue
 
 
 def msg(i: int) -> Message:

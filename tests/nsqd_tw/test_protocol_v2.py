@@ -5,9 +5,10 @@ import struct
 
 from twisted.trial import unittest
 
-from nsqd_tw.message import Message
-from nsqd_tw.protocol_v2 import decode_identify
-from nsqd_tw.wire import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, MAX_LINE_LENGTH
+from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
+from nsq_wire.parser import MAX_LINE_LENGTH
+from nsqd_tw.core.message import Message
+from nsqd_tw.tcp.protocol import decode_identify
 from tests.helpers import FakeClient, make_nsqd
 
 OK = (FRAME_TYPE_RESPONSE, b"OK")

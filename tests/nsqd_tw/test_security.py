@@ -1,7 +1,7 @@
 """TLS upgrades, client certificates, snappy, deflate and AUTH over 127.0.0.1.
 
 nsqd runs in the test's reactor (the real service hierarchy on port 0); the
-client is nsqd_tw.client, which negotiates like the official libraries, or
+client is nsq_client.twisted_client, which negotiates like the official libraries, or
 raw bytes where a misbehaving client is the point. AUTH is answered by a
 small Klein auth server started by each test.
 """
@@ -22,10 +22,10 @@ from twisted.internet.task import deferLater
 from twisted.trial import unittest
 from twisted.web.server import Site
 
-from nsqd_tw import protocol_v2
-from nsqd_tw.client import NSQClientProtocol, NSQError, connect
+from nsq_client.twisted_client import NSQClientProtocol, NSQError, connect
+from nsq_wire.commands import encode_command
 from nsqd_tw.options import TLS_REQUIRED, TLS_REQUIRED_EXCEPT_HTTP
-from nsqd_tw.wire import encode_command
+from nsqd_tw.tcp import protocol as protocol_v2
 from tests.certs import Files, make_certs
 from tests.helpers import InProcessNSQD
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from twisted.trial import unittest
 
-from nsqd_tw import stats
-from nsqd_tw.metrics import make_registry, render
-from nsqd_tw.statsd import host_key, metric_lines, packets, statsd_prefix
+from nsq_wire.gofmt import go_duration
+from nsqd_tw.core.quantile import Quantile
+from nsqd_tw.http import stats
+from nsqd_tw.http.metrics import make_registry, render
+from nsqd_tw.http.statsd import host_key, metric_lines, packets, statsd_prefix
 from tests.helpers import FakeClient, make_nsqd
 
 
@@ -24,7 +26,7 @@ class FormatTests(unittest.TestCase):
             -2 * 10**9: "-2s",
         }
         for ns, text in cases.items():
-            self.assertEqual(stats.go_duration(ns), text)
+            self.assertEqual(go_duration(ns), text)
 
     def test_nanoseconds_to_human(self) -> None:
         self.assertEqual(
@@ -35,7 +37,7 @@ class FormatTests(unittest.TestCase):
 
 class QuantileTests(unittest.TestCase):
     def test_window_moves(self) -> None:
-        q = stats.Quantile(10.0, [0.5, 0.99], now=0.0)
+        q = Quantile(10.0, [0.5, 0.99], now=0.0)
         for v in range(1, 101):
             q.insert(v * 1e6, now=1.0)
         r = q.result(now=2.0)
@@ -46,8 +48,8 @@ class QuantileTests(unittest.TestCase):
         self.assertEqual(q.result(now=11.0)["count"], 0, "a whole window later they are gone")
 
     def test_merge(self) -> None:
-        a = stats.Quantile(60.0, [0.5], now=0.0)
-        b = stats.Quantile(60.0, [0.5], now=0.0)
+        a = Quantile(60.0, [0.5], now=0.0)
+        b = Quantile(60.0, [0.5], now=0.0)
         a.insert(1e6, now=1.0)
         b.insert(3e6, now=1.0)
         a.merge(b, now=1.0)

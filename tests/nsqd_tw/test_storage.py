@@ -7,10 +7,11 @@ import os
 
 from twisted.trial import unittest
 
-from nsqd_tw import diskqueue
-from nsqd_tw.nsqd import NSQD
-from nsqd_tw.options import StartError
-from nsqd_tw.wire import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, encode_mpub
+from nsq_service.options import StartError
+from nsq_wire.commands import encode_mpub
+from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
+from nsqd_tw.core.nsqd import NSQD
+from nsqd_tw.storage import diskqueue
 from tests.helpers import FakeClient, make_nsqd
 from tests.nsqd_tw.test_channel import FakeConsumer
 
@@ -380,7 +381,7 @@ class MemoryBudgetTests(StorageTestCase):
         self.assertEqual((ch.memory_bytes, ch.backend.depth()), (40, 1))
 
     def test_shown_in_stats(self) -> None:
-        from nsqd_tw.stats import get_stats
+        from nsqd_tw.http.stats import get_stats
 
         n = self.start(mem_queue_bytes=100)
         n.get_topic("t").get_channel("c")
@@ -458,7 +459,7 @@ class HTTPStorageTests(StorageTestCase):
     def api(self, n: NSQD):
         from treq.testing import StubTreq
 
-        from nsqd_tw.http_api import NSQDHTTPAPI
+        from nsqd_tw.http.api import NSQDHTTPAPI
 
         return StubTreq(NSQDHTTPAPI(n).resource())
 

@@ -1,7 +1,7 @@
 from twisted.trial import unittest
 
-from nsqd_tw.message import Message
-from nsqd_tw.topic import TopicError
+from nsqd_tw.core.message import Message
+from nsqd_tw.core.topic import TopicError
 from tests.helpers import make_nsqd
 from tests.nsqd_tw.test_channel import FakeConsumer
 

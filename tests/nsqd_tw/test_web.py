@@ -13,8 +13,8 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import LogLevel, globalLogPublisher
 from twisted.trial import unittest
 
-from nsqd_tw import web
-from nsqd_tw.http_api import make_site
+from nsq_service import web
+from nsqd_tw.http.api import make_site
 from tests.helpers import make_nsqd
 
 GO_400 = (
@@ -220,7 +220,7 @@ class BadFramingTests(SiteTestCase):
         globalLogPublisher.addObserver(events.append)
         self.addCleanup(globalLogPublisher.removeObserver, events.append)
         self.assertGo400(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n")
-        texts = [e.get("reason", "") for e in events if e.get("log_namespace") == "nsqd_tw.web"]
+        texts = [e.get("reason", "") for e in events if e.get("log_namespace") == "nsq_service.web"]
         self.assertTrue(any("Content-Length" in t for t in texts), events)
 
     def test_raw_non_utf8_in_the_query(self):
@@ -239,7 +239,7 @@ class BadFramingTests(SiteTestCase):
         c.send(b"GET /\xff HTTP/1.1\r\nHost: x\r\n\r\n")
         self.assertEqual(response(c.take())[::2], (404, b'{"message":"NOT_FOUND"}'))
         self.assertFalse(c.closed)
-        targets = [e.get("target") for e in events if e.get("log_namespace") == "nsqd_tw.web"]
+        targets = [e.get("target") for e in events if e.get("log_namespace") == "nsq_service.web"]
         self.assertIn("/pub?topic=%FF%FE", targets)  # logged, as %-escapes
         self.assertIn("/stats?format=json&topic=%C3%A9%FF", targets)
 
@@ -337,7 +337,7 @@ class DeadlineTests(SiteTestCase):
         self.clock.advance(self.site.header_timeout)
         self.assertTrue(all(c.closed for c in conns))
         self.clock.advance(60)
-        lines = [e["text"] for e in events if e.get("log_namespace") == "nsqd_tw.web" and "text" in e]
+        lines = [e["text"] for e in events if e.get("log_namespace") == "nsq_service.web" and "text" in e]
         self.assertLessEqual(len(lines), 2, lines)
         self.assertIn("no complete request headers within 10s", lines[0])
         self.assertIn("49", lines[-1])

@@ -2,11 +2,15 @@ import struct
 
 from twisted.trial import unittest
 
-from nsqd_tw import wire
-from nsqd_tw.wire import FatalClientError, ProtocolViolation, V2Parser
+from nsq_wire.commands import encode_command, encode_mpub
+from nsq_wire.errors import ClientError, FatalClientError
+from nsq_wire.frames import FRAME_TYPE_RESPONSE, pack_frame, unpack_frames
+from nsq_wire.gofmt import go_quote, parse_base10, to_int64
+from nsq_wire.names import is_valid_name
+from nsq_wire.parser import MAX_LINE_LENGTH, Command, ProtocolViolation, V2Parser
 
 
-def parse_all(parser: V2Parser, data: bytes) -> list[wire.Command]:
+def parse_all(parser: V2Parser, data: bytes) -> list[Command]:
     parser.feed(data)
     out = []
     while (cmd := parser.next()) is not None:
@@ -16,11 +20,11 @@ def parse_all(parser: V2Parser, data: bytes) -> list[wire.Command]:
 
 class FrameTests(unittest.TestCase):
     def test_pack_frame(self) -> None:
-        self.assertEqual(wire.pack_frame(wire.FRAME_TYPE_RESPONSE, b"OK"), b"\x00\x00\x00\x06\x00\x00\x00\x00OK")
+        self.assertEqual(pack_frame(FRAME_TYPE_RESPONSE, b"OK"), b"\x00\x00\x00\x06\x00\x00\x00\x00OK")
 
     def test_unpack_frames_keeps_partial(self) -> None:
-        data = wire.pack_frame(0, b"OK") + wire.pack_frame(1, b"E_INVALID x")
-        frames, rest = wire.unpack_frames(data[:-3])
+        data = pack_frame(0, b"OK") + pack_frame(1, b"E_INVALID x")
+        frames, rest = unpack_frames(data[:-3])
         self.assertEqual(frames, [(0, b"OK")])
         self.assertEqual(rest, data[10:-3])
 
@@ -28,36 +32,36 @@ class FrameTests(unittest.TestCase):
 class NameTests(unittest.TestCase):
     def test_valid(self) -> None:
         for name in ["a", "test_topic", "a.b-c_d", "x" * 64, "foo#ephemeral", "x" * 54 + "#ephemeral"]:
-            self.assertTrue(wire.is_valid_name(name), name)
+            self.assertTrue(is_valid_name(name), name)
 
     def test_invalid(self) -> None:
         for name in ["", "x" * 65, "a b", "a!b", "#ephemeral", "a#eph", "a\n", "tópico", "a#ephemeral#ephemeral"]:
-            self.assertFalse(wire.is_valid_name(name), name)
+            self.assertFalse(is_valid_name(name), name)
 
     def test_trailing_newline_is_invalid(self) -> None:
         # Python's $ would accept "abc\n"; Go's regexp does not
-        self.assertFalse(wire.is_valid_name(b"abc\n"))
+        self.assertFalse(is_valid_name(b"abc\n"))
 
     def test_go_quote(self) -> None:
-        self.assertEqual(wire.go_quote(b"a!b"), '"a!b"')
-        self.assertEqual(wire.go_quote(b'a"b\\'), '"a\\"b\\\\"')
-        self.assertEqual(wire.go_quote(b"\x00\t\xff"), '"\\x00\\t\\xff"')
-        self.assertEqual(wire.go_quote("é".encode()), '"é"')
-        self.assertEqual(wire.go_quote(b"\x7f"), '"\\x7f"')
+        self.assertEqual(go_quote(b"a!b"), '"a!b"')
+        self.assertEqual(go_quote(b'a"b\\'), '"a\\"b\\\\"')
+        self.assertEqual(go_quote(b"\x00\t\xff"), '"\\x00\\t\\xff"')
+        self.assertEqual(go_quote("é".encode()), '"é"')
+        self.assertEqual(go_quote(b"\x7f"), '"\\x7f"')
 
 
 class Base10Tests(unittest.TestCase):
     def test_digits(self) -> None:
-        self.assertEqual(wire.parse_base10(b"1234"), 1234)
-        self.assertEqual(wire.parse_base10(b""), 0)
+        self.assertEqual(parse_base10(b"1234"), 1234)
+        self.assertEqual(parse_base10(b""), 0)
 
     def test_rejects_sign_and_letters(self) -> None:
         for bad in [b"-1", b"1a", b" 1", b"+1"]:
-            self.assertRaises(ValueError, wire.parse_base10, bad)
+            self.assertRaises(ValueError, parse_base10, bad)
 
     def test_wraps_like_uint64(self) -> None:
-        self.assertEqual(wire.parse_base10(b"18446744073709551617"), 1)
-        self.assertEqual(wire.to_int64(2**64 - 1), -1)
+        self.assertEqual(parse_base10(b"18446744073709551617"), 1)
+        self.assertEqual(to_int64(2**64 - 1), -1)
 
 
 class ParserTests(unittest.TestCase):
@@ -76,7 +80,7 @@ class ParserTests(unittest.TestCase):
         self.assertEqual(cmds[0].name, b"")
 
     def test_pub_split_anywhere(self) -> None:
-        data = wire.encode_command(b"PUB", "t", body=b"hello world") + b"NOP\n"
+        data = encode_command(b"PUB", "t", body=b"hello world") + b"NOP\n"
         for cut in range(1, len(data)):
             p = self.parser()
             cmds = parse_all(p, data[:cut]) + parse_all(p, data[cut:])
@@ -84,7 +88,7 @@ class ParserTests(unittest.TestCase):
             self.assertEqual(cmds[0].body, b"hello world")
 
     def test_byte_at_a_time(self) -> None:
-        data = wire.encode_mpub("t", [b"a", b"bc", b"def"]) + wire.encode_command(b"DPUB", "t", "10", body=b"x")
+        data = encode_mpub("t", [b"a", b"bc", b"def"]) + encode_command(b"DPUB", "t", "10", body=b"x")
         p = self.parser()
         cmds = []
         for i in range(len(data)):
@@ -139,11 +143,9 @@ class ParserTests(unittest.TestCase):
 
     def test_line_too_long(self) -> None:
         p = self.parser()
-        self.assertRaises(ProtocolViolation, parse_all, p, b"X" * wire.MAX_LINE_LENGTH)
+        self.assertRaises(ProtocolViolation, parse_all, p, b"X" * MAX_LINE_LENGTH)
         p = self.parser()
-        self.assertEqual(
-            parse_all(p, b"X" * (wire.MAX_LINE_LENGTH - 1) + b"\n")[0].name, b"X" * (wire.MAX_LINE_LENGTH - 1)
-        )
+        self.assertEqual(parse_all(p, b"X" * (MAX_LINE_LENGTH - 1) + b"\n")[0].name, b"X" * (MAX_LINE_LENGTH - 1))
 
     def test_take_remainder(self) -> None:
         p = self.parser()
@@ -155,7 +157,7 @@ class ParserTests(unittest.TestCase):
     def test_large_body_in_many_chunks(self) -> None:
         p = V2Parser(max_msg_size=1 << 20, max_body_size=5 << 20)
         body = bytes(range(256)) * 4000
-        data = wire.encode_command(b"PUB", "t", body=body)
+        data = encode_command(b"PUB", "t", body=body)
         cmds = []
         for i in range(0, len(data), 1000):
             cmds += parse_all(p, data[i : i + 1000])
@@ -165,8 +167,8 @@ class ParserTests(unittest.TestCase):
 class ErrorTests(unittest.TestCase):
     def test_wire_text(self) -> None:
         self.assertEqual(
-            wire.FatalClientError("E_INVALID", "cannot FIN in current state").wire(),
+            FatalClientError("E_INVALID", "cannot FIN in current state").wire(),
             b"E_INVALID cannot FIN in current state",
         )
-        self.assertTrue(wire.FatalClientError("E_X").fatal)
-        self.assertFalse(wire.ClientError("E_X").fatal)
+        self.assertTrue(FatalClientError("E_X").fatal)
+        self.assertFalse(ClientError("E_X").fatal)

@@ -1,4 +1,4 @@
-from nsqd_tw.options import TwistdServiceMaker
+from nsq_service.options import TwistdServiceMaker
 
 nsqlookupd = TwistdServiceMaker(
     "nsq-tw nsqlookupd",

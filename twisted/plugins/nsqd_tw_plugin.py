@@ -1,4 +1,4 @@
-from nsqd_tw.options import TwistdServiceMaker
+from nsq_service.options import TwistdServiceMaker
 
 nsqd = TwistdServiceMaker(
     "nsq-tw nsqd",

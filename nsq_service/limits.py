@@ -24,9 +24,9 @@ from typing import Any
 from twisted.logger import ILogObserver, LogLevel
 from zope.interface import implementer
 
-from nsqd_tw.log import Logger
+from nsq_service.log import Logger
 
-log = Logger(namespace="nsqd_tw.limits")
+log = Logger(namespace="nsq_service.limits")
 
 # accept() failures that mean the process or the system is out of a resource
 _EXHAUSTION = {"EMFILE", "ENFILE", "ENOBUFS", "ENOMEM"}
@@ -174,5 +174,5 @@ def watch_accept_errors(port: Any, label: str, interval: float = 10.0) -> RateLi
     if not isinstance(port, tcp.Port):
         return None
     limiter = RateLimitedLog(port.reactor, log, interval)
-    port._logger = _TwistedLogger(namespace="nsqd_tw.limits.accept", observer=_AcceptObserver(label, limiter))
+    port._logger = _TwistedLogger(namespace="nsq_service.limits.accept", observer=_AcceptObserver(label, limiter))
     return limiter

@@ -1,7 +1,7 @@
 """nsqd's HTTP API: a Klein app answering every route of Go nsqd 1.3 as Go does.
 
 Go's response conventions and httprouter's routing come from
-:mod:`nsqd_tw.web`; this module has nsqd's routes.
+:mod:`nsq_service.web`; this module has nsqd's routes.
 """
 
 from __future__ import annotations
@@ -12,13 +12,9 @@ from typing import Any
 
 from twisted.web.server import Request, Site
 
-from nsqd_tw.log import LEVEL_NUMBERS, Logger, set_log_level
-from nsqd_tw.lookup import split_host_port
-from nsqd_tw.nsqd import NSQD
-from nsqd_tw.options import LOG_LEVELS, TLS_REQUIRED, VERSION, flag_fields
-from nsqd_tw.stats import get_stats, mem_stats, print_stats, stats_version_line
-from nsqd_tw.topic import TopicError
-from nsqd_tw.web import (
+from nsq_service.log import LEVEL_NUMBERS, Logger, set_log_level
+from nsq_service.options import LOG_LEVELS, flag_fields
+from nsq_service.web import (
     BOOL_PARAMS,
     JSON_TYPE,
     GoHTTPAPI,
@@ -32,10 +28,17 @@ from nsqd_tw.web import (
     parse_query,
     query,
 )
-from nsqd_tw.web import body as read_body
-from nsqd_tw.wire import FatalClientError, is_valid_channel_name, is_valid_topic_name
+from nsq_service.web import body as read_body
+from nsq_wire.errors import FatalClientError
+from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
+from nsq_wire.version import VERSION
+from nsqd_tw.core.nsqd import NSQD
+from nsqd_tw.core.topic import TopicError
+from nsqd_tw.http.stats import get_stats, mem_stats, print_stats, stats_version_line
+from nsqd_tw.lookup import split_host_port
+from nsqd_tw.options import TLS_REQUIRED
 
-log = Logger(namespace="nsqd_tw.http_api")
+log = Logger(namespace="nsqd_tw.http.api")
 
 _TLS_VERSION_NUMBERS = {"tls1.0": 0x0301, "tls1.1": 0x0302, "tls1.2": 0x0303, "tls1.3": 0x0304}
 
@@ -352,7 +355,7 @@ class NSQDHTTPAPI(GoHTTPAPI):
     @handler("/metrics", "GET", style="raw", access_log=False)
     def metrics(self, request: Request) -> bytes:
         """Beyond Go: the stats in the Prometheus text format."""
-        from nsqd_tw.metrics import CONTENT_TYPE, make_registry, render
+        from nsqd_tw.http.metrics import CONTENT_TYPE, make_registry, render
 
         if self._registry is None:
             self._registry = make_registry(self.nsqd)
@@ -385,7 +388,7 @@ def _ns(seconds: float) -> int:
 
 def _read_binary_mpub(data: bytes, max_msg: int, max_body: int) -> list[bytes]:
     """readMPUB over a request body; errors are 413 with the code minus ``E_``."""
-    from nsqd_tw.wire import V2Parser
+    from nsq_wire.parser import V2Parser
 
     parser = V2Parser(max_msg, max_body)
     # the body is whole already: declare the most it may be, so that a message

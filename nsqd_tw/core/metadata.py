@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from nsqd_tw import gojson
-from nsqd_tw.files import go_errno
+from nsq_wire import gojson
+from nsq_wire.gofmt import go_errno
 
 METADATA_FILE = "nsqd.dat"
 

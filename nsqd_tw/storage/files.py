@@ -6,25 +6,10 @@ system`` (an ``*os.PathError``); :class:`PathError` is that, and still an OSErro
 
 from __future__ import annotations
 
-import errno
 import os
 import random
 
-_GO_ERRNO = {
-    errno.EAGAIN: "resource temporarily unavailable",
-    errno.ENOENT: "no such file or directory",
-    errno.EACCES: "permission denied",
-    errno.ENOTDIR: "not a directory",
-    errno.EADDRINUSE: "address already in use",
-    errno.EADDRNOTAVAIL: "cannot assign requested address",
-}
-
-
-def go_errno(e: OSError) -> str:
-    """An errno as Go's syscall.Errno prints it (its lower-case strerror)."""
-    if e.errno is not None and e.errno in _GO_ERRNO:
-        return _GO_ERRNO[e.errno]
-    return (e.strerror or str(e)).lower()
+from nsq_wire.gofmt import go_errno
 
 
 class PathError(OSError):

@@ -1,187 +1,22 @@
-"""The NSQ V2 wire format, with no I/O.
-
-Frames, the command parser, name validation and the client error types live
-here so that nsqd, nsqlookupd, the client and the tests agree on every byte.
-"""
+"""The V2 command parser: bytes in, commands out, no I/O."""
 
 from __future__ import annotations
 
-import re
 import struct
-import unicodedata
 from collections.abc import Callable
 
-MAGIC_V2 = b"  V2"
-MAGIC_V1 = b"  V1"
-
-FRAME_TYPE_RESPONSE = 0
-FRAME_TYPE_ERROR = 1
-FRAME_TYPE_MESSAGE = 2
-
-OK = b"OK"
-HEARTBEAT = b"_heartbeat_"
-CLOSE_WAIT = b"CLOSE_WAIT"
-
-MSG_ID_LENGTH = 16
-# timestamp (8) + attempts (2) + id (16)
-MESSAGE_HEADER_LENGTH = 26
+from nsq_wire.errors import FatalClientError
 
 # bufio.Reader size Go nsqd reads command lines with: a longer line kills
 # the connection without an error frame.
 MAX_LINE_LENGTH = 16 * 1024
 
+
 # Commands followed by a 4-byte big-endian size and a body.
 BODY_COMMANDS = frozenset({b"IDENTIFY", b"PUB", b"MPUB", b"DPUB", b"AUTH"})
 
-_FRAME_HEADER = struct.Struct(">ii")
-_UINT32 = struct.Struct(">I")
+
 _INT32 = struct.Struct(">i")
-
-_NAME_RE = re.compile(r"[.a-zA-Z0-9_-]+(#ephemeral)?")
-
-
-def pack_frame(frame_type: int, data: bytes) -> bytes:
-    """A frame: 4-byte size (type + data), 4-byte type, data."""
-    return _FRAME_HEADER.pack(len(data) + 4, frame_type) + data
-
-
-def unpack_frames(buf: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
-    """Split ``buf`` into complete frames; return them and the remainder."""
-    frames = []
-    pos = 0
-    end = len(buf)
-    while end - pos >= 8:
-        size, frame_type = _FRAME_HEADER.unpack_from(buf, pos)
-        if size < 4:
-            raise ValueError(f"invalid frame size {size}")
-        if end - pos - 4 < size:
-            break
-        frames.append((frame_type, buf[pos + 8 : pos + 4 + size]))
-        pos += 4 + size
-    return frames, buf[pos:]
-
-
-def is_valid_name(name: str | bytes) -> bool:
-    """Go's rule for topic and channel names."""
-    if isinstance(name, bytes):
-        try:
-            name = name.decode("ascii")
-        except UnicodeDecodeError:
-            return False
-    if not 1 <= len(name) <= 64:
-        return False
-    return _NAME_RE.fullmatch(name) is not None
-
-
-is_valid_topic_name = is_valid_name
-is_valid_channel_name = is_valid_name
-
-
-def is_ephemeral(name: str) -> bool:
-    return name.endswith("#ephemeral")
-
-
-def go_quote(value: bytes | str) -> str:
-    """Quote like Go's ``%q`` verb (strconv.Quote), used in error texts."""
-    if isinstance(value, str):
-        value = value.encode("utf-8", "surrogateescape")
-    out = ['"']
-    i = 0
-    n = len(value)
-    while i < n:
-        b = value[i]
-        if b < 0x80:
-            ch = chr(b)
-            i += 1
-        else:
-            ch = ""
-            for width in (2, 3, 4):
-                try:
-                    ch = value[i : i + width].decode("utf-8")
-                except UnicodeDecodeError:
-                    continue
-                if len(ch) == 1:
-                    i += width
-                    break
-                ch = ""
-            if not ch:
-                out.append("\\x%02x" % b)
-                i += 1
-                continue
-        out.append(_quote_rune(ch))
-    out.append('"')
-    return "".join(out)
-
-
-_ESCAPES = {
-    "\a": "\\a",
-    "\b": "\\b",
-    "\f": "\\f",
-    "\n": "\\n",
-    "\r": "\\r",
-    "\t": "\\t",
-    "\v": "\\v",
-    '"': '\\"',
-    "\\": "\\\\",
-}
-
-
-def _quote_rune(ch: str) -> str:
-    esc = _ESCAPES.get(ch)
-    if esc is not None:
-        return esc
-    r = ord(ch)
-    if ch == " " or (ch.isprintable() and unicodedata.category(ch)[0] != "Z"):
-        return ch
-    if r < 0x20 or r == 0x7F:
-        return "\\x%02x" % r
-    if r < 0x10000:
-        return "\\u%04x" % r
-    return "\\U%08x" % r
-
-
-def parse_base10(value: bytes) -> int:
-    """Go's protocol.ByteToBase10: digits only (empty is 0), uint64 wrap."""
-    n = 0
-    for d in value:
-        if not 48 <= d <= 57:
-            raise ValueError("failed to convert to Base10")
-        n = (n * 10 + d - 48) & 0xFFFFFFFFFFFFFFFF
-    return n
-
-
-def to_int64(n: int) -> int:
-    """Reinterpret an integer as Go's int64 (two's complement wrap)."""
-    n &= 0xFFFFFFFFFFFFFFFF
-    return n - (1 << 64) if n >= 1 << 63 else n
-
-
-def ms_to_duration_ns(ms: int) -> int:
-    """``time.Duration(ms) * time.Millisecond`` with Go's overflow."""
-    return to_int64(to_int64(ms) * 1_000_000)
-
-
-class ClientError(Exception):
-    """An error sent to the client as an error frame; the connection stays."""
-
-    fatal = False
-
-    def __init__(self, code: str, text: str = "") -> None:
-        super().__init__(code, text)
-        self.code = code
-        self.text = text
-
-    def __str__(self) -> str:
-        return f"{self.code} {self.text}" if self.text else self.code
-
-    def wire(self) -> bytes:
-        return str(self).encode("utf-8", "surrogateescape")
-
-
-class FatalClientError(ClientError):
-    """An error sent as an error frame after which the connection is closed."""
-
-    fatal = True
 
 
 class ProtocolViolation(Exception):
@@ -214,6 +49,7 @@ class Command:
 
 
 HeaderCheck = Callable[[bytes, list[bytes]], None]
+
 
 _LINE, _SIZE, _BODY, _MPUB_COUNT, _MPUB_SIZE, _MPUB_BODY = range(6)
 
@@ -447,25 +283,3 @@ class V2Parser:
                 raise FatalClientError("E_BAD_BODY", f"{verb} body too big {size} > {self.max_body_size}")
             if size <= 0:
                 raise FatalClientError("E_BAD_BODY", f"{verb} invalid body size {size}")
-
-
-def encode_command(name: bytes, *params: bytes | str, body: bytes | None = None) -> bytes:
-    """Encode a command as a client sends it (used by the client and tests)."""
-    parts = [name]
-    for p in params:
-        parts.append(p.encode() if isinstance(p, str) else p)
-    line = b" ".join(parts) + b"\n"
-    if body is None:
-        return line
-    return line + _UINT32.pack(len(body)) + body
-
-
-def encode_mpub(topic: bytes | str, bodies: list[bytes]) -> bytes:
-    """MPUB: the line, then size, count and each message as (size, body)."""
-    pack = _UINT32.pack
-    payload = [pack(len(bodies))]
-    for b in bodies:
-        payload.append(pack(len(b)))
-        payload.append(b)
-    body = b"".join(payload)
-    return encode_command(b"MPUB", topic, body=body)

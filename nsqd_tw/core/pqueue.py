@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 
-from nsqd_tw.message import Message
+from nsqd_tw.core.message import Message
 
 
 class TimeoutQueue:

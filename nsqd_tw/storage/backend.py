@@ -1,11 +1,11 @@
 """The BackendQueue seam: where a topic or channel puts what memory can't hold.
 
-Records are opaque bytes (an encoded :class:`~nsqd_tw.message.Message`). A
+Records are opaque bytes (an encoded :class:`~nsqd_tw.core.message.Message`). A
 backend is used from the reactor thread only.
 
 Implementations:
 
-- :class:`nsqd_tw.diskqueue.DiskQueue`: go-diskqueue's files (the default);
+- :class:`nsqd_tw.storage.diskqueue.DiskQueue`: go-diskqueue's files (the default);
 - :class:`MemoryBackendQueue`: records kept in memory (for tests, and for
   embedders who want no disk at all); it never drops a record;
 - :class:`DummyBackendQueue`: for ephemeral topics and channels, which by

@@ -6,7 +6,6 @@ reactor (any ``IReactorTime``), so tests drive it with ``task.Clock``.
 
 from __future__ import annotations
 
-import gc
 import os
 import random
 from collections.abc import Callable
@@ -17,15 +16,16 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 
+from nsq_service.log import Logger
+from nsq_service.options import StartError
+from nsq_wire.message import MESSAGE_HEADER_LENGTH
+from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
+from nsq_wire.version import VERSION, python_version
 from nsqd_tw.auth import AuthClient
-from nsqd_tw.backend import DummyBackendQueue, IBackendQueue, MemoryBackendQueue
-from nsqd_tw.channel import Channel
-from nsqd_tw.diskqueue import DiskBudget, DiskQueue, Syncer
-from nsqd_tw.files import write_atomic
-from nsqd_tw.guid import GUIDFactory
-from nsqd_tw.log import Logger
-from nsqd_tw.message import Message
-from nsqd_tw.metadata import (
+from nsqd_tw.core.channel import Channel
+from nsqd_tw.core.guid import GUIDFactory
+from nsqd_tw.core.message import Message
+from nsqd_tw.core.metadata import (
     METADATA_FILE,
     ChannelMeta,
     DirLock,
@@ -34,12 +34,14 @@ from nsqd_tw.metadata import (
     encode_metadata,
     read_metadata,
 )
-from nsqd_tw.options import VERSION, NSQDOptions, StartError
-from nsqd_tw.topic import Topic, TopicError
-from nsqd_tw.wire import MESSAGE_HEADER_LENGTH, is_valid_channel_name, is_valid_topic_name
+from nsqd_tw.core.topic import Topic, TopicError
+from nsqd_tw.options import NSQDOptions
+from nsqd_tw.storage.backend import DummyBackendQueue, IBackendQueue, MemoryBackendQueue
+from nsqd_tw.storage.diskqueue import DiskBudget, DiskQueue, Syncer
+from nsqd_tw.storage.files import write_atomic
 
 if TYPE_CHECKING:
-    from nsqd_tw.protocol_v2 import V2Protocol
+    from nsqd_tw.tcp.protocol import V2Protocol
 
 BackendFactory = Callable[[str, bool], IBackendQueue]
 
@@ -55,7 +57,7 @@ class NSQD(service.Service):
     """The core nsqd service. Its parent starts it first and stops it last."""
 
     name = "nsqd"
-    log = Logger(namespace="nsqd_tw.nsqd")
+    log = Logger(namespace="nsqd_tw.core.nsqd")
 
     def __init__(
         self,
@@ -449,22 +451,3 @@ class NSQD(service.Service):
                 self.log.failure("failed to persist metadata")
             self.dirlock.unlock()
         self.log.info("NSQ: bye")
-
-
-def tune_gc() -> None:
-    """Make the cyclic GC cheap for a process holding millions of messages.
-
-    Messages hold no cycles, but every one is tracked, and collecting the
-    youngest generation every 700 allocations (the default) cost a third of
-    the consume path in the benchmarks. Collect it every 100,000 instead and
-    freeze what start-up created; the 25% rule still bounds full collections.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(100_000, 20, 10)
-
-
-def python_version() -> str:
-    import platform
-
-    return "python" + platform.python_version()

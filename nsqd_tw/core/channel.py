@@ -14,13 +14,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from nsqd_tw.message import Message
-from nsqd_tw.pqueue import TimeoutQueue
-from nsqd_tw.stats import Quantile
-from nsqd_tw.wire import is_ephemeral
+from nsq_wire.names import is_ephemeral
+from nsqd_tw.core.message import Message
+from nsqd_tw.core.pqueue import TimeoutQueue
+from nsqd_tw.core.quantile import Quantile
 
 if TYPE_CHECKING:
-    from nsqd_tw.nsqd import NSQD
+    from nsqd_tw.core.nsqd import NSQD
 
 
 class ChannelError(Exception):

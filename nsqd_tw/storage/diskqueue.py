@@ -38,8 +38,8 @@ from twisted.internet import defer
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from nsqd_tw.backend import IBackendQueue
-from nsqd_tw.files import write_atomic
+from nsqd_tw.storage.backend import IBackendQueue
+from nsqd_tw.storage.files import write_atomic
 
 _SIZE = struct.Struct(">i")
 _META_RE = re.compile(rb"^(-?\d+)\n(-?\d+),(-?\d+)\n(-?\d+),(-?\d+)\n?")

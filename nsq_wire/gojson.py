@@ -143,7 +143,7 @@ def _quote_char(c: int) -> str:
         return "'\\''"
     if c == 0x22:
         return "'\"'"
-    from nsqd_tw.wire import go_quote
+    from nsq_wire.gofmt import go_quote
 
     return "'" + go_quote(chr(c))[1:-1] + "'"
 

@@ -13,8 +13,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from nsqd_tw.nsqd import NSQD
-from nsqd_tw.stats import get_stats, mem_stats
+from nsqd_tw.core.nsqd import NSQD
+from nsqd_tw.http.stats import get_stats, mem_stats
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 

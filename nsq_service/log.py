@@ -22,7 +22,7 @@ GO_LEVELS = {
     LogLevel.critical: (5, "FATAL"),
 }
 LEVEL_NUMBERS = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}
-OUR_NAMESPACES = ("nsqd_tw", "lookupd_tw", "nsqd", "nsqlookupd")
+OUR_NAMESPACES = ("nsqd_tw", "lookupd_tw", "nsq_service", "nsq_client", "nsqd", "nsqlookupd")
 
 
 def go_log_line(prefix: str, level_name: str, text: str, when: float | None = None) -> str:

@@ -15,11 +15,11 @@ from twisted.internet import defer
 from twisted.internet.protocol import DatagramProtocol
 from twisted.internet.task import LoopingCall
 
-from nsqd_tw.log import Logger
-from nsqd_tw.nsqd import NSQD
-from nsqd_tw.stats import get_stats, mem_stats
+from nsq_service.log import Logger
+from nsqd_tw.core.nsqd import NSQD
+from nsqd_tw.http.stats import get_stats, mem_stats
 
-log = Logger(namespace="nsqd_tw.statsd")
+log = Logger(namespace="nsqd_tw.http.statsd")
 
 
 def host_key(h: str) -> str:

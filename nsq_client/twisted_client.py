@@ -24,18 +24,11 @@ from twisted.internet import defer, endpoints, protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from nsqd_tw.compression import DeflateCodec, SnappyCodec
-from nsqd_tw.wire import (
-    FRAME_TYPE_ERROR,
-    FRAME_TYPE_MESSAGE,
-    FRAME_TYPE_RESPONSE,
-    HEARTBEAT,
-    MAGIC_V2,
-    encode_command,
-    encode_mpub,
-)
+from nsq_wire.commands import encode_command, encode_mpub
+from nsq_wire.compression import DeflateCodec, SnappyCodec
+from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, HEARTBEAT, MAGIC_V2
 
-log = Logger(namespace="nsqd_tw.client")
+log = Logger(namespace="nsq_client.twisted_client")
 
 _FRAME_HEADER = struct.Struct(">ii")
 _MSG_HEADER = struct.Struct(">qH")

@@ -1,7 +1,7 @@
 """The stats snapshot (``/stats``, statsd, Prometheus) in Go's shapes.
 
 :func:`get_stats` returns plain dicts whose key order is Go's struct field
-order, so :func:`nsqd_tw.gojson.dumps` writes what Go's ``/stats?format=json``
+order, so :func:`nsq_wire.gojson.dumps` writes what Go's ``/stats?format=json``
 writes. :class:`Quantile` is the end-to-end processing latency of a channel:
 two DDSketch streams taking turns over ``--e2e-processing-latency-window-time``,
 as Go's two perks streams do.
@@ -16,56 +16,15 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from ddsketch import DDSketch
-
-from nsqd_tw.options import VERSION
+from nsq_wire.gofmt import go_duration
+from nsq_wire.version import VERSION
+from nsqd_tw.core.quantile import EMPTY_RESULT
 
 if TYPE_CHECKING:
-    from nsqd_tw.channel import Channel
-    from nsqd_tw.nsqd import NSQD
-    from nsqd_tw.protocol_v2 import V2Protocol
-    from nsqd_tw.topic import Topic
-
-
-class Quantile:
-    def __init__(self, window: float, percentiles: list[float], now: float) -> None:
-        self.move_window = window / 2
-        self.percentiles = percentiles
-        self._streams = [DDSketch(), DDSketch()]
-        self._current = 0
-        self._last_move = now
-
-    def _advance(self, now: float) -> None:
-        while now > self._last_move + self.move_window:
-            self._current ^= 1
-            self._streams[self._current] = DDSketch()
-            self._last_move += self.move_window
-
-    def insert(self, value_ns: float, now: float) -> None:
-        self._advance(now)
-        self._streams[self._current].add(max(value_ns, 1.0))
-
-    def merge(self, other: Quantile, now: float) -> None:
-        self._advance(now)
-        other._advance(now)
-        self._streams[self._current].merge(other._streams[other._current])
-        self._streams[self._current ^ 1].merge(other._streams[other._current ^ 1])
-
-    def result(self, now: float) -> dict[str, Any]:
-        self._advance(now)
-        merged = DDSketch()
-        for s in self._streams:
-            if s.count:
-                merged.merge(s)
-        count = int(merged.count)
-        percentiles = []
-        for p in self.percentiles:
-            value = merged.get_quantile_value(p) if count else None
-            percentiles.append({"quantile": p, "value": float(round(value)) if value else 0.0})
-        return {"count": count, "percentiles": percentiles}
-
-
-EMPTY_RESULT: dict[str, Any] = {"count": 0, "percentiles": None}
+    from nsqd_tw.core.channel import Channel
+    from nsqd_tw.core.nsqd import NSQD
+    from nsqd_tw.core.topic import Topic
+    from nsqd_tw.tcp.protocol import V2Protocol
 
 
 def nanoseconds_to_human(v: float) -> str:
@@ -277,35 +236,6 @@ def mem_stats() -> dict[str, int]:
 
 
 # -- the text format -------------------------------------------------------------
-
-
-def go_duration(ns: int) -> str:
-    """Go's time.Duration.String()."""
-    if ns == 0:
-        return "0s"
-    neg = ns < 0
-    u = -ns if neg else ns
-    if u < 1_000_000_000:
-        for unit, scale in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
-            if u >= scale or scale == 1:
-                whole, frac = divmod(u, scale)
-                digits = len(str(scale)) - 1
-                s = str(whole)
-                if frac:
-                    s += "." + str(frac).rjust(digits, "0").rstrip("0")
-                return ("-" if neg else "") + s + unit
-    h, rem = divmod(u, 3_600_000_000_000)
-    m, rem = divmod(rem, 60_000_000_000)
-    secs, frac = divmod(rem, 1_000_000_000)
-    out = ""
-    if h:
-        out += f"{h}h"
-    if h or m:
-        out += f"{m}m"
-    sec = str(secs)
-    if frac:
-        sec += "." + str(frac).rjust(9, "0").rstrip("0")
-    return ("-" if neg else "") + out + sec + "s"
 
 
 def rfc3339(ts: float) -> str:

@@ -34,11 +34,11 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 from werkzeug.exceptions import HTTPException, NotFound
 from werkzeug.routing import RoutingException
 
-from nsqd_tw import gojson
-from nsqd_tw.limits import RateLimitedLog
-from nsqd_tw.log import Logger
+from nsq_service.limits import RateLimitedLog
+from nsq_service.log import Logger
+from nsq_wire import gojson
 
-log = Logger(namespace="nsqd_tw.web")
+log = Logger(namespace="nsq_service.web")
 
 BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
 NSQ_CONTENT_TYPE = b"nsq; version=1.0"
@@ -723,7 +723,7 @@ def add_debug_routes(router: Router, index: str, nsqd_extras: bool = False) -> N
     @router.handler("/debug/pprof/heap", "GET", style="raw")
     def pprof_heap(api: GoHTTPAPI, request: Request) -> bytes:
         """Live objects by type (the most numerous first) and allocator totals."""
-        from nsqd_tw.stats import mem_stats
+        from nsqd_tw.http.stats import mem_stats
 
         counts: dict[str, int] = {}
         for obj in gc.get_objects():

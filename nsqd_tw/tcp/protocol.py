@@ -21,35 +21,21 @@ from twisted.protocols.policies import TimeoutMixin
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from nsqd_tw import gojson
+from nsq_service.log import Logger
+from nsq_wire import gojson
+from nsq_wire.compression import CompressionError, DeflateCodec, SnappyCodec
+from nsq_wire.errors import ClientError, FatalClientError
+from nsq_wire.frames import CLOSE_WAIT, FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, HEARTBEAT, MAGIC_V2, OK, pack_frame
+from nsq_wire.gofmt import go_quote, ms_to_duration_ns, parse_base10, to_int64
+from nsq_wire.message import MSG_ID_LENGTH
+from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
+from nsq_wire.parser import Command, ProtocolViolation, V2Parser
+from nsq_wire.version import VERSION
 from nsqd_tw.auth import AuthState
-from nsqd_tw.channel import Channel, ChannelError
-from nsqd_tw.compression import CompressionError, DeflateCodec, SnappyCodec
-from nsqd_tw.log import Logger
-from nsqd_tw.message import Message
-from nsqd_tw.nsqd import NSQD
-from nsqd_tw.options import TLS_NOT_REQUIRED, VERSION
-from nsqd_tw.wire import (
-    CLOSE_WAIT,
-    FRAME_TYPE_ERROR,
-    FRAME_TYPE_RESPONSE,
-    HEARTBEAT,
-    MAGIC_V2,
-    MSG_ID_LENGTH,
-    OK,
-    ClientError,
-    Command,
-    FatalClientError,
-    ProtocolViolation,
-    V2Parser,
-    go_quote,
-    is_valid_channel_name,
-    is_valid_topic_name,
-    ms_to_duration_ns,
-    pack_frame,
-    parse_base10,
-    to_int64,
-)
+from nsqd_tw.core.channel import Channel, ChannelError
+from nsqd_tw.core.message import Message
+from nsqd_tw.core.nsqd import NSQD
+from nsqd_tw.options import TLS_NOT_REQUIRED
 
 STATE_INIT = 0
 STATE_DISCONNECTED = 1
@@ -230,7 +216,7 @@ def decode_identify(body: bytes) -> dict[str, Any]:
 
 @implementer(IHandshakeListener)
 class V2Protocol(protocol.Protocol, TimeoutMixin):
-    log = Logger(namespace="nsqd_tw.protocol_v2")
+    log = Logger(namespace="nsqd_tw.tcp.protocol")
     transport: Any
 
     def __init__(self, nsqd: NSQD) -> None:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import struct
 
-from nsqd_tw.wire import FRAME_TYPE_MESSAGE, MESSAGE_HEADER_LENGTH, MSG_ID_LENGTH
+from nsq_wire.frames import FRAME_TYPE_MESSAGE
+from nsq_wire.message import MESSAGE_HEADER_LENGTH, MSG_ID_LENGTH
 
 _HEADER = struct.Struct(">QH")
 # frame size, frame type, timestamp, attempts: the bytes before the ID

@@ -1,0 +1,565 @@
+"""Options: one table, three front ends (the shared machinery)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import json
+import socket
+import sys
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import field
+from typing import Any, NoReturn, TypeVar
+
+from twisted.application.service import ServiceMaker
+from twisted.python import usage
+
+from nsq_service.log import Logger, go_log_line
+from nsq_wire.gofmt import DurationError, format_duration, parse_duration
+
+_log = Logger(namespace="nsqd_tw.options")
+
+
+class ConfigError(Exception):
+    """A bad option value; ``str()`` is the message Go prints."""
+
+
+class StartError(Exception):
+    """A start that cannot go on; ``str()`` is the whole of Go's FATAL text
+    (``failed to load metadata - ...``)."""
+
+
+def start_error_text(e: BaseException, instantiate_error: str) -> str:
+    """The FATAL text for a failed start: a StartError's own, else Go's
+    ``failed to instantiate nsqd - <error>``."""
+    return str(e) if isinstance(e, StartError) else f"{instantiate_error} - {e}"
+
+
+def install_stop_signals(reactor: Any) -> None:
+    """SIGTERM and SIGINT stop the reactor cleanly from now on, as Go's nsqd.
+
+    A signal that comes before the reactor runs queues the stop for when it
+    does; SIGINT is caught even when the process inherited it ignored (started
+    with ``&``), as Go's signal.Notify does; signals after the first are ignored
+    (Go's nsqd, too). The reactor installs its own handlers when it starts:
+    ours go back in place once it runs.
+    """
+    import signal
+
+    stopping: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        if stopping:
+            return
+        stopping.append(signum)
+        (reactor.sigInt if signum == signal.SIGINT else reactor.sigTerm)(signum, frame)
+
+    def install() -> None:
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    install()
+    reactor.callWhenRunning(install)
+
+
+def split_address(address: str) -> tuple[str, int] | None:
+    """``host:port`` (host may be empty or ``[v6]``) or None for a unix path."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def missing_port(address: str) -> str:
+    """Go's error for a listener it opens as TCP only, given an address without a port."""
+    return f"listen ({address}) failed - listen tcp: address {address}: missing port in address"
+
+
+def _parse_bool(text: str) -> bool:
+    """Go's strconv.ParseBool."""
+    if text in ("1", "t", "T", "TRUE", "true", "True"):
+        return True
+    if text in ("0", "f", "F", "FALSE", "false", "False"):
+        return False
+    raise ConfigError(f'strconv.ParseBool: parsing "{text}": invalid syntax')
+
+
+def _parse_int(text: str) -> int:
+    try:
+        return int(text, 0) if text.lower().startswith(("0x", "0o", "0b")) else int(text, 10)
+    except ValueError:
+        raise ConfigError(f'strconv.ParseInt: parsing "{text}": invalid syntax') from None
+
+
+def _parse_float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f'strconv.ParseFloat: parsing "{text}": invalid syntax') from None
+
+
+class Kind:
+    """How one option's value is read from a flag and from the config file."""
+
+    is_bool = False
+    is_list = False
+
+    def from_flag(self, text: str) -> Any:
+        raise NotImplementedError
+
+    def from_cfg(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.from_flag(value)
+        raise ConfigError(f"invalid value type {type(value).__name__}")
+
+    def show(self, value: Any) -> str:
+        return str(value)
+
+    def finalize(self, value: Any) -> Any:
+        """Applied to a value given on the command line."""
+        return value
+
+
+class _String(Kind):
+    def from_flag(self, text: str) -> str:
+        return text
+
+    def from_cfg(self, value: Any) -> str:
+        return value if isinstance(value, str) else str(value)
+
+
+class _Int(Kind):
+    def from_flag(self, text: str) -> int:
+        return _parse_int(text)
+
+    def from_cfg(self, value: Any) -> int:
+        if isinstance(value, bool):
+            raise ConfigError("invalid int64 value type bool")
+        if isinstance(value, int):
+            return value
+        return super().from_cfg(value)
+
+
+class _Float(Kind):
+    def from_flag(self, text: str) -> float:
+        return _parse_float(text)
+
+    def from_cfg(self, value: Any) -> float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        return super().from_cfg(value)
+
+
+class _Bool(Kind):
+    is_bool = True
+
+    def from_flag(self, text: str) -> bool:
+        return _parse_bool(text)
+
+    def from_cfg(self, value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        return super().from_cfg(value)
+
+    def show(self, value: Any) -> str:
+        return "true" if value else "false"
+
+
+class _Duration(Kind):
+    def from_flag(self, text: str) -> float:
+        try:
+            return parse_duration(text)
+        except DurationError as e:
+            raise ConfigError(str(e)) from None
+
+    def from_cfg(self, value: Any) -> float:
+        # go-options reads a bare number in a config file as milliseconds
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value / 1000.0
+        return super().from_cfg(value)
+
+    def show(self, value: Any) -> str:
+        return format_duration(value)
+
+
+class _StringList(Kind):
+    is_list = True
+
+    def from_flag(self, text: str) -> list[str]:
+        return [text]
+
+    def from_cfg(self, value: Any) -> list[str]:
+        if isinstance(value, str):
+            return value.split(",")
+        if isinstance(value, list):
+            return [str(v) for v in value]
+        raise ConfigError(f"invalid value type {type(value).__name__}")
+
+    def show(self, value: Any) -> str:
+        return ",".join(value)
+
+
+class _FloatList(Kind):
+    """Go's FloatArray: comma separated, repeatable, kept sorted descending."""
+
+    is_list = True
+
+    def from_flag(self, text: str) -> list[float]:
+        return [_parse_float(s) for s in text.split(",")]
+
+    def from_cfg(self, value: Any) -> list[float]:
+        if isinstance(value, str):
+            return [_parse_float(s.strip()) for s in value.split(",")]
+        if isinstance(value, list):
+            return [FLOAT.from_cfg(v) for v in value]
+        raise ConfigError(f"invalid value type {type(value).__name__}")
+
+    def show(self, value: Any) -> str:
+        return ",".join(f"{v:f}" for v in value)
+
+    def finalize(self, value: Any) -> Any:
+        return sorted(value, reverse=True)
+
+
+LOG_LEVELS = ("debug", "info", "warn", "error", "fatal")
+
+
+class _LogLevel(Kind):
+    def from_flag(self, text: str) -> str:
+        level = text.lower()
+        if level not in LOG_LEVELS:
+            raise ConfigError(f"invalid log level '{text}' (debug, info, warn, error, fatal)")
+        return level
+
+    def from_cfg(self, value: Any) -> str:
+        try:
+            return self.from_flag(str(value))
+        except ConfigError:
+            raise ConfigError(f"failed parsing log_level {value}") from None
+
+
+STRING = _String()
+
+
+INT = _Int()
+
+
+FLOAT = _Float()
+
+
+BOOL = _Bool()
+
+
+DURATION = _Duration()
+
+
+STRING_LIST = _StringList()
+
+
+FLOAT_LIST = _FloatList()
+
+
+LOG_LEVEL = _LogLevel()
+
+
+def opt(
+    flag: str | None,
+    kind: Kind,
+    default: Any,
+    help: str,
+    cfg: str | None = None,
+) -> Any:
+    """A table row: a dataclass field with its flag, config key and kind."""
+    meta = {"flag": flag, "kind": kind, "help": help, "cfg": cfg or (flag or "").replace("-", "_")}
+    if callable(default):
+        return field(default_factory=default, metadata=meta)
+    if isinstance(default, list):
+        return field(default_factory=_list_factory(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _list_factory(items: list[Any]) -> Callable[[], list[Any]]:
+    return lambda: list(items)
+
+
+def hostname() -> str:
+    return socket.gethostname()
+
+
+T = TypeVar("T")
+
+
+def option_fields(cls: type) -> list[dataclasses.Field[Any]]:
+    return list(dataclasses.fields(cls))
+
+
+def flag_fields(cls: type) -> list[dataclasses.Field[Any]]:
+    return [f for f in dataclasses.fields(cls) if f.metadata.get("flag")]
+
+
+class _GoArgumentParser(argparse.ArgumentParser):
+    """Exit 2 with the message first, as Go's flag package does."""
+
+    def error(self, message: str) -> Any:
+        self.exit(2, f"{message}\nRun '{self.prog} -help' for usage.\n")
+
+
+def _kind_type(kind: Kind, flag: str) -> Any:
+    def convert(text: str) -> Any:
+        try:
+            return kind.from_flag(text)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(f'invalid value "{text}" for flag -{flag}: {e}') from None
+
+    convert.__name__ = flag
+    return convert
+
+
+class _ListAppend(argparse.Action):
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        current = getattr(namespace, self.dest, None) or []
+        setattr(namespace, self.dest, current + list(values))
+
+
+def build_argparser(
+    prog: str, cls: type, deprecated: dict[str, str] | None = None, *, twistd: bool = False
+) -> argparse.ArgumentParser:
+    """A parser accepting Go's flag syntax: ``-flag``/``--flag``, ``=value`` or a
+    separate value, bare booleans, repeatable list flags.
+
+    With ``twistd``, help and version are left to the usage.Options that owns
+    the parser, and every boolean also has a ``--no-flag`` form.
+    """
+    parser = _GoArgumentParser(prog=prog, allow_abbrev=False, add_help=False)
+    if twistd:
+        parser.add_argument("-h", "-help", "--help", dest="_help", action="store_true", default=False)
+    else:
+        parser.add_argument("-h", "-help", "--help", action="help", help="show this help message and exit")
+    parser.add_argument("-version", "--version", action="store_true", default=False, help="print version string")
+    parser.add_argument("-config", "--config", default="", help="path to config file")
+    defaults = cls()
+    for f in flag_fields(cls):
+        flag = f.metadata["flag"]
+        kind: Kind = f.metadata["kind"]
+        names = [f"-{flag}", f"--{flag}"]
+        conv = _kind_type(kind, flag)
+        help_text = f.metadata["help"].replace("%", "%%")
+        default_shown = kind.show(getattr(defaults, f.name))
+        if default_shown and default_shown not in ("0", "false", "0s"):
+            help_text += f" (default {default_shown})".replace("%", "%%")
+        if kind.is_bool:
+            parser.add_argument(
+                *names,
+                dest=f.name,
+                nargs="?",
+                const=conv("true"),
+                type=conv,
+                default=argparse.SUPPRESS,
+                metavar="true|false",
+                help=help_text,
+            )
+            if twistd:
+                parser.add_argument(
+                    f"--no-{flag}", dest=f.name, action="store_const", const=conv("false"), default=argparse.SUPPRESS
+                )
+        elif kind.is_list:
+            parser.add_argument(
+                *names,
+                dest=f.name,
+                action=_ListAppend,
+                type=conv,
+                default=argparse.SUPPRESS,
+                metavar="value",
+                help=help_text,
+            )
+        else:
+            parser.add_argument(
+                *names, dest=f.name, type=conv, default=argparse.SUPPRESS, metavar="value", help=help_text
+            )
+    for flag, help_text in (deprecated or {}).items():
+        parser.add_argument(
+            f"-{flag}",
+            f"--{flag}",
+            dest="_deprecated_" + flag.replace("-", "_"),
+            nargs="?",
+            const="true",
+            default=argparse.SUPPRESS,
+            metavar="true|false",
+            help=help_text,
+        )
+    return parser
+
+
+def load_config(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"failed to load config file {path} - {e}") from None
+
+
+def config_keys(cls: type, deprecated: dict[str, str] | None = None) -> set[str]:
+    """The ``--config`` keys that mean something: the table's, and Go's deprecated flags' (no effect)."""
+    return {f.metadata["cfg"] for f in flag_fields(cls)} | {k.replace("-", "_") for k in deprecated or {}}
+
+
+def unknown_config_keys(cls: type, cfg: dict[str, Any], deprecated: dict[str, str] | None = None) -> list[str]:
+    known = config_keys(cls, deprecated)
+    return [key for key in cfg if key not in known]
+
+
+def warn_unknown_keys(path: str, keys: Sequence[str], known: set[str]) -> None:
+    """Go ignores a key it does not know without a word; we say so."""
+    for key in keys:
+        hint = difflib.get_close_matches(key.replace("-", "_").lower(), sorted(known), n=1)
+        _log.warn(
+            "config file {path}: unknown key {key} ignored{hint}",
+            path=path,
+            key=json.dumps(key),
+            hint=f" (did you mean {json.dumps(hint[0])}?)" if hint else "",
+        )
+
+
+def resolve(cls: type[T], flags: dict[str, Any], cfg: dict[str, Any] | None = None) -> T:
+    """Flag given on the command line, else config file value, else default."""
+    cfg = cfg or {}
+    values: dict[str, Any] = {}
+    for f in option_fields(cls):
+        if f.name in flags:
+            values[f.name] = f.metadata["kind"].finalize(flags[f.name])
+            continue
+        key = f.metadata["cfg"]
+        if f.metadata.get("flag") and key in cfg:
+            kind: Kind = f.metadata["kind"]
+            try:
+                values[f.name] = kind.from_cfg(cfg[key])
+            except ConfigError as e:
+                raise ConfigError(f"Resolve failed to coerce value {cfg[key]!r} for field {key} - {e}") from None
+    return cls(**values)
+
+
+def resolve_namespace(cls: type[T], ns: argparse.Namespace, deprecated: dict[str, str] | None = None) -> T:
+    """Options from a parsed command line: its flags, then its ``--config`` file."""
+    cfg = load_config(ns.config) if ns.config else {}
+    unknown = unknown_config_keys(cls, cfg, deprecated)
+    if unknown:
+        warn_unknown_keys(ns.config, unknown, config_keys(cls, deprecated))
+    flags = {k: v for k, v in vars(ns).items() if not k.startswith("_") and k not in ("version", "config")}
+    return resolve(cls, flags, cfg)
+
+
+def parse_command_line(
+    prog: str, cls: type[T], argv: Sequence[str], deprecated: dict[str, str] | None = None
+) -> tuple[T | None, argparse.Namespace]:
+    """Parse ``argv``; return (options or None if --version, namespace)."""
+    parser = build_argparser(prog, cls, deprecated)
+    ns = parser.parse_args(list(argv))
+    if ns.version:
+        return None, ns
+    return resolve_namespace(cls, ns, deprecated), ns
+
+
+def exit_fatal(prefix: str, text: str) -> NoReturn:
+    """Go's logFatal: one FATAL line on stderr, exit status 1."""
+    sys.stderr.write(go_log_line(prefix, "FATAL", text))
+    sys.stderr.flush()
+    raise SystemExit(1)
+
+
+def usage_options(
+    cls: type, description: str, prog: str, deprecated: dict[str, str] | None = None
+) -> type[usage.Options]:
+    """A twistd usage.Options class built from the same table.
+
+    Parsing goes through the console command's own parser (:func:`build_argparser`),
+    so ``twistd nsqd ARGS`` accepts every form ``nsqd ARGS`` does and resolves to the
+    same options; it also accepts ``--no-flag`` for a boolean. Whatever that parser
+    does not know is left to usage.Options, so a subclass may add options of its
+    own. Afterwards ``self.resolved`` is the options object and ``self[flag]``
+    its value. Errors end the process the way the console command does: exit 2
+    with the message for a bad flag, exit 1 with a FATAL line for a bad config file.
+    """
+    defaults = cls()
+    fields = flag_fields(cls)
+    parameters: list[list[Any]] = []
+    flags: list[list[Any]] = []
+    for f in fields:
+        flag = f.metadata["flag"]
+        kind: Kind = f.metadata["kind"]
+        shown = kind.show(getattr(defaults, f.name))
+        if kind.is_bool:
+            forms = f"--{flag}[=true|false], --no-{flag}"
+            flags.append([flag, None, f"{f.metadata['help']} [{forms}] (default {shown})"])
+        else:
+            parameters.append([flag, None, None, f.metadata["help"] + (f" (default {shown})" if shown else "")])
+    for flag, help_text in (deprecated or {}).items():
+        flags.append([flag, None, help_text])
+    log_prefix = getattr(defaults, "log_prefix", f"[{prog.split()[-1]}] ")
+
+    def parse_options(self: Any, options: Sequence[str] | None = None) -> None:
+        argv = sys.argv[1:] if options is None else list(options)
+        if "--_shell-completion" in argv:
+            return usage.Options.parseOptions(self, argv)  # type: ignore[no-any-return]
+        # a plugin subclassing these Options runs under its own name: twistd ticker
+        sub = getattr(getattr(self, "parent", None), "subCommand", None)
+        parser = build_argparser(f"twistd {sub}" if sub else self.prog, cls, deprecated, twistd=True)
+        self._namespace, rest = parser.parse_known_args(argv)
+        if self._namespace._help:
+            self.opt_help()
+        if self._namespace.version:
+            self.opt_version()
+        try:
+            usage.Options.parseOptions(self, rest)
+        except usage.UsageError as e:
+            parser.error(str(e))
+
+    def post_options(self: Any) -> None:
+        try:
+            self.resolved = resolve_namespace(cls, self._namespace, deprecated)
+        except ConfigError as e:
+            exit_fatal(log_prefix, str(e))
+        self["config"] = self._namespace.config
+        for f in fields:
+            self[f.metadata["flag"]] = getattr(self.resolved, f.name)
+
+    return type(
+        cls.__name__ + "Usage",
+        (usage.Options,),
+        {
+            "prog": prog,
+            "optParameters": [["config", None, "", "path to config file"], *parameters],
+            "optFlags": flags,
+            "parseOptions": parse_options,
+            "postOptions": post_options,
+            "longdesc": description,
+        },
+    )
+
+
+class TwistdServiceMaker(ServiceMaker):
+    """twistd's ServiceMaker, ending on Go's FATAL line when the options are refused.
+
+    ``makeService`` validates the options as the console command does; the
+    error is its one ``FATAL: failed to instantiate APP - ...`` line and exit 1,
+    not a traceback.
+    """
+
+    def makeService(self, options: Any) -> Any:
+        from twisted.internet import reactor
+
+        # twistd installs its signal handlers only when the reactor runs, after the
+        # listening lines: a supervisor's early SIGTERM must still stop cleanly
+        install_stop_signals(reactor)
+        try:
+            top = super().makeService(options)
+        except ConfigError as e:
+            resolved = getattr(options, "resolved", None)
+            prefix = getattr(resolved, "log_prefix", f"[{self.tapname}] ")
+            exit_fatal(prefix, f"failed to instantiate {self.tapname} - {e}")
+        if hasattr(top, "exit_on_start_failure"):
+            top.exit_on_start_failure = True
+        return top

@@ -1,0 +1,196 @@
+"""Go's formats: %q quoting, base-10 parsing with Go's wrap, durations, errno texts."""
+
+from __future__ import annotations
+
+import errno
+import re
+import unicodedata
+
+
+def go_quote(value: bytes | str) -> str:
+    """Quote like Go's ``%q`` verb (strconv.Quote), used in error texts."""
+    if isinstance(value, str):
+        value = value.encode("utf-8", "surrogateescape")
+    out = ['"']
+    i = 0
+    n = len(value)
+    while i < n:
+        b = value[i]
+        if b < 0x80:
+            ch = chr(b)
+            i += 1
+        else:
+            ch = ""
+            for width in (2, 3, 4):
+                try:
+                    ch = value[i : i + width].decode("utf-8")
+                except UnicodeDecodeError:
+                    continue
+                if len(ch) == 1:
+                    i += width
+                    break
+                ch = ""
+            if not ch:
+                out.append("\\x%02x" % b)
+                i += 1
+                continue
+        out.append(_quote_rune(ch))
+    out.append('"')
+    return "".join(out)
+
+
+_ESCAPES = {
+    "\a": "\\a",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+    "\v": "\\v",
+    '"': '\\"',
+    "\\": "\\\\",
+}
+
+
+def _quote_rune(ch: str) -> str:
+    esc = _ESCAPES.get(ch)
+    if esc is not None:
+        return esc
+    r = ord(ch)
+    if ch == " " or (ch.isprintable() and unicodedata.category(ch)[0] != "Z"):
+        return ch
+    if r < 0x20 or r == 0x7F:
+        return "\\x%02x" % r
+    if r < 0x10000:
+        return "\\u%04x" % r
+    return "\\U%08x" % r
+
+
+def parse_base10(value: bytes) -> int:
+    """Go's protocol.ByteToBase10: digits only (empty is 0), uint64 wrap."""
+    n = 0
+    for d in value:
+        if not 48 <= d <= 57:
+            raise ValueError("failed to convert to Base10")
+        n = (n * 10 + d - 48) & 0xFFFFFFFFFFFFFFFF
+    return n
+
+
+def to_int64(n: int) -> int:
+    """Reinterpret an integer as Go's int64 (two's complement wrap)."""
+    n &= 0xFFFFFFFFFFFFFFFF
+    return n - (1 << 64) if n >= 1 << 63 else n
+
+
+def ms_to_duration_ns(ms: int) -> int:
+    """``time.Duration(ms) * time.Millisecond`` with Go's overflow."""
+    return to_int64(to_int64(ms) * 1_000_000)
+
+
+_UNITS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+
+
+_DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+class DurationError(ValueError):
+    """Text that is not a Go duration; ``str()`` is Go's message."""
+
+
+def parse_duration(text: str) -> float:
+    """Parse a Go duration ("1h2m", "250ms", "0") into seconds."""
+    orig = text
+    sign = 1.0
+    if text[:1] in "+-" and text:
+        sign = -1.0 if text[0] == "-" else 1.0
+        text = text[1:]
+    if text == "0":
+        return 0.0
+    if not text:
+        raise DurationError(f'time: invalid duration "{orig}"')
+    total = 0.0
+    pos = 0
+    while pos < len(text):
+        m = _DURATION_PART.match(text, pos)
+        if m is None:
+            if _DURATION_PART.match(text + "s", pos) is not None or text[pos:].replace(".", "").isdigit():
+                raise DurationError(f'time: missing unit in duration "{orig}"')
+            raise DurationError(f'time: invalid duration "{orig}"')
+        total += float(m.group(1)) * _UNITS[m.group(2)]
+        pos = m.end()
+    return sign * total
+
+
+def format_duration(seconds: float) -> str:
+    """Go's Duration.String() for the values used as defaults."""
+    if seconds == 0:
+        return "0s"
+    ns = round(seconds * 1e9)
+    if ns < 1_000_000_000:
+        for unit, scale in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
+            if ns >= scale:
+                return f"{ns / scale:g}{unit}"
+    h, rem = divmod(ns, 3_600_000_000_000)
+    m, rem = divmod(rem, 60_000_000_000)
+    s = rem / 1e9
+    out = ""
+    if h:
+        out += f"{h}h"
+    if h or m:
+        out += f"{m}m"
+    return out + f"{s:g}s"
+
+
+def go_duration(ns: int) -> str:
+    """Go's time.Duration.String()."""
+    if ns == 0:
+        return "0s"
+    neg = ns < 0
+    u = -ns if neg else ns
+    if u < 1_000_000_000:
+        for unit, scale in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
+            if u >= scale or scale == 1:
+                whole, frac = divmod(u, scale)
+                digits = len(str(scale)) - 1
+                s = str(whole)
+                if frac:
+                    s += "." + str(frac).rjust(digits, "0").rstrip("0")
+                return ("-" if neg else "") + s + unit
+    h, rem = divmod(u, 3_600_000_000_000)
+    m, rem = divmod(rem, 60_000_000_000)
+    secs, frac = divmod(rem, 1_000_000_000)
+    out = ""
+    if h:
+        out += f"{h}h"
+    if h or m:
+        out += f"{m}m"
+    sec = str(secs)
+    if frac:
+        sec += "." + str(frac).rjust(9, "0").rstrip("0")
+    return ("-" if neg else "") + out + sec + "s"
+
+
+_GO_ERRNO = {
+    errno.EAGAIN: "resource temporarily unavailable",
+    errno.ENOENT: "no such file or directory",
+    errno.EACCES: "permission denied",
+    errno.ENOTDIR: "not a directory",
+    errno.EADDRINUSE: "address already in use",
+    errno.EADDRNOTAVAIL: "cannot assign requested address",
+}
+
+
+def go_errno(e: OSError) -> str:
+    """An errno as Go's syscall.Errno prints it (its lower-case strerror)."""
+    if e.errno is not None and e.errno in _GO_ERRNO:
+        return _GO_ERRNO[e.errno]
+    return (e.strerror or str(e)).lower()

@@ -1,0 +1,48 @@
+"""End-to-end latency quantiles over a moving window (DDSketch)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddsketch import DDSketch
+
+
+class Quantile:
+    def __init__(self, window: float, percentiles: list[float], now: float) -> None:
+        self.move_window = window / 2
+        self.percentiles = percentiles
+        self._streams = [DDSketch(), DDSketch()]
+        self._current = 0
+        self._last_move = now
+
+    def _advance(self, now: float) -> None:
+        while now > self._last_move + self.move_window:
+            self._current ^= 1
+            self._streams[self._current] = DDSketch()
+            self._last_move += self.move_window
+
+    def insert(self, value_ns: float, now: float) -> None:
+        self._advance(now)
+        self._streams[self._current].add(max(value_ns, 1.0))
+
+    def merge(self, other: Quantile, now: float) -> None:
+        self._advance(now)
+        other._advance(now)
+        self._streams[self._current].merge(other._streams[other._current])
+        self._streams[self._current ^ 1].merge(other._streams[other._current ^ 1])
+
+    def result(self, now: float) -> dict[str, Any]:
+        self._advance(now)
+        merged = DDSketch()
+        for s in self._streams:
+            if s.count:
+                merged.merge(s)
+        count = int(merged.count)
+        percentiles = []
+        for p in self.percentiles:
+            value = merged.get_quantile_value(p) if count else None
+            percentiles.append({"quantile": p, "value": float(round(value)) if value else 0.0})
+        return {"count": count, "percentiles": percentiles}
+
+
+EMPTY_RESULT: dict[str, Any] = {"count": 0, "percentiles": None}
