@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from twisted.application import service
@@ -17,6 +18,19 @@ from nsq_service.options import exit_fatal, missing_port, split_address, start_e
 from nsq_wire.gofmt import go_errno
 
 log = Logger(namespace="nsq_service.listen")
+
+
+@dataclass
+class Bound:
+    """The addresses a server's listeners bound (a port 0 made real), as (host, port)."""
+
+    tcp: tuple[str, int] | None = None
+    http: tuple[str, int] | None = None
+    https: tuple[str, int] | None = None
+
+    @staticmethod
+    def of(host: Any) -> tuple[str, int]:
+        return (getattr(host, "host", ""), getattr(host, "port", 0))
 
 
 def format_address(host: str, port: int) -> str:

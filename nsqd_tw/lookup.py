@@ -287,9 +287,9 @@ class LookupService(service.MultiService):
         self.nsqd = nsqd
         self._ping = LoopingCall(self.ping)
         self._ping.clock = nsqd.reactor
-        nsqd.change_observers.append(self.changed)
-        nsqd.option_observers.append(self.options_changed)
-        nsqd.pre_create_channels = self.topic_channels
+        nsqd.observe_changes(self.changed)
+        nsqd.observe_options(self.options_changed)
+        nsqd.set_channel_source(self.topic_channels)
         self._queries: set[defer.Deferred[Any]] = set()
 
     @property

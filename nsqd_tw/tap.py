@@ -14,7 +14,7 @@ from twisted.application.internet import TimerService
 from twisted.logger import Logger
 
 from nsq_service.limits import raise_fd_limit
-from nsq_service.listen import ListeningService, ServerService
+from nsq_service.listen import Bound, ListeningService, ServerService
 from nsq_service.log import set_log_level
 from nsq_service.options import usage_options
 from nsq_service.runtime import tune_gc
@@ -59,27 +59,27 @@ def makeService(config: Any, reactor: Any = None) -> ServerService:
     top = ServerService("failed to instantiate nsqd", opts.log_prefix)
     nsqd = NSQD(opts, reactor)
     nsqd.setServiceParent(top)
+    bound = Bound()
 
     def tcp_bound(host: Any) -> None:
-        nsqd.tcp_address = (getattr(host, "host", ""), getattr(host, "port", 0))
+        bound.tcp = Bound.of(host)
         if not opts.broadcast_tcp_port:
-            opts.broadcast_tcp_port = getattr(host, "port", 0)
+            opts.broadcast_tcp_port = bound.tcp[1]
 
     def http_bound(host: Any) -> None:
-        nsqd.http_address = (getattr(host, "host", ""), getattr(host, "port", 0))
+        bound.http = Bound.of(host)
         if not opts.broadcast_http_port:
-            opts.broadcast_http_port = getattr(host, "port", 0)
+            opts.broadcast_http_port = bound.http[1]
 
     def https_bound(host: Any) -> None:
-        nsqd.https_address = (getattr(host, "host", ""), getattr(host, "port", 0))
+        bound.https = Bound.of(host)
 
-    ListeningService("TCP", reactor, opts.tcp_address, V2Factory(nsqd), tcp_bound).setServiceParent(top)
-    if opts.http_address:
-        ListeningService("HTTP", reactor, opts.http_address, make_site(nsqd), http_bound).setServiceParent(top)
     tls = server_tls(opts)
-    nsqd.tls_context = tls
+    ListeningService("TCP", reactor, opts.tcp_address, V2Factory(nsqd, tls), tcp_bound).setServiceParent(top)
+    if opts.http_address:
+        ListeningService("HTTP", reactor, opts.http_address, make_site(nsqd, bound), http_bound).setServiceParent(top)
     if tls is not None and opts.https_address:
-        site = make_site(nsqd, tls_enabled=True)
+        site = make_site(nsqd, bound, tls_enabled=True)
         ListeningService("HTTPS", reactor, opts.https_address, site, https_bound, tls=tls).setServiceParent(top)
     if opts.statsd_address:
         StatsdService(nsqd).setServiceParent(top)
@@ -95,4 +95,5 @@ def makeService(config: Any, reactor: Any = None) -> ServerService:
     sync.setName("disk-sync")
     sync.setServiceParent(top)
     top.nsqd = nsqd  # type: ignore[attr-defined]
+    top.bound = bound  # type: ignore[attr-defined]
     return top

@@ -15,7 +15,7 @@ from nsq_wire.frames import FRAME_TYPE_MESSAGE, MAGIC_V2, unpack_frames
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.nsqd import NSQD, memory_backend_factory
 from nsqd_tw.options import NSQDOptions
-from nsqd_tw.tcp.protocol import V2Protocol
+from nsqd_tw.tcp.protocol import V2Factory
 
 START_TIME = 1_700_000_000.0
 
@@ -45,7 +45,7 @@ class FakeClient:
         FakeClient._port += 1
         self.nsqd = nsqd
         self.clock: Clock = nsqd.reactor
-        self.proto = V2Protocol(nsqd)
+        self.proto = V2Factory(nsqd).buildProtocol(None)
         self.transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", FakeClient._port))
         self.proto.makeConnection(self.transport)
         self._rest = b""
@@ -138,13 +138,13 @@ class InProcessNSQD:
 
     @property
     def tcp_port(self) -> int:
-        assert self.nsqd.tcp_address is not None
-        return self.nsqd.tcp_address[1]
+        assert self.service.bound.tcp is not None  # type: ignore[attr-defined]
+        return int(self.service.bound.tcp[1])  # type: ignore[attr-defined]
 
     @property
     def http_port(self) -> int:
-        assert self.nsqd.http_address is not None
-        return self.nsqd.http_address[1]
+        assert self.service.bound.http is not None  # type: ignore[attr-defined]
+        return int(self.service.bound.http[1])  # type: ignore[attr-defined]
 
     def stop(self) -> Any:
         return self.service.stopService()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from twisted.application import service
 from twisted.internet import defer
@@ -21,7 +21,6 @@ from nsq_service.options import StartError
 from nsq_wire.message import MESSAGE_HEADER_LENGTH
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
 from nsq_wire.version import VERSION, python_version
-from nsqd_tw.auth import AuthClient
 from nsqd_tw.core.channel import Channel
 from nsqd_tw.core.guid import GUIDFactory
 from nsqd_tw.core.message import Message
@@ -40,8 +39,16 @@ from nsqd_tw.storage.backend import DummyBackendQueue, IBackendQueue, MemoryBack
 from nsqd_tw.storage.diskqueue import DiskBudget, DiskQueue, Syncer
 from nsqd_tw.storage.files import write_atomic
 
-if TYPE_CHECKING:
-    from nsqd_tw.tcp.protocol import V2Protocol
+
+class Client(Protocol):
+    """A connected client as the core sees it (the TCP side's client)."""
+
+    id: int
+    pub_counts: dict[str, int]
+
+    def shutdown(self) -> None:
+        """nsqd is stopping: give back what it holds and close."""
+
 
 BackendFactory = Callable[[str, bool], IBackendQueue]
 
@@ -84,7 +91,7 @@ class NSQD(service.Service):
         self.dirlock = DirLock(self.data_path)
         self.guid = GUIDFactory(opts.node_id, self.now_ns)
         self.topics: dict[str, Topic] = {}
-        self.clients: dict[int, V2Protocol] = {}
+        self.clients: dict[int, Client] = {}
         self._client_seq = 0
         self.health_error: BaseException | None = None
         self._sync_failed: BaseException | None = None
@@ -92,23 +99,30 @@ class NSQD(service.Service):
         self.loading = False
         self.metadata_loaded = False  # only the process that loaded nsqd.dat may write it
 
-        # addresses actually bound (set by the listening services)
-        self.tcp_address: tuple[str, int] | None = None
-        self.http_address: tuple[str, int] | None = None
-        self.https_address: tuple[str, int] | None = None
-        self.tls_context: Any = None  # nsqd_tw.tls.ServerTLS when --tls-cert/--tls-key are set
-        self.auth = AuthClient(self)  # asks --auth-http-address servers about AUTH secrets
-
         self._scan_channels: list[Channel] | None = None
         self._scan_refresh_at = 0.0
-        self._flush_queue: list[V2Protocol] = []
-        self._flush_call: Any = None
 
-        # observers of topic/channel changes (lookupd registration) and of options
-        self.change_observers: list[Callable[[str, Topic | Channel], None]] = []
-        self.option_observers: list[Callable[[str], None]] = []
-        # the lookup service asks nsqlookupd for a new topic's channels (see get_topic)
-        self.pre_create_channels: Callable[[str], defer.Deferred[list[str]] | None] | None = None
+        # who is told of changes (see observe_changes, observe_options, set_channel_source)
+        self._change_observers: list[Callable[[str, Topic | Channel], None]] = []
+        self._option_observers: list[Callable[[str], None]] = []
+        self._channel_source: Callable[[str], defer.Deferred[list[str]] | None] | None = None
+
+    # -- observers ----------------------------------------------------------
+
+    def observe_changes(self, observer: Callable[[str, Topic | Channel], None]) -> None:
+        """Call ``observer(what, obj)`` when a topic or channel is created or deleted
+        (``topic_created``, ``topic_deleted``, ``channel_created``, ``channel_deleted``)."""
+        self._change_observers.append(observer)
+
+    def observe_options(self, observer: Callable[[str], None]) -> None:
+        """Call ``observer(name)`` when an option changes at run time (PUT /config)."""
+        self._option_observers.append(observer)
+
+    def set_channel_source(self, source: Callable[[str], defer.Deferred[list[str]] | None]) -> None:
+        """``source(topic)`` names the channels a new topic must have before its
+        messages flow (nsqlookupd knows them), or None; messages published
+        meanwhile are held by the topic."""
+        self._channel_source = source
 
     # -- time and scheduling --------------------------------------------
 
@@ -121,18 +135,6 @@ class NSQD(service.Service):
     def schedule(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the next reactor turn."""
         self.reactor.callLater(0, fn)
-
-    def want_flush(self, client: V2Protocol) -> None:
-        """Flush ``client``'s buffered frames at the end of this reactor turn."""
-        self._flush_queue.append(client)
-        if self._flush_call is None:
-            self._flush_call = self.reactor.callLater(0, self._flush_clients)
-
-    def _flush_clients(self) -> None:
-        self._flush_call = None
-        queue, self._flush_queue = self._flush_queue, []
-        for client in queue:
-            client.flush()
 
     # -- health -----------------------------------------------------------
 
@@ -149,7 +151,7 @@ class NSQD(service.Service):
 
     # -- clients ----------------------------------------------------------
 
-    def add_client(self, client: V2Protocol) -> int:
+    def add_client(self, client: Client) -> int:
         self._client_seq += 1
         self.clients[self._client_seq] = client
         return self._client_seq
@@ -200,7 +202,7 @@ class NSQD(service.Service):
         self._changed("topic_created", topic)
         if self.loading:
             return topic  # started once its channels are loaded
-        query = self.pre_create_channels(name) if self.pre_create_channels is not None else None
+        query = self._channel_source(name) if self._channel_source is not None else None
         if query is None:
             topic.start()
             return topic
@@ -284,7 +286,7 @@ class NSQD(service.Service):
 
     def options_changed(self, name: str) -> None:
         """An option changed at run time (PUT /config/...): tell the observers."""
-        for observer in self.option_observers:
+        for observer in self._option_observers:
             try:
                 observer(name)
             except Exception:
@@ -293,7 +295,7 @@ class NSQD(service.Service):
     def _changed(self, what: str, obj: Topic | Channel) -> None:
         if not obj.ephemeral:
             self.metadata_changed()
-        for observer in self.change_observers:
+        for observer in self._change_observers:
             try:
                 observer(what, obj)
             except Exception:
@@ -428,9 +430,6 @@ class NSQD(service.Service):
         self.disk_budget.enforcing = False  # what is held in memory goes to disk whatever it costs
         for client in list(self.clients.values()):
             client.shutdown()
-        if self._flush_call is not None and self._flush_call.active():
-            self._flush_call.cancel()
-            self._flush_clients()
         d = self.syncer.wait_idle()
         d.addCallback(lambda _: self._close_storage())
         return d

@@ -12,6 +12,7 @@ from typing import Any
 
 from twisted.web.server import Request, Site
 
+from nsq_service.listen import Bound
 from nsq_service.log import LEVEL_NUMBERS, Logger, set_log_level
 from nsq_service.options import LOG_LEVELS, flag_fields
 from nsq_service.web import (
@@ -55,8 +56,9 @@ class NSQDHTTPAPI(GoHTTPAPI):
     router = router
     log = log
 
-    def __init__(self, nsqd: NSQD, tls_enabled: bool = False) -> None:
+    def __init__(self, nsqd: NSQD, bound: Bound | None = None, tls_enabled: bool = False) -> None:
         self.nsqd = nsqd
+        self.bound = bound if bound is not None else Bound()
         self.tls_enabled = tls_enabled
         self.reactor = nsqd.reactor
         self.profiling = False
@@ -66,7 +68,7 @@ class NSQDHTTPAPI(GoHTTPAPI):
         """With --tls-required, the plain HTTP port answers 403 to everything."""
         if self.tls_enabled or self.nsqd.opts.tls_required != TLS_REQUIRED:
             return None
-        port = self.nsqd.https_address[1] if self.nsqd.https_address else 0
+        port = self.bound.https[1] if self.bound.https else 0
         data = b'{"message": "TLS_REQUIRED", "https_port": %d}' % port
         return self.finish(request, 403, data, JSON_TYPE)
 
@@ -81,8 +83,8 @@ class NSQDHTTPAPI(GoHTTPAPI):
     @handler("/info", "GET")
     def info(self, request: Request) -> dict[str, Any]:
         opts = self.nsqd.opts
-        tcp = self.nsqd.tcp_address
-        web = self.nsqd.http_address
+        tcp = self.bound.tcp
+        web = self.bound.http
         return {
             "version": VERSION,
             "broadcast_address": opts.broadcast_address,
@@ -406,8 +408,8 @@ def _read_binary_mpub(data: bytes, max_msg: int, max_body: int) -> list[bytes]:
     return cmd.bodies
 
 
-def make_site(nsqd: NSQD, tls_enabled: bool = False) -> Site:
-    return NSQDHTTPAPI(nsqd, tls_enabled).site()
+def make_site(nsqd: NSQD, bound: Bound | None = None, tls_enabled: bool = False) -> Site:
+    return NSQDHTTPAPI(nsqd, bound, tls_enabled).site()
 
 
 __all__ = ["NSQDHTTPAPI", "QueryError", "make_site", "parse_query"]

@@ -124,7 +124,8 @@ class NSQDCollector:
         )
         for client in nsqd.clients.values():
             for topic, count in client.pub_counts.items():
-                producers.add_metric([client.client_id, client.remote_address, topic], count)
+                names = [getattr(client, "client_id", ""), getattr(client, "remote_address", "")]
+                producers.add_metric([*names, topic], count)
         yield producers
 
         mem = mem_stats()

@@ -146,7 +146,7 @@ def get_stats(nsqd: NSQD, topic: str = "", channel: str = "", include_clients: b
         out.append(topic_stats(t, cstats, now))
     producers = None
     if include_clients:
-        producers = [client_stats(cl, topic) for cl in nsqd.clients.values() if cl.pub_counts] or None
+        producers = [client_stats(cl, topic) for cl in nsqd.clients.values() if cl.pub_counts] or None  # type: ignore[arg-type]
     return {"topics": out, "producers": producers}
 
 

@@ -31,7 +31,7 @@ from nsq_wire.message import MSG_ID_LENGTH
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
 from nsq_wire.parser import Command, ProtocolViolation, V2Parser
 from nsq_wire.version import VERSION
-from nsqd_tw.auth import AuthState
+from nsqd_tw.auth import AuthClient, AuthState
 from nsqd_tw.core.channel import Channel, ChannelError
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.nsqd import NSQD
@@ -219,8 +219,9 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
     log = Logger(namespace="nsqd_tw.tcp.protocol")
     transport: Any
 
-    def __init__(self, nsqd: NSQD) -> None:
-        self.nsqd = nsqd
+    def __init__(self, server: V2Factory) -> None:
+        self.server = server
+        self.nsqd = nsqd = server.nsqd
         opts = nsqd.opts
         self.id = 0
         self.state = STATE_INIT
@@ -616,7 +617,7 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
         self._wlen += len(frame)
         if not self._flush_pending:
             self._flush_pending = True
-            self.nsqd.want_flush(self)
+            self.server.want_flush(self)
 
     def send_message(self, msg: Message) -> None:
         """Called by the channel: the message is now in flight to us."""
@@ -629,7 +630,7 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
             self.flush()
         elif not self._flush_pending:
             self._flush_pending = True
-            self.nsqd.want_flush(self)
+            self.server.want_flush(self)
 
     def flush(self) -> None:
         self._flush_pending = False
@@ -748,7 +749,7 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
         self._tls_state = _TLS_HANDSHAKE
         # our producer moves to the TLS layer, which registers it with the socket
         self.transport.unregisterProducer()
-        self.transport.startTLS(self.nsqd.tls_context)
+        self.transport.startTLS(self.server.tls)
         self.transport.registerProducer(self._backlog, True)
         self.transport.protocol.dataReceived(buf)
 
@@ -908,7 +909,7 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
     def _query_auth(self) -> defer.Deferred[AuthState]:
         peer = self.transport.getPeer()
         remote_ip = getattr(peer, "host", "") if getattr(peer, "type", "") in ("TCP", "TCP6") else ""
-        return self.nsqd.auth.query_any(remote_ip, self.tls, self.peer_common_name(), self.auth_secret)
+        return self.server.auth.query_any(remote_ip, self.tls, self.peer_common_name(), self.auth_secret)
 
     def _auth_failed(self, f: Failure) -> None:
         # the auth server's errors are logged, never shown to an untrusted client
@@ -947,7 +948,7 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
             return OK
 
         opts = self.nsqd.opts
-        tls_v1 = self.nsqd.tls_context is not None and data["tls_v1"]
+        tls_v1 = self.server.tls is not None and data["tls_v1"]
         deflate = opts.deflate and data["deflate"]
         deflate_level = 6
         if deflate and data["deflate_level"] > 0:
@@ -1208,12 +1209,35 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
 
 
 class V2Factory(protocol.ServerFactory):
+    """nsqd's TCP side: what its connections share besides the core.
+
+    ``tls`` (a server TLS context) lets clients upgrade after IDENTIFY; ``auth``
+    asks --auth-http-address servers about AUTH secrets. Frames buffered by the
+    connections are written once per reactor turn (:meth:`want_flush`).
+    """
+
     noisy = False
 
-    def __init__(self, nsqd: NSQD) -> None:
+    def __init__(self, nsqd: NSQD, tls: Any = None, auth: AuthClient | None = None) -> None:
         self.nsqd = nsqd
+        self.tls = tls
+        self.auth = auth if auth is not None else AuthClient(nsqd)
+        self._flush_queue: list[V2Protocol] = []
+        self._flush_call: Any = None
 
     def buildProtocol(self, addr: Any) -> V2Protocol:
-        p = V2Protocol(self.nsqd)
+        p = V2Protocol(self)
         p.factory = self
         return p
+
+    def want_flush(self, client: V2Protocol) -> None:
+        """Flush ``client``'s buffered frames at the end of this reactor turn."""
+        self._flush_queue.append(client)
+        if self._flush_call is None:
+            self._flush_call = self.nsqd.reactor.callLater(0, self._flush_clients)
+
+    def _flush_clients(self) -> None:
+        self._flush_call = None
+        queue, self._flush_queue = self._flush_queue, []
+        for client in queue:
+            client.flush()

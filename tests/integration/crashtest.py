@@ -139,7 +139,10 @@ def run(kills: int = 20, seed: int | None = None, publishers: int = 2, consumers
     rng = random.Random(seed)
     stats: dict = {}
     data = tempfile.mkdtemp(prefix="nsq-crash-")
-    args = ["--mem-queue-size", "0", "--sync-every", "1", "--data-path", data, "--log-level", "warn"]
+    # a message in flight to a consumer that went away unnoticed comes back at its
+    # timeout: 5 s, so the drain below (60 s) always outlasts it, even on a busy machine
+    args = ["--mem-queue-size", "0", "--sync-every", "1", "--msg-timeout", "5s", "--data-path", data]
+    args += ["--log-level", "warn"]
     proc = ServerProcess("nsqd", "-tcp-address", "127.0.0.1:0", "-http-address", "127.0.0.1:0", *args[:-2])
     proc.start()
     tcp, http = proc.addresses["TCP"], proc.addresses["HTTP"]

@@ -40,7 +40,7 @@ class ExamplePluginTests(unittest.TestCase):
             if len(got) == 3:
                 done.callback(None)
 
-        port = top.nsqd.tcp_address[1]
+        port = top.bound.tcp[1]
         consumer = yield Consumer.connect(reactor, "127.0.0.1", port, "t", "c", handle, max_in_flight=5)
         self.addCleanup(consumer.close)
         yield done

@@ -10,6 +10,7 @@ from treq.testing import StubTreq
 from twisted.internet import defer
 from twisted.trial import unittest
 
+from nsq_service.listen import Bound
 from nsqd_tw.http.api import NSQDHTTPAPI, QueryError, parse_query
 from tests.helpers import FakeClient, make_nsqd
 from tests.nsqd_tw.test_channel import FakeConsumer
@@ -22,9 +23,8 @@ class HTTPTestCase(unittest.TestCase):
 
     def setUp(self) -> None:
         self.nsqd = make_nsqd(**self.opts)
-        self.nsqd.tcp_address = ("127.0.0.1", 4150)
-        self.nsqd.http_address = ("127.0.0.1", 4151)
-        self.api = NSQDHTTPAPI(self.nsqd)
+        self.bound = Bound(tcp=("127.0.0.1", 4150), http=("127.0.0.1", 4151))
+        self.api = NSQDHTTPAPI(self.nsqd, self.bound)
         self.treq = StubTreq(self.api.resource())
 
     @defer.inlineCallbacks
@@ -254,7 +254,7 @@ class ConfigTests(HTTPTestCase):
     @defer.inlineCallbacks
     def test_put(self):
         changed = []
-        self.nsqd.option_observers.append(changed.append)
+        self.nsqd.observe_options(changed.append)
         resp, content = yield self.call("PUT", "/config/nsqlookupd_tcp_addresses", b'["127.0.0.1:4160"]')
         self.assertEqual((resp.code, content), (200, b'["127.0.0.1:4160"]'))
         self.assertEqual(self.nsqd.opts.lookupd_tcp_addresses, ["127.0.0.1:4160"])
@@ -274,7 +274,7 @@ class ConfigTests(HTTPTestCase):
     @defer.inlineCallbacks
     def test_put_lookupd_addresses_all_or_nothing(self):
         changed = []
-        self.nsqd.option_observers.append(changed.append)
+        self.nsqd.observe_options(changed.append)
         self.nsqd.opts.lookupd_tcp_addresses = ["127.0.0.1:4160"]
         for bad in (
             ["junk", "127.0.0.1:4161"],
@@ -387,7 +387,7 @@ class TLSRequiredTests(HTTPTestCase):
         from nsqd_tw.options import TLS_REQUIRED
 
         self.nsqd.opts.tls_required = TLS_REQUIRED
-        self.nsqd.https_address = ("127.0.0.1", 4152)
+        self.bound.https = ("127.0.0.1", 4152)
         resp, content = yield self.call("GET", "/ping")
         self.assertEqual((resp.code, content), (403, b'{"message": "TLS_REQUIRED", "https_port": 4152}'))
 
