@@ -37,6 +37,7 @@ from werkzeug.routing import RoutingException
 from nsq_service.limits import RateLimitedLog
 from nsq_service.log import Logger
 from nsq_wire import gojson
+from nsq_wire.gofmt import join_host_port
 
 log = Logger(namespace="nsq_service.web")
 
@@ -372,7 +373,7 @@ def _peer(request: Request) -> str:
     peer = request.getClientAddress()
     host = getattr(peer, "host", "")
     port = getattr(peer, "port", "")
-    return f"{host}:{port}" if host else str(peer)
+    return join_host_port(host, port) if host else str(peer)
 
 
 class BoundedRequest(Request):
@@ -561,7 +562,7 @@ class HTTPChannel(http.HTTPChannel):
     def _peer(self) -> str:
         peer = self.transport.getPeer() if self.transport is not None else None
         host = getattr(peer, "host", "")
-        return f"{host}:{getattr(peer, 'port', '')}" if host else str(peer)
+        return join_host_port(host, getattr(peer, "port", "")) if host else str(peer)
 
     def _bad_request(self, reason: str) -> None:
         log.info("HTTP: 400 Bad Request to {addr} - {reason}", addr=self._peer(), reason=reason)

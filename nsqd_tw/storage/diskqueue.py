@@ -38,6 +38,7 @@ from twisted.internet import defer
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from nsq_wire.message import ID_OFFSET, MSG_ID_LENGTH, TIMESTAMP
 from nsqd_tw.storage.backend import IBackendQueue
 from nsqd_tw.storage.files import write_atomic
 
@@ -45,8 +46,8 @@ _SIZE = struct.Struct(">i")
 _META_RE = re.compile(rb"^(-?\d+)\n(-?\d+),(-?\d+)\n(-?\d+),(-?\d+)\n?")
 _ID_RE = re.compile(rb"[0-9a-f]{16}")
 READ_CHUNK = 1 << 20
-# a record's message header: 8-byte timestamp, 2-byte attempts, then the ID
-_ID_OFFSET = 4 + 8 + 2
+# where a record's message ID starts (after the record's 4-byte size)
+_ID_OFFSET = 4 + ID_OFFSET
 _MIN_TS = 1_300_000_000 * 10**9  # 2011, before Go's ID epoch
 
 
@@ -721,13 +722,13 @@ class DiskQueue:
 
     def _plausible(self, at: int, end: int, now_ns: int) -> bool:
         assert self._rfd is not None
-        head = os.pread(self._rfd, _ID_OFFSET + 16, at)
-        if len(head) < _ID_OFFSET + 16:
+        head = os.pread(self._rfd, _ID_OFFSET + MSG_ID_LENGTH, at)
+        if len(head) < _ID_OFFSET + MSG_ID_LENGTH:
             return False
         (size,) = _SIZE.unpack_from(head)
         if size < self.min_msg_size or size > self.max_msg_size or at + 4 + size > end:
             return False
-        (ts,) = struct.unpack_from(">q", head, 4)
+        (ts,) = TIMESTAMP.unpack_from(head, 4)
         return _MIN_TS <= ts <= now_ns and _ID_RE.fullmatch(head[_ID_OFFSET:]) is not None
 
     def _plausible_next(self, at: int, end: int, now_ns: int) -> bool:

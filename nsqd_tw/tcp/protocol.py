@@ -26,7 +26,7 @@ from nsq_wire import gojson
 from nsq_wire.compression import CompressionError, DeflateCodec, SnappyCodec
 from nsq_wire.errors import ClientError, FatalClientError
 from nsq_wire.frames import CLOSE_WAIT, FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, HEARTBEAT, MAGIC_V2, OK, pack_frame
-from nsq_wire.gofmt import go_quote, ms_to_duration_ns, parse_base10, to_int64
+from nsq_wire.gofmt import go_quote, join_host_port, ms_to_duration_ns, parse_base10, to_int64
 from nsq_wire.message import MSG_ID_LENGTH
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
 from nsq_wire.parser import Command, ProtocolViolation, V2Parser
@@ -304,7 +304,7 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
         peer: Any = self.transport.getPeer()
         host = getattr(peer, "host", None)
         if host is not None:
-            self.remote_address = f"[{host}]:{peer.port}" if ":" in host else f"{host}:{peer.port}"
+            self.remote_address = join_host_port(host, peer.port)
             self.client_id = self.hostname = host
         else:
             self.remote_address = str(getattr(peer, "name", "") or "@")
@@ -497,7 +497,7 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
         write deadline does (its in-flight messages go back to the channel)."""
         self._write_deadline = None
         host = self.transport.getHost()
-        local = f"{getattr(host, 'host', '')}:{getattr(host, 'port', '')}"
+        local = join_host_port(getattr(host, "host", ""), getattr(host, "port", ""))
         self.log.error(
             "PROTOCOL(V2): [{client}] messagePump error - write tcp {local}->{remote}: i/o timeout",
             client=self,
@@ -781,7 +781,7 @@ class V2Protocol(protocol.Protocol, TimeoutMixin):
     def _tls_timed_out(self) -> None:
         self._tls_timer = None
         host = self.transport.getHost()
-        local = f"{getattr(host, 'host', '')}:{getattr(host, 'port', '')}"
+        local = join_host_port(getattr(host, "host", ""), getattr(host, "port", ""))
         text = f"read tcp {local}->{self.remote_address}: i/o timeout"
         if self._tls_state == _TLS_AWAIT_HELLO:
             # nothing TLS was said yet: the error goes back in plain text, as Go's
