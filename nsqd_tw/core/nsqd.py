@@ -36,8 +36,10 @@ from nsqd_tw.core.metadata import (
 from nsqd_tw.core.topic import Topic, TopicError
 from nsqd_tw.options import NSQDOptions
 from nsqd_tw.storage.backend import DummyBackendQueue, IBackendQueue, MemoryBackendQueue
-from nsqd_tw.storage.diskqueue import DiskBudget, DiskQueue, Syncer
+from nsqd_tw.storage.budget import DiskBudget
+from nsqd_tw.storage.diskqueue import DiskQueue
 from nsqd_tw.storage.files import write_atomic
+from nsqd_tw.storage.syncer import Syncer
 
 
 class Client(Protocol):
