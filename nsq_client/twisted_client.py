@@ -13,6 +13,7 @@ Used by the tests, the bench tools and the docs' examples::
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from collections.abc import Callable
 from typing import Any

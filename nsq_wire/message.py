@@ -50,7 +50,9 @@ def encode(m: Fields) -> bytes:
 def frame(m: Fields) -> bytes:
     """The whole message frame: size, type, then :func:`encode`'s bytes."""
     return (
-        _FRAME_HEADER.pack(len(m.body) + MESSAGE_HEADER_LENGTH + 4, FRAME_TYPE_MESSAGE, m.timestamp & _U64, m.attempts & 0xFFFF)
+        _FRAME_HEADER.pack(
+            len(m.body) + MESSAGE_HEADER_LENGTH + 4, FRAME_TYPE_MESSAGE, m.timestamp & _U64, m.attempts & 0xFFFF
+        )
         + m.id
         + m.body
     )

@@ -197,7 +197,7 @@ class LookupPeer(service.Service):
         addr = self.info.get("broadcast_address")
         if not addr:
             return None
-        return join_host_port(addr, self.info.get("http_port"))
+        return join_host_port(addr, str(self.info.get("http_port")))
 
     def connected(self, proto: LookupPeerProtocol) -> None:
         log.info("LOOKUP connected to {addr}", addr=self.address)

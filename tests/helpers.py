@@ -10,8 +10,8 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from nsq_wire.commands import encode_command, encode_mpub
-from nsq_wire.frames import FRAME_TYPE_MESSAGE, MAGIC_V2, unpack_frames
+from nsq_wire.commands import encode_command, mpub
+from nsq_wire.frames import FRAME_TYPE_MESSAGE, MAGIC_V2, FrameReader
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.nsqd import NSQD, memory_backend_factory
 from nsqd_tw.options import NSQDOptions
@@ -48,7 +48,7 @@ class FakeClient:
         self.proto = V2Factory(nsqd).buildProtocol(None)
         self.transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", FakeClient._port))
         self.proto.makeConnection(self.transport)
-        self._rest = b""
+        self._reader = FrameReader()
         if magic:
             self.send(MAGIC_V2)
 
@@ -61,10 +61,9 @@ class FakeClient:
     def frames(self) -> list[tuple[int, bytes]]:
         """Every frame written since the last call (after the end-of-turn flush)."""
         self.clock.advance(0)
-        data = self._rest + self.transport.value()
+        self._reader.feed(self.transport.value())
         self.transport.clear()
-        frames, self._rest = unpack_frames(data)
-        return frames
+        return self._reader.frames()
 
     def frame(self) -> tuple[int, bytes]:
         frames = self.frames()
@@ -101,7 +100,7 @@ class FakeClient:
         return self.frame()
 
     def mpub(self, topic: str, bodies: list[bytes]) -> tuple[int, bytes]:
-        self.send(encode_mpub(topic, bodies))
+        self.send(mpub(topic, bodies))
         return self.frame()
 
     def fin(self, msg_id: bytes) -> None:

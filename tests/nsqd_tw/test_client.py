@@ -3,7 +3,8 @@
 from twisted.internet import defer, reactor, task
 from twisted.trial import unittest
 
-from nsq_client.twisted_client import Consumer, NSQError, connect
+from nsq_client.twisted_client import Consumer, connect
+from nsq_wire.errors import NSQError
 from tests.helpers import InProcessNSQD
 
 

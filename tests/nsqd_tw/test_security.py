@@ -22,8 +22,9 @@ from twisted.internet.task import deferLater
 from twisted.trial import unittest
 from twisted.web.server import Site
 
-from nsq_client.twisted_client import NSQClientProtocol, NSQError, connect
+from nsq_client.twisted_client import NSQClientProtocol, connect
 from nsq_wire.commands import encode_command
+from nsq_wire.errors import NSQError
 from nsqd_tw.options import TLS_REQUIRED, TLS_REQUIRED_EXCEPT_HTTP
 from nsqd_tw.tcp import upgrade
 from tests.certs import Files, make_certs
