@@ -6,9 +6,14 @@ import json
 import struct
 from typing import Any
 
+from twisted.internet import defer
 from twisted.internet.address import IPv4Address
+from twisted.internet.error import ConnectionRefusedError
+from twisted.internet.interfaces import IProtocolFactory, IStreamClientEndpoint
 from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
+from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.test import iosim
+from zope.interface import implementer
 
 from nsq_wire.commands import encode_command, mpub
 from nsq_wire.frames import FRAME_TYPE_MESSAGE, MAGIC_V2, FrameReader
@@ -20,20 +25,75 @@ from nsqd_tw.tcp.protocol import V2Factory
 START_TIME = 1_700_000_000.0
 
 
-def make_nsqd(backend_factory: Any = memory_backend_factory, **kwargs: Any) -> NSQD:
-    """An NSQD on a Clock that starts at a realistic time, with memory backends
-    unless told otherwise (``backend_factory=None`` for disk queues, with
-    ``data_path`` set; fsyncs then run inline)."""
+def make_nsqd(backend_factory: Any = memory_backend_factory, clock: Any = None, **kwargs: Any) -> NSQD:
+    """An NSQD on a Clock (or ``clock``) at a realistic time, with memory
+    backends unless told otherwise (``backend_factory=None`` for disk queues,
+    with ``data_path`` set; fsyncs then run inline)."""
     kwargs.setdefault("node_id", 1)
-    clock = Clock()
-    clock.advance(START_TIME)
+    if clock is None:
+        clock = Clock()
+    if clock.seconds() < START_TIME:
+        clock.advance(START_TIME - clock.seconds())
     return NSQD(NSQDOptions(**kwargs), clock, backend_factory, run_blocking=run_inline)
 
 
 def run_inline(fn: Any) -> Any:
-    from twisted.internet import defer
-
     return defer.maybeDeferred(fn)
+
+
+class MemoryNetwork:
+    """TCP connections in memory (:mod:`twisted.test.iosim`) on a
+    MemoryReactorClock, for code that takes an endpoint: :meth:`endpoint`
+    connects to a server factory; :meth:`settle` moves the bytes and runs what
+    is due until nothing moves; :meth:`advance` lets time pass."""
+
+    def __init__(self, reactor: MemoryReactorClock | None = None) -> None:
+        self.reactor = reactor if reactor is not None else MemoryReactorClock()
+        self.reactor.advance(START_TIME)
+        self.pumps: list[iosim.IOPump] = []
+        self._port = 40000
+
+    def endpoint(self, server_factory: IProtocolFactory | None) -> IStreamClientEndpoint:
+        """Connects to ``server_factory``; None refuses the connection."""
+        return _MemoryEndpoint(self, server_factory)
+
+    def connect(self, server_factory: IProtocolFactory | None, client_factory: IProtocolFactory) -> Any:
+        if server_factory is None:
+            raise ConnectionRefusedError()
+        self._port += 1
+        server_addr = IPv4Address("TCP", "127.0.0.1", 4150)
+        client_addr = IPv4Address("TCP", "127.0.0.1", self._port)
+        server = server_factory.buildProtocol(client_addr)
+        client = client_factory.buildProtocol(server_addr)
+        assert server is not None and client is not None
+        server_io = iosim.FakeTransport(server, isServer=True, hostAddress=server_addr, peerAddress=client_addr)
+        client_io = iosim.FakeTransport(client, isServer=False, hostAddress=client_addr, peerAddress=server_addr)
+        self.pumps.append(iosim.connect(server, server_io, client, client_io, greet=False, clock=self.reactor))
+        return client
+
+    def settle(self) -> None:
+        for _ in range(1000):
+            self.reactor.advance(0)
+            if not any([pump.flush() for pump in self.pumps]):
+                return
+        raise AssertionError("the network never settled")
+
+    def advance(self, seconds: float, step: float = 0.05) -> None:
+        """Let ``seconds`` pass in ``step``s, settling after each."""
+        end = self.reactor.seconds() + seconds
+        while self.reactor.seconds() < end:
+            self.reactor.advance(min(step, end - self.reactor.seconds()))
+            self.settle()
+
+
+@implementer(IStreamClientEndpoint)
+class _MemoryEndpoint:
+    def __init__(self, network: MemoryNetwork, server_factory: IProtocolFactory | None) -> None:
+        self.network = network
+        self.server_factory = server_factory
+
+    def connect(self, factory: IProtocolFactory) -> defer.Deferred[Any]:
+        return defer.maybeDeferred(self.network.connect, self.server_factory, factory)
 
 
 class FakeClient:
