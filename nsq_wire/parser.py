@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
 
 from nsq_wire.errors import FatalClientError
 
@@ -27,10 +26,13 @@ class Command:
     """One parsed V2 command: its name, its parameters and its body.
 
     ``body`` is the body of IDENTIFY, PUB, DPUB and AUTH; ``bodies`` holds the
-    messages of an MPUB.
+    messages of an MPUB. A command with a body is returned twice by the parser:
+    first with ``complete`` false, when its line has been read (Go checks the
+    state, the parameters and the topic name there, before reading the body),
+    then complete.
     """
 
-    __slots__ = ("bodies", "body", "name", "params")
+    __slots__ = ("bodies", "body", "complete", "name", "params")
 
     def __init__(
         self,
@@ -43,12 +45,10 @@ class Command:
         self.params = params
         self.body = body
         self.bodies = bodies
+        self.complete = True
 
     def __repr__(self) -> str:
         return f"Command({self.name!r}, {self.params!r}, body={self.body!r}, bodies={self.bodies!r})"
-
-
-HeaderCheck = Callable[[bytes, list[bytes]], None]
 
 
 _LINE, _SIZE, _BODY, _MPUB_COUNT, _MPUB_SIZE, _MPUB_BODY = range(6)
@@ -62,20 +62,14 @@ class V2Parser:
     (Go's code and text) or :class:`ProtocolViolation`; after an error the
     parser is not usable, as the connection is closed.
 
-    ``check_header(name, params)`` runs when the line of a command with a
-    body is complete and before its size is read, where Go validates the
-    state, the parameters and the topic name: it may raise.
+    A command with a body comes out first incomplete, when its line is read:
+    the caller checks it (and may raise) before calling :meth:`next` again to
+    read the body, as Go validates the line before reading on.
     """
 
-    def __init__(
-        self,
-        max_msg_size: int,
-        max_body_size: int,
-        check_header: HeaderCheck | None = None,
-    ) -> None:
+    def __init__(self, max_msg_size: int, max_body_size: int) -> None:
         self.max_msg_size = max_msg_size
         self.max_body_size = max_body_size
-        self._check_header = check_header
         self._buf = b""
         self._pos = 0
         self._parts: list[bytes] = []
@@ -154,7 +148,8 @@ class V2Parser:
         return self._buf[pos : pos + n]
 
     def next(self) -> Command | None:
-        """The next complete command, or ``None`` until more bytes arrive."""
+        """The next command (incomplete: just a body command's line), or ``None``
+        until more bytes arrive."""
         while True:
             state = self._state
             if state == _LINE:
@@ -165,10 +160,10 @@ class V2Parser:
                 name = params[0]
                 if name not in BODY_COMMANDS:
                     return Command(name, params)
-                if self._check_header is not None:
-                    self._check_header(name, params)
-                self._cmd = Command(name, params)
+                line_read = self._cmd = Command(name, params)
+                line_read.complete = False
                 self._state = _SIZE
+                return line_read
             elif state == _SIZE:
                 size = self._read_int32()
                 if size is None:
@@ -190,6 +185,7 @@ class V2Parser:
                 cmd = self._cmd
                 assert cmd is not None
                 cmd.body = body
+                cmd.complete = True
                 self._cmd = None
                 self._state = _LINE
                 return cmd
@@ -251,6 +247,7 @@ class V2Parser:
             self._mpub_left -= 1
             self._mpub_index += 1
             self._state = _MPUB_SIZE
+        cmd.complete = True
         self._cmd = None
         self._state = _LINE
         return cmd

@@ -87,3 +87,74 @@ def server_tls(opts: NSQDOptions) -> ServerTLS | None:
     if not opts.tls_cert and not opts.tls_key:
         return None
     return ServerTLS(opts)
+
+
+# crypto/tls names nsqd 1.3 reports in /stats; other suites are "Unknown <id>"
+_GO_CIPHER_NAMES = {
+    "RC4-SHA": (0x0005, "TLS_RSA_WITH_RC4_128_SHA"),
+    "DES-CBC3-SHA": (0x000A, "TLS_RSA_WITH_3DES_EDE_CBC_SHA"),
+    "AES128-SHA": (0x002F, "TLS_RSA_WITH_AES_128_CBC_SHA"),
+    "AES256-SHA": (0x0035, "TLS_RSA_WITH_AES_256_CBC_SHA"),
+    "ECDHE-ECDSA-RC4-SHA": (0xC007, "TLS_ECDHE_ECDSA_WITH_RC4_128_SHA"),
+    "ECDHE-ECDSA-AES128-SHA": (0xC009, "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA"),
+    "ECDHE-ECDSA-AES256-SHA": (0xC00A, "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA"),
+    "ECDHE-RSA-RC4-SHA": (0xC011, "TLS_ECDHE_RSA_WITH_RC4_128_SHA"),
+    "ECDHE-RSA-DES-CBC3-SHA": (0xC012, "TLS_ECDHE_RSA_WITH_3DES_EDE_CBC_SHA"),
+    "ECDHE-RSA-AES128-SHA": (0xC013, "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA"),
+    "ECDHE-RSA-AES256-SHA": (0xC014, "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA"),
+    "ECDHE-RSA-AES128-GCM-SHA256": (0xC02F, "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256"),
+    "ECDHE-ECDSA-AES128-GCM-SHA256": (0xC02B, "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256"),
+}
+_CIPHER_IDS = {
+    "TLS_AES_128_GCM_SHA256": 0x1301,
+    "TLS_AES_256_GCM_SHA384": 0x1302,
+    "TLS_CHACHA20_POLY1305_SHA256": 0x1303,
+    "AES128-GCM-SHA256": 0x009C,
+    "AES256-GCM-SHA384": 0x009D,
+    "DHE-RSA-AES128-GCM-SHA256": 0x009E,
+    "DHE-RSA-AES256-GCM-SHA384": 0x009F,
+    "ECDHE-ECDSA-AES256-GCM-SHA384": 0xC02C,
+    "ECDHE-RSA-AES256-GCM-SHA384": 0xC030,
+    "ECDHE-RSA-AES128-SHA256": 0xC027,
+    "ECDHE-RSA-AES256-SHA384": 0xC028,
+    "ECDHE-ECDSA-AES128-SHA256": 0xC023,
+    "ECDHE-ECDSA-AES256-SHA384": 0xC024,
+    "ECDHE-RSA-CHACHA20-POLY1305": 0xCCA8,
+    "ECDHE-ECDSA-CHACHA20-POLY1305": 0xCCA9,
+    "DHE-RSA-CHACHA20-POLY1305": 0xCCAA,
+}
+
+
+def go_cipher_suite(openssl_name: str) -> str:
+    """The ``tls_cipher_suite`` Go's nsqd would report for a negotiated suite."""
+    known = _GO_CIPHER_NAMES.get(openssl_name)
+    if known is not None:
+        return known[1]
+    suite_id = _CIPHER_IDS.get(openssl_name)
+    return f"Unknown {suite_id}" if suite_id is not None else f"Unknown {openssl_name}"
+
+
+def go_tls_version(openssl_version: str) -> str:
+    return {"TLSv1": "TLS1.0", "TLSv1.1": "TLS1.1", "TLSv1.2": "TLS1.2", "TLSv1.3": "TLS1.3"}.get(
+        openssl_version, f"Unknown {openssl_version}"
+    )
+
+
+def session_info(transport: Any) -> dict[str, Any]:
+    """Cipher suite, version and ALPN of a connection's TLS session, as Go's /stats shows them."""
+    conn = transport.getHandle()
+    return {
+        "cipher_suite": go_cipher_suite(conn.get_cipher_name() or ""),
+        "version": go_tls_version(conn.get_protocol_version_name() or ""),
+        "negotiated_protocol": (conn.get_alpn_proto_negotiated() or b"").decode("ascii", "replace"),
+        # crypto/tls: "Deprecated: this value is always true"
+        "negotiated_protocol_is_mutual": True,
+    }
+
+
+def peer_common_name(transport: Any) -> str:
+    """The subject common name of the peer's TLS certificate, if any."""
+    cert = transport.getPeerCertificate()
+    if cert is None:
+        return ""
+    return cert.get_subject().commonName or ""

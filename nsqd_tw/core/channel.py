@@ -10,17 +10,14 @@ scheduling come from the ``ctx`` (the NSQD) it was made with.
 from __future__ import annotations
 
 import random
-from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from nsq_wire.names import is_ephemeral
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.pqueue import TimeoutQueue
 from nsqd_tw.core.quantile import Quantile
-
-if TYPE_CHECKING:
-    from nsqd_tw.core.nsqd import NSQD
+from nsqd_tw.core.queue import Context, MessageQueue
 
 
 class ChannelError(Exception):
@@ -28,7 +25,7 @@ class ChannelError(Exception):
 
 
 class Consumer(Protocol):
-    """What a channel needs of a subscribed client (the V2 protocol)."""
+    """What a channel needs of a subscribed client (the TCP side's ClientV2)."""
 
     id: int
     ready_count: int
@@ -43,31 +40,25 @@ class Consumer(Protocol):
     def close(self) -> None: ...
 
 
-class Channel:
-    def __init__(self, topic_name: str, name: str, ctx: NSQD) -> None:
-        self.topic_name = topic_name
-        self.name = name
-        self.ctx = ctx
-        self.ephemeral = is_ephemeral(name)
-        self.paused = False
-        self.exiting = False
+class Channel(MessageQueue):
+    write_error = "CHANNEL({name}): failed to write message to backend - {err}"
 
-        opts = ctx.opts
-        self._mem_size = opts.mem_queue_size
+    def __init__(self, topic_name: str, name: str, ctx: Context) -> None:
         # with --mem-queue-size=0 every message goes through the backend, as
         # in Go; ephemeral channels have no backend, so they use memory
-        self._direct = self._mem_size > 0 or self.ephemeral
-        self._mem_bytes = opts.mem_queue_bytes  # beyond Go: a budget in bytes too (0: none)
-        self.memory: deque[Message] = deque()
-        self.memory_bytes = 0  # the bodies' bytes in self.memory
-        self.backend = ctx.new_backend(f"{topic_name}:{name}", self.ephemeral)
+        ephemeral = is_ephemeral(name)
+        in_memory = ctx.opts.mem_queue_size > 0 or ephemeral
+        super().__init__(name, f"{topic_name}:{name}", ctx, ephemeral, in_memory)
+        self.topic_name = topic_name
+        self.paused = False
+        self.exiting = False
+        opts = ctx.opts
         self.in_flight = TimeoutQueue()
         self.deferred = TimeoutQueue()
 
         self.clients: dict[int, Consumer] = {}
         self._consumers: list[Consumer] = []
         self._rr = 0
-        self._take_backend = False
 
         self.message_count = 0
         self.requeue_count = 0
@@ -82,9 +73,6 @@ class Channel:
         return f"<Channel {self.topic_name}:{self.name}>"
 
     # -- queueing --------------------------------------------------------
-
-    def depth(self) -> int:
-        return len(self.memory) + self.backend.depth()
 
     def put_message(self, msg: Message) -> None:
         self.put_messages((msg,))
@@ -106,9 +94,6 @@ class Channel:
         """
         if self.exiting:
             raise ChannelError("exiting")
-        memory = self.memory
-        mem_size = self._mem_size if self._direct else 0
-        mem_bytes = self._mem_bytes
         to_backend: list[Message] = []
         in_memory = 0
         deferred_ids: list[bytes] = []
@@ -122,35 +107,29 @@ class Channel:
                 elif msg.id not in self.deferred:
                     self.deferred.push(msg, now + msg.deferred)
                     deferred_ids.append(msg.id)
-            elif len(memory) < mem_size and (not mem_bytes or self.memory_bytes + len(msg.body) <= mem_bytes):
-                memory.append(msg)
-                self.memory_bytes += len(msg.body)
-                in_memory += 1
-            elif self.ephemeral:
+            elif self._room_for(msg) or (
                 # Go hands an ephemeral message straight to a waiting consumer even
                 # when its memory queue is full (or 0), and drops it otherwise
-                if len(memory) < self._spare_capacity():
-                    memory.append(msg)
-                    self.memory_bytes += len(msg.body)
-                    in_memory += 1
-            else:
+                self.ephemeral and len(self.memory) < self._spare_capacity()
+            ):
+                self._hold(msg)
+                in_memory += 1
+            elif not self.ephemeral:
                 to_backend.append(msg)
         mark = None
         if to_backend:
             try:
                 mark = self._write(to_backend)
             except Exception:
-                if keep_on_failure:
-                    for m in to_backend:
-                        if not m.deferred:
-                            memory.append(m)
-                            self.memory_bytes += len(m.body)
-                    for m in to_backend:
-                        if m.deferred:
-                            self.deferred.push(m, self.ctx.now() + m.deferred)
-                    self.message_count += len(msgs)
-                else:
+                if not keep_on_failure:
                     self._take_back(in_memory, deferred_ids, None, [])
+                    raise
+                for m in to_backend:
+                    if m.deferred:
+                        self.deferred.push(m, self.ctx.now() + m.deferred)
+                    else:
+                        self._hold(m)
+                self.message_count += len(msgs)
                 raise
         self.message_count += len(msgs)
 
@@ -161,58 +140,27 @@ class Channel:
         return take_back
 
     def _take_back(self, in_memory: int, deferred_ids: list[bytes], mark: object, written: list[Message]) -> None:
-        for _ in range(in_memory):
-            self.memory_bytes -= len(self.memory.pop().body)
+        self._unhold(in_memory)
         for msg_id in deferred_ids:
             self.deferred.remove(msg_id)
         if mark is not None:
-            self.backend.unput(mark)
-            for m in written:
-                if m.deferred:
-                    self.backend.take_deferred(m.id)
-
-    def _write(self, msgs: list[Message]) -> object:
-        """Write messages to the backend (deferred ones with their deliver-at
-        time); return the backend's mark for taking them back."""
-        try:
-            mark = self.backend.put_many([m.encode() for m in msgs])
-        except Exception as e:
-            self.ctx.set_health(e)
-            self.ctx.log.error("CHANNEL({name}): failed to write message to backend - {err}", name=self.name, err=e)
-            raise
-        if self.ctx.health_error is not None:
-            self.ctx.set_health(None)
-        now_ns = None
-        for m in msgs:
-            if m.deferred:
-                if now_ns is None:
-                    now_ns = self.ctx.now_ns()
-                self.backend.set_deferred(m.id, now_ns + int(m.deferred * 1e9))
-        return mark
+            self._unwrite(mark, written)
 
     def _put(self, msg: Message) -> None:
         """Queue a message coming back (REQ, timeout, release): it is never dropped."""
-        memory = self.memory
-        size = len(msg.body)
         if (
             msg.ref is not None  # read in durable mode: still on disk, owned until done
-            or (self._direct and len(memory) < self._mem_size and self._fits(size))
-            or (self.ephemeral and len(memory) < self._spare_capacity())
+            or self._room_for(msg)
+            or (self.ephemeral and len(self.memory) < self._spare_capacity())
         ):
-            memory.append(msg)
-            self.memory_bytes += size
+            self._hold(msg)
             return
         if self.ephemeral:
             return
         try:
             self._write([msg])
         except Exception:
-            memory.append(msg)  # keep it rather than lose it; health tells the operator
-            self.memory_bytes += size
-
-    def _fits(self, size: int) -> bool:
-        """Whether ``size`` more body bytes fit --mem-queue-bytes."""
-        return not self._mem_bytes or self.memory_bytes + size <= self._mem_bytes
+            self._hold(msg)  # keep it rather than lose it; health tells the operator
 
     def _spare_capacity(self) -> int:
         if self.paused:
@@ -220,32 +168,13 @@ class Channel:
         return sum(max(0, c.ready_count - c.in_flight_count) for c in self._consumers if not c.blocked)
 
     def _pop(self) -> Message | None:
-        """The next queued message: memory and backend take turns, like Go's select."""
-        self._take_backend = not self._take_backend
-        if self._take_backend or not self.memory:
-            backend = self.backend
-            while True:
-                item = backend.read()
-                if item is None:
-                    break
-                data, ref = item
-                try:
-                    msg = Message.decode(data)
-                except ValueError as e:
-                    self.ctx.log.error("failed to decode message - {err}", err=e)
-                    backend.done(ref)
-                    continue
-                msg.ref = ref
-                at = backend.take_deferred(msg.id)
-                if at is not None and at > self.ctx.now_ns():
-                    self.deferred.push(msg, at / 1e9)
-                    continue
+        """The next queued message due now; one deferred (durable mode) waits its time."""
+        while True:
+            msg, at = self._next()
+            if at is None or at <= self.ctx.now_ns():
                 return msg
-        if self.memory:
-            msg = self.memory.popleft()
-            self.memory_bytes -= len(msg.body)
-            return msg
-        return None
+            assert msg is not None
+            self.deferred.push(msg, at / 1e9)
 
     def _dispatch(self) -> None:
         """Send queued messages to consumers with RDY capacity, round-robin."""
@@ -410,9 +339,7 @@ class Channel:
         self.deferred.clear()
         for client in self._consumers:
             client.empty()
-        self.memory.clear()
-        self.memory_bytes = 0
-        self.backend.empty()
+        self._empty()
 
     def delete(self) -> None:
         """Close consumers, drop everything, delete the backend."""
@@ -447,20 +374,5 @@ class Channel:
                 i=n_inf,
                 d=n_def,
             )
-        msgs = list(self.memory)
-        self.memory.clear()
-        self.memory_bytes = 0
-        msgs += self.in_flight.clear()
-        deferred = self.deferred.clear()
-        if not msgs and not deferred:
-            return
-        try:
-            self.backend.put_many([m.encode() for m in msgs + deferred])
-        except Exception as e:
-            self.ctx.log.error("failed to write message to backend - {err}", err=e)
-            return
-        for m in deferred:
-            self.backend.set_deferred(m.id, int(m.pri * 1e9))
-        for m in msgs + deferred:
-            if m.ref is not None:
-                self.backend.done(m.ref)
+        msgs = self._clear_memory() + self.in_flight.clear()
+        self._save(msgs, self.deferred.clear())

@@ -36,8 +36,10 @@ from nsqd_tw.core.metadata import (
 from nsqd_tw.core.topic import Topic, TopicError
 from nsqd_tw.options import NSQDOptions
 from nsqd_tw.storage.backend import DummyBackendQueue, IBackendQueue, MemoryBackendQueue
-from nsqd_tw.storage.diskqueue import DiskBudget, DiskQueue, Syncer
+from nsqd_tw.storage.budget import DiskBudget
+from nsqd_tw.storage.diskqueue import DiskQueue
 from nsqd_tw.storage.files import write_atomic
+from nsqd_tw.storage.syncer import Syncer
 
 
 class Client(Protocol):
@@ -227,16 +229,21 @@ class NSQD(service.Service):
         return topic
 
     def publish(self, topic_name: str, bodies: list[bytes], delay: float = 0.0) -> defer.Deferred[None] | None:
-        """Publish message bodies to a topic (created if needed), as PUB/MPUB/DPUB do.
-
-        ``delay`` (seconds) defers delivery like DPUB. Raises :class:`TopicError`
-        for an invalid name or a topic being deleted, or the backend's error.
-        In durable mode returns a Deferred that fires once the messages are
-        fsynced (answer OK then); otherwise ``None``: they are stored already.
-        """
+        """Publish message bodies to a topic (created if needed): :meth:`publish_to`
+        for a name not checked yet (raises :class:`TopicError` for an invalid one)."""
         if not is_valid_topic_name(topic_name):
             raise TopicError(f"invalid topic name {topic_name!r}")
-        topic = self.get_topic(topic_name)
+        return self.publish_to(self.get_topic(topic_name), bodies, delay)
+
+    def publish_to(self, topic: Topic, bodies: list[bytes], delay: float = 0.0) -> defer.Deferred[None] | None:
+        """Publish message bodies to a topic, as PUB/MPUB/DPUB do.
+
+        ``delay`` (seconds) defers delivery like DPUB. Raises :class:`TopicError`
+        for a topic being deleted, or the backend's error (then nothing of the
+        batch is stored). In durable mode returns a Deferred that fires once the
+        messages are fsynced (answer OK then); otherwise ``None``: they are
+        stored already.
+        """
         ts = self.now_ns()
         msgs = list(map(Message, self.guid.new_ids(len(bodies)), bodies, [ts] * len(bodies)))
         if delay:

@@ -8,17 +8,13 @@ the channels.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from nsq_wire.names import is_ephemeral
 from nsqd_tw.core.channel import Channel, ChannelError
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.quantile import Quantile
-
-if TYPE_CHECKING:
-    from nsqd_tw.core.nsqd import NSQD
+from nsqd_tw.core.queue import Context, MessageQueue
 
 PUMP_BATCH = 512
 
@@ -27,22 +23,16 @@ class TopicError(Exception):
     """A refused topic operation; ``str()`` is Go's text."""
 
 
-class Topic:
-    def __init__(self, name: str, ctx: NSQD) -> None:
-        self.name = name
-        self.ctx = ctx
-        self.ephemeral = is_ephemeral(name)
+class Topic(MessageQueue):
+    write_error = "TOPIC({name}) ERROR: failed to write message to backend - {err}"
+    save_error = "ERROR: failed to write message to backend - {err}"
+
+    def __init__(self, name: str, ctx: Context) -> None:
+        super().__init__(name, name, ctx, is_ephemeral(name))
         self.channels: dict[str, Channel] = {}
         self.paused = False
         self.exiting = False
         self.started = False
-
-        self._mem_size = ctx.opts.mem_queue_size
-        self._mem_bytes = ctx.opts.mem_queue_bytes  # beyond Go: a budget in bytes too (0: none)
-        self.memory: deque[Message] = deque()
-        self.memory_bytes = 0  # the bodies' bytes in self.memory
-        self.backend = ctx.new_backend(name, self.ephemeral)
-        self._take_backend = False
         self._pump_scheduled = False
 
         self.message_count = 0
@@ -50,12 +40,6 @@ class Topic:
 
     def __repr__(self) -> str:
         return f"<Topic {self.name}>"
-
-    def depth(self) -> int:
-        return len(self.memory) + self.backend.depth()
-
-    def generate_ids(self, n: int) -> list[bytes]:
-        return self.ctx.guid.new_ids(n)
 
     # -- publishing ------------------------------------------------------
 
@@ -71,7 +55,7 @@ class Topic:
         if self._flowing():
             self._deliver(msgs)
         else:
-            self._hold(msgs)
+            self._keep(msgs)
             self._schedule_pump()
         self._count(msgs)
 
@@ -79,40 +63,23 @@ class Topic:
         self.message_count += len(msgs)
         self.message_bytes += sum(len(m.body) for m in msgs)
 
-    def _hold(self, msgs: list[Message]) -> None:
+    def _keep(self, msgs: list[Message]) -> None:
         """Keep messages until they can flow: memory first, then one backend write.
         If the write fails, none of them is kept."""
-        memory = self.memory
-        mem_bytes = self._mem_bytes
         to_backend = []
         in_memory = 0
         for msg in msgs:
-            if len(memory) < self._mem_size and (not mem_bytes or self.memory_bytes + len(msg.body) <= mem_bytes):
-                memory.append(msg)
-                self.memory_bytes += len(msg.body)
+            if self._room_for(msg):
+                self._hold(msg)
                 in_memory += 1
             elif not self.ephemeral:  # an ephemeral topic drops what memory can't hold, as in Go
                 to_backend.append(msg)
-        if not to_backend:
-            return
-        try:
-            self.backend.put_many([m.encode() for m in to_backend])
-        except Exception as e:
-            for _ in range(in_memory):
-                self.memory_bytes -= len(memory.pop().body)
-            self.ctx.set_health(e)
-            self.ctx.log.error("TOPIC({name}) ERROR: failed to write message to backend - {err}", name=self.name, err=e)
-            raise
-        if self.ctx.health_error is not None:
-            self.ctx.set_health(None)
-        self._remember_delays(to_backend)
-
-    def _remember_delays(self, msgs: list[Message]) -> None:
-        # a record has no room for the DPUB delay: the backend keeps it aside
-        now_ns = self.ctx.now_ns()
-        for m in msgs:
-            if m.deferred:
-                self.backend.set_deferred(m.id, now_ns + int(m.deferred * 1e9))
+        if to_backend:
+            try:
+                self._write(to_backend)
+            except Exception:
+                self._unhold(in_memory)
+                raise
 
     def _deliver(self, msgs: list[Message], from_backlog: bool = False) -> None:
         """Copy messages to every channel (the first channel gets the originals).
@@ -162,35 +129,21 @@ class Topic:
             return
         batch: list[Message] = []
         refs: list[object] = []
-        memory = self.memory
-        backend = self.backend
         now_ns = self.ctx.now_ns()
         while len(batch) < PUMP_BATCH:
-            self._take_backend = not self._take_backend
-            msg = None
-            if self._take_backend or not memory:
-                item = backend.read()
-                if item is not None:
-                    data, ref = item
-                    refs.append(ref)
-                    try:
-                        msg = Message.decode(data)
-                    except ValueError as e:
-                        self.ctx.log.error("failed to decode message - {err}", err=e)
-                        continue
-                    at = backend.take_deferred(msg.id)
-                    if at is not None and at > now_ns:
-                        msg.deferred = (at - now_ns) / 1e9
+            msg, at = self._next()
             if msg is None:
-                if not memory:
-                    break
-                msg = memory.popleft()
-                self.memory_bytes -= len(msg.body)
+                break
+            if msg.ref is not None:
+                refs.append(msg.ref)  # durable mode: done once the channels hold it
+                msg.ref = None
+            if at is not None and at > now_ns:
+                msg.deferred = (at - now_ns) / 1e9
             batch.append(msg)
         if batch:
             self._deliver(batch, from_backlog=True)
         for ref in refs:
-            backend.done(ref)  # durable mode: the channels hold them now
+            self.backend.done(ref)
         self._schedule_pump()
 
     # -- channels --------------------------------------------------------
@@ -251,9 +204,7 @@ class Topic:
         self._schedule_pump()
 
     def empty(self) -> None:
-        self.memory.clear()
-        self.memory_bytes = 0
-        self.backend.empty()
+        self._empty()
 
     def delete(self) -> None:
         """Delete every channel and drop everything held."""
@@ -279,12 +230,5 @@ class Topic:
             self.ctx.log.info(
                 "TOPIC({name}): flushing {n} memory messages to backend", name=self.name, n=len(self.memory)
             )
-            msgs = list(self.memory)
-            self.memory.clear()
-            self.memory_bytes = 0
-            try:
-                self.backend.put_many([m.encode() for m in msgs])
-                self._remember_delays(msgs)
-            except Exception as e:
-                self.ctx.log.error("ERROR: failed to write message to backend - {err}", err=e)
+            self._save(self._clear_memory(), [])
         self.backend.close()

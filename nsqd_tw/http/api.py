@@ -397,7 +397,8 @@ def _read_binary_mpub(data: bytes, max_msg: int, max_body: int) -> list[bytes]:
     # cut short is Go's BAD_MESSAGE (a read past its end), not a size mismatch
     parser.feed(b"MPUB x\n" + max(max_body, 1).to_bytes(4, "big") + data)
     try:
-        cmd = parser.next()
+        cmd = parser.next()  # the line
+        cmd = parser.next()  # the body
     except FatalClientError as e:
         raise HTTPError(413, e.code[2:]) from None
     if cmd is None:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from nsqd_tw.core.channel import Channel
     from nsqd_tw.core.nsqd import NSQD
     from nsqd_tw.core.topic import Topic
-    from nsqd_tw.tcp.protocol import V2Protocol
+    from nsqd_tw.tcp.client import ClientV2
 
 
 def nanoseconds_to_human(v: float) -> str:
@@ -38,7 +38,7 @@ def result_string(r: dict[str, Any]) -> str:
 # -- the snapshot ---------------------------------------------------------------
 
 
-def client_stats(client: V2Protocol, topic_filter: str = "") -> dict[str, Any]:
+def client_stats(client: ClientV2, topic_filter: str = "") -> dict[str, Any]:
     pub_counts = []
     for topic, count in client.pub_counts.items():
         if topic_filter and topic != topic_filter:

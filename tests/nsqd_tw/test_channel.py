@@ -2,32 +2,47 @@ from twisted.trial import unittest
 
 from nsqd_tw.core.channel import ChannelError
 from nsqd_tw.core.message import Message
+from nsqd_tw.options import NSQDOptions
+from nsqd_tw.tcp.client import ClientV2
 from tests.helpers import make_nsqd
 
 
-class FakeConsumer:
-    def __init__(self, cid: int, rdy: int = 0, msg_timeout: float = 60.0) -> None:
-        self.id = cid
-        self.ready_count = rdy
-        self.in_flight_count = 0
-        self.msg_timeout = msg_timeout
-        self.sample_rate = 0
-        self.blocked = False
+class _Recording:
+    """A connection and output for a ClientV2 that keep what it is sent."""
+
+    transport = None
+
+    def __init__(self) -> None:
         self.got: list[Message] = []
         self.closed = False
 
-    def send_message(self, msg: Message) -> None:
-        self.in_flight_count += 1
-        self.got.append(msg)
-
-    def timed_out_message(self) -> None:
-        self.in_flight_count -= 1
-
-    def empty(self) -> None:
-        self.in_flight_count = 0
+    def message(self, frame: bytes) -> None:
+        self.got.append(Message.decode(frame[8:]))
 
     def close(self) -> None:
         self.closed = True
+
+    shutdown = close
+
+
+class FakeConsumer(ClientV2):
+    """A real ClientV2 (its counters are the real ones) whose messages are kept."""
+
+    def __init__(self, cid: int, rdy: int = 0, msg_timeout: float = 60.0) -> None:
+        recording = _Recording()
+        super().__init__(recording, NSQDOptions(node_id=1), None, 0.0, None)  # type: ignore[arg-type]
+        self.output = recording  # type: ignore[assignment]
+        self.id = cid
+        self.ready_count = rdy
+        self.msg_timeout = msg_timeout
+
+    @property
+    def got(self) -> list[Message]:
+        return self.conn.got  # type: ignore[attr-defined, no-any-return]
+
+    @property
+    def closed(self) -> bool:
+        return self.conn.closed  # type: ignore[attr-defined, no-any-return]
 
 
 def new_msg(nsqd, body: bytes = b"x") -> Message:

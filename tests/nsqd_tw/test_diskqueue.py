@@ -1,4 +1,4 @@
-"""The disk queue: go-diskqueue's files, rotation, metadata, corruption, faults."""
+"""The disk queue: go-diskqueue's files, rotation, metadata, faults, durable mode, deferred times."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ from twisted.internet.task import Clock
 from twisted.trial import unittest
 
 from nsqd_tw.core.message import Message
-from nsqd_tw.storage import diskqueue
-from nsqd_tw.storage.diskqueue import DiskQueue, DiskQueueError, Syncer
+from nsqd_tw.storage import records
+from nsqd_tw.storage.diskqueue import DiskQueue
+from nsqd_tw.storage.errors import DiskQueueError
+from nsqd_tw.storage.syncer import Syncer
 
 MIN, MAX = 26, 26 + 1024
 
@@ -77,7 +79,7 @@ class FormatTests(Base):
     def test_record_framing(self) -> None:
         q = self.queue()
         q.put(record(7))
-        with open(q.file_name(0), "rb") as f:
+        with open(q.files.data_file(0), "rb") as f:
             data = f.read()
         self.assertEqual(data, struct.pack(">i", len(record(7))) + record(7))
 
@@ -87,7 +89,7 @@ class FormatTests(Base):
         q.get()
         q.close()
         size = 4 + len(record(0))
-        with open(q.meta_file_name(), "rb") as f:
+        with open(q.files.meta_file, "rb") as f:
             self.assertEqual(f.read(), b"4\n0,%d\n0,%d\n" % (size, 5 * size))
 
     def test_meta_round_trip(self) -> None:
@@ -107,7 +109,7 @@ class FormatTests(Base):
         q.put_many([record(i) for i in range(7)])  # 3 + 3 + 1 records
         self.assertEqual(len([f for f in self.files() if f.endswith(".dat") and "meta" not in f]), 3)
         self.assertEqual([number(q.get()) for _ in range(4)], [0, 1, 2, 3])
-        self.assertFalse(os.path.exists(q.file_name(0)), "a fully read file is removed")
+        self.assertFalse(os.path.exists(q.files.data_file(0)), "a fully read file is removed")
         self.assertEqual(q.read_file_num, 1)
         self.assertEqual(self.drain(q), [4, 5, 6])
 
@@ -116,8 +118,8 @@ class FormatTests(Base):
         size = 4 + len(record(0))
         q = self.queue(max_bytes=2 * size + 5)
         q.put_many([record(i) for i in range(3)])
-        self.assertEqual(os.path.getsize(q.file_name(0)), 2 * size)
-        self.assertEqual(os.path.getsize(q.file_name(1)), size)
+        self.assertEqual(os.path.getsize(q.files.data_file(0)), 2 * size)
+        self.assertEqual(os.path.getsize(q.files.data_file(1)), size)
 
     def test_message_size_limits(self) -> None:
         q = self.queue()
@@ -187,66 +189,6 @@ class GoCompatibilityTests(Base):
         self.assertFalse(os.path.exists(os.path.join(self.dir, "go.diskqueue.000003.dat")))
 
 
-class RecoveryTests(Base):
-    def test_stale_metadata_skips_to_a_new_file_and_salvages(self) -> None:
-        q = self.queue()
-        q.put_many([record(i) for i in range(3)])
-        q.close()
-        # writes after the last metadata sync (a crash): the file is longer than writePos
-        with open(q.file_name(0), "ab") as f:
-            f.write(struct.pack(">i", len(record(3))) + record(3))
-        again = self.queue()
-        self.assertEqual(again.write_file_num, 1)
-        self.assertEqual(again.depth(), 4)
-        again.put(record(4))
-        self.assertEqual(self.drain(again), [0, 1, 2, 3, 4])
-
-    def test_garbled_size_skips_to_next_good_record(self) -> None:
-        q = self.queue()
-        q.put_many([record(i) for i in range(6)])
-        size = 4 + len(record(0))
-        with open(q.file_name(0), "r+b") as f:
-            f.seek(2 * size)
-            f.write(b"\xff\xff\xff\xff")  # record 2's size field
-        self.assertEqual(self.drain(q), [0, 1, 3, 4, 5])
-        bad = [f for f in self.files() if ".bad." in f]
-        self.assertEqual(bad, [f"t.diskqueue.000000.dat.bad.{2 * size}"])
-        self.assertEqual(os.path.getsize(os.path.join(self.dir, bad[0])), size)
-        (line,) = [x for x in self.log.lines if "corrupt data" in x]
-        self.assertIn(f"at offset {2 * size} (invalid message read size (-1)): skipped {size} bytes", line)
-        self.assertIn("depth corrected from 4 to 3", line)
-        self.assertEqual(q.depth(), 0)
-
-    def test_flipped_bytes_in_the_middle_of_a_record_header(self) -> None:
-        q = self.queue()
-        q.put_many([record(i, size=50) for i in range(5)])
-        size = 4 + len(record(0, size=50))
-        with open(q.file_name(0), "r+b") as f:
-            f.seek(size + 1)
-            f.write(b"\x7f")  # record 1 now claims a huge size
-        self.assertEqual(self.drain(q), [0, 2, 3, 4])
-
-    def test_torn_last_record_of_a_complete_file(self) -> None:
-        q = self.queue()
-        q.put_many([record(i) for i in range(3)])
-        q.close()
-        size = 4 + len(record(0))
-        with open(q.file_name(0), "ab") as f:
-            f.write((struct.pack(">i", len(record(3))) + record(3))[: size // 2])  # crash mid-write
-        again = self.queue()
-        again.put(record(4))
-        self.assertEqual(self.drain(again), [0, 1, 2, 4])
-        self.assertTrue(any("runs past the end of the file" in x for x in self.log.lines), self.log.lines)
-
-    def test_missing_metadata_salvages_the_files(self) -> None:
-        q = self.queue()
-        q.put_many([record(i) for i in range(3)])
-        q.close()
-        os.remove(q.meta_file_name())
-        again = self.queue()
-        self.assertEqual(self.drain(again), [0, 1, 2])
-
-
 class FaultTests(Base):
     def test_failed_write_raises_and_leaves_no_trace(self) -> None:
         q = self.queue()
@@ -256,11 +198,11 @@ class FaultTests(Base):
             _pwrite(fd, bytes(data)[:5], offset)  # a partial write, then the error
             raise OSError(28, "No space left on device")
 
-        self.patch(diskqueue.os, "pwrite", full)
+        self.patch(records.os, "pwrite", full)
         e = self.assertRaises(OSError, q.put_many, [record(1), record(2)])
         self.assertEqual(e.errno, 28)
         self.assertEqual(q.depth(), 1)
-        self.patch(diskqueue.os, "pwrite", _pwrite)
+        self.patch(records.os, "pwrite", _pwrite)
         q.put(record(3))
         self.assertEqual(self.drain(q), [0, 3])
 
@@ -278,7 +220,7 @@ class FaultTests(Base):
                 left[0] = 0
             raise OSError(28, "No space left on device")
 
-        self.patch(diskqueue.os, "pwrite", full)
+        self.patch(records.os, "pwrite", full)
 
     def after_a_crash(self, q: DiskQueue) -> list[int]:
         """What nsqd would read if it were killed now and restarted: a copy of the
@@ -297,12 +239,12 @@ class FaultTests(Base):
         q.put(record(0))
         q.sync_now()
         q.put(record(1))  # acknowledged, not synced yet
-        size = os.path.getsize(q.file_name(0))
+        size = os.path.getsize(q.files.data_file(0))
         self.fail_after(len(record(2)) + 4 + 10)  # record 2 whole, record 3 torn
         self.assertRaises(OSError, q.put_many, [record(2), record(3), record(4)])
-        self.assertEqual(os.path.getsize(q.file_name(0)), size)
+        self.assertEqual(os.path.getsize(q.files.data_file(0)), size)
         self.assertEqual(q.depth(), 2)
-        self.patch(diskqueue.os, "pwrite", _pwrite)
+        self.patch(records.os, "pwrite", _pwrite)
         self.assertEqual(self.after_a_crash(q), [0, 1])
         q.put(record(5))
         self.assertEqual(self.drain(q), [0, 1, 5])
@@ -313,10 +255,10 @@ class FaultTests(Base):
         q.put_many([record(0), record(1)])
         self.fail_after(2 * size)  # file 0 fills with 2 and 3; file 1 fails
         self.assertRaises(OSError, q.put_many, [record(i) for i in range(2, 7)])
-        self.assertEqual(os.path.getsize(q.file_name(0)), 2 * size)
-        self.assertFalse(os.path.exists(q.file_name(1)))
+        self.assertEqual(os.path.getsize(q.files.data_file(0)), 2 * size)
+        self.assertFalse(os.path.exists(q.files.data_file(1)))
         self.assertEqual((q.write_file_num, q.write_pos, q.depth()), (0, 2 * size, 2))
-        self.patch(diskqueue.os, "pwrite", _pwrite)
+        self.patch(records.os, "pwrite", _pwrite)
         self.assertEqual(self.after_a_crash(q), [0, 1])
         q.put_many([record(7), record(8)])
         self.assertEqual(self.drain(q), [0, 1, 7, 8])
@@ -327,7 +269,7 @@ class FaultTests(Base):
         mark = q.put_many([record(i) for i in range(1, 6)])
         q.unput(mark)
         self.assertEqual(q.depth(), 1)
-        self.assertFalse(os.path.exists(q.file_name(1)))
+        self.assertFalse(os.path.exists(q.files.data_file(1)))
         self.assertEqual(self.after_a_crash(q), [0])
         q.put(record(9))
         self.assertEqual(self.drain(q), [0, 9])
@@ -353,11 +295,11 @@ class AckedTests(Base):
         q = self.queue(max_bytes=2 * size, acked=True)
         q.put_many([record(i) for i in range(6)])
         items = [q.read() for _ in range(3)]
-        self.assertTrue(os.path.exists(q.file_name(0)), "file 0 holds unfinished records")
+        self.assertTrue(os.path.exists(q.files.data_file(0)), "file 0 holds unfinished records")
         for _, ref in items:
             q.done(ref)
-        self.assertFalse(os.path.exists(q.file_name(0)))
-        self.assertTrue(os.path.exists(q.file_name(1)))
+        self.assertFalse(os.path.exists(q.files.data_file(0)))
+        self.assertTrue(os.path.exists(q.files.data_file(1)))
 
 
 class DeferredTimesTests(Base):
@@ -371,66 +313,4 @@ class DeferredTimesTests(Base):
         self.assertEqual(again.take_deferred(msg_id), 1_800_000_000_000_000_000)
         self.assertIsNone(again.take_deferred(msg_id))
         again.close()
-        self.assertFalse(os.path.exists(again.sidecar_file_name()), "an empty sidecar is removed")
-
-
-class SyncerTests(Base):
-    def test_sync_every(self) -> None:
-        q = self.queue(sync_every=3)
-        q.put_many([record(0), record(1)])
-        self.clock.advance(0)
-        self.assertEqual(self.syncs, [])
-        q.put(record(2))
-        self.clock.advance(0)
-        self.assertEqual(len(self.syncs), 1)
-        self.assertTrue(os.path.exists(q.meta_file_name()))
-
-    def test_tick_syncs_what_is_pending(self) -> None:
-        q = self.queue()
-        q.put(record(0))
-        self.syncer.tick()
-        self.clock.advance(0)
-        self.assertEqual(len(self.syncs), 1)
-        self.syncer.tick()
-        self.clock.advance(0)
-        self.assertEqual(len(self.syncs), 1, "nothing new to sync")
-
-    def test_group_commit(self) -> None:
-        started: list[defer.Deferred] = []
-
-        def slow(fn):
-            d: defer.Deferred = defer.Deferred()
-            started.append(d)
-            d.addCallback(lambda _: fn())
-            return d
-
-        self.syncer = Syncer(self.clock, slow)
-        q = self.queue(sync_every=1)
-        q.put(record(0))
-        first = [self.syncer.commit(), self.syncer.commit()]
-        self.clock.advance(0)
-        self.assertEqual(len(started), 1, "one fsync for the commits of one turn")
-        q.put(record(1))
-        later = [self.syncer.commit() for _ in range(5)]
-        self.clock.advance(0)
-        self.assertEqual(len(started), 1, "no second sync while one runs")
-        started[0].callback(None)
-        self.assertTrue(all(d.called for d in first))
-        self.assertFalse(any(d.called for d in later))
-        self.clock.advance(0)
-        self.assertEqual(len(started), 2, "the waiting commits share the next sync")
-        started[1].callback(None)
-        self.assertTrue(all(d.called for d in later))
-
-    def test_failed_sync_fails_its_commits(self) -> None:
-        def broken(fn):
-            return defer.fail(OSError(5, "Input/output error"))
-
-        errors = []
-        self.syncer = Syncer(self.clock, broken, errors.append)
-        self.queue(sync_every=1).put(record(0))
-        d = self.syncer.commit()
-        self.clock.advance(0)
-        f = self.failureResultOf(d, OSError)
-        self.assertEqual(f.value.errno, 5)
-        self.assertIsInstance(errors[0], OSError)
+        self.assertFalse(os.path.exists(again.files.deferred_file), "an empty sidecar is removed")

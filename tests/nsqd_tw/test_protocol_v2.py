@@ -71,7 +71,7 @@ class IdentifyTests(ProtocolTestCase):
     def test_fields_are_recorded(self) -> None:
         c = self.client()
         c.identify(client_id="cid", hostname="host", user_agent="ua/1", sample_rate=10)
-        p = c.proto
+        p = c.proto.client
         self.assertEqual((p.client_id, p.hostname, p.user_agent, p.sample_rate), ("cid", "host", "ua/1", 10))
 
     def test_bad_json(self) -> None:
@@ -104,8 +104,8 @@ class IdentifyTests(ProtocolTestCase):
     def test_special_values(self) -> None:
         c = self.client()
         c.identify(heartbeat_interval=-1, output_buffer_size=-1)
-        self.assertEqual((c.proto.heartbeat_interval, c.proto.output_buffer_size), (0, 1))
-        self.assertEqual(c.proto.output_buffer_timeout, 0)
+        self.assertEqual((c.proto.client.heartbeat_interval, c.proto.client.output_buffer_size), (0, 1))
+        self.assertEqual(c.proto.client.output_buffer_timeout, 0)
 
     def test_body_size_errors(self) -> None:
         c = self.client()
@@ -184,7 +184,7 @@ class RdyTests(ProtocolTestCase):
     def test_default_is_one(self) -> None:
         c = self.consumer(rdy=None)
         c.send(b"RDY\n")
-        self.assertEqual(c.proto.ready_count, 1)
+        self.assertEqual(c.proto.client.ready_count, 1)
         self.assertEqual(c.frames(), [])
 
     def test_limits_in_flight(self) -> None:
@@ -269,7 +269,7 @@ class PubTests(ProtocolTestCase):
     def test_publish_in_any_state(self) -> None:
         c = self.consumer("other", "c")
         self.assertEqual(c.pub("t", b"x"), OK)
-        self.assertEqual(c.proto.pub_counts, {"t": 1})
+        self.assertEqual(c.proto.client.pub_counts, {"t": 1})
 
 
 class FinReqTouchTests(ProtocolTestCase):
@@ -283,7 +283,7 @@ class FinReqTouchTests(ProtocolTestCase):
         m = self.delivered(c)
         c.fin(m.id)
         self.assertEqual(c.frames(), [])
-        self.assertEqual((c.proto.finish_count, c.proto.in_flight_count), (1, 0))
+        self.assertEqual((c.proto.client.finish_count, c.proto.client.in_flight_count), (1, 0))
 
     def test_fin_not_in_flight_is_not_fatal(self) -> None:
         c = self.consumer()
@@ -298,7 +298,7 @@ class FinReqTouchTests(ProtocolTestCase):
         p = self.client()
         p.pub("t", b"1")
         msgs = a.messages() + b.messages()
-        other = b if a.proto.in_flight_count else a
+        other = b if a.proto.client.in_flight_count else a
         other.fin(msgs[0].id)
         self.assertEqual(
             other.frames(), [err(f"E_FIN_FAILED FIN {msgs[0].id.decode()} failed client does not own message")]
@@ -330,7 +330,7 @@ class FinReqTouchTests(ProtocolTestCase):
         c.send(b"REQ " + m.id + b" 0\n")
         (again,) = c.messages()
         self.assertEqual((again.id, again.attempts), (m.id, 2))
-        self.assertEqual(c.proto.requeue_count, 1)
+        self.assertEqual(c.proto.client.requeue_count, 1)
 
     def test_req_deferred_and_clamped(self) -> None:
         self.nsqd.opts.max_req_timeout = 10
@@ -374,7 +374,7 @@ class FinReqTouchTests(ProtocolTestCase):
         (again,) = c.messages()
         self.assertEqual((again.id, again.attempts), (m.id, 2))
         self.assertEqual(self.nsqd.topics["t"].channels["c"].timeout_count, 1)
-        self.assertEqual(c.proto.in_flight_count, 1)
+        self.assertEqual(c.proto.client.in_flight_count, 1)
         # the late FIN of the first delivery finishes the redelivery: same ID
         c.fin(m.id)
         self.assertEqual(c.frames(), [])

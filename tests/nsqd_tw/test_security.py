@@ -25,7 +25,7 @@ from twisted.web.server import Site
 from nsq_client.twisted_client import NSQClientProtocol, NSQError, connect
 from nsq_wire.commands import encode_command
 from nsqd_tw.options import TLS_REQUIRED, TLS_REQUIRED_EXCEPT_HTTP
-from nsqd_tw.tcp import protocol as protocol_v2
+from nsqd_tw.tcp import upgrade
 from tests.certs import Files, make_certs
 from tests.helpers import InProcessNSQD
 
@@ -234,7 +234,7 @@ class TLSTests(NSQDTestCase):
 
     @defer.inlineCallbacks
     def test_handshake_that_never_starts(self):
-        self.patch(protocol_v2, "TLS_HANDSHAKE_TIMEOUT", 0.3)
+        self.patch(upgrade, "TLS_HANDSHAKE_TIMEOUT", 0.3)
         server = self.start_nsqd(**tls_opts())
         conn = yield raw_connect(server.tcp_port)
         yield conn._request(identify_body(tls_v1=True))
@@ -251,7 +251,7 @@ class TLSTests(NSQDTestCase):
 
     @defer.inlineCallbacks
     def test_handshake_that_stalls_halfway(self):
-        self.patch(protocol_v2, "TLS_HANDSHAKE_TIMEOUT", 0.3)
+        self.patch(upgrade, "TLS_HANDSHAKE_TIMEOUT", 0.3)
         server = self.start_nsqd(**tls_opts())
         conn = yield raw_connect(server.tcp_port)
         yield conn._request(identify_body(tls_v1=True))

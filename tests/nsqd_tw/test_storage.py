@@ -11,7 +11,7 @@ from nsq_service.options import StartError
 from nsq_wire.commands import encode_mpub
 from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
 from nsqd_tw.core.nsqd import NSQD
-from nsqd_tw.storage import diskqueue
+from nsqd_tw.storage import records
 from tests.helpers import FakeClient, make_nsqd
 from tests.nsqd_tw.test_channel import FakeConsumer
 
@@ -269,7 +269,7 @@ class FaultTests(StorageTestCase):
         def full(fd, data, offset):
             raise OSError(28, "No space left on device")
 
-        self.patch(diskqueue.os, "pwrite", full)
+        self.patch(records.os, "pwrite", full)
         p.command(b"PUB", "t", body=b"lost?")
         self.assertEqual(
             p.frames(), [(FRAME_TYPE_ERROR, b"E_PUB_FAILED PUB failed [Errno 28] No space left on device")]
@@ -277,7 +277,7 @@ class FaultTests(StorageTestCase):
         self.assertTrue(p.disconnected)
         self.assertEqual(n.get_health(), "NOK - [Errno 28] No space left on device")
 
-        self.patch(diskqueue.os, "pwrite", _pwrite)
+        self.patch(records.os, "pwrite", _pwrite)
         p2 = FakeClient(n)
         self.assertEqual(p2.pub("t", b"after"), (FRAME_TYPE_RESPONSE, b"OK"))
         self.assertEqual(n.get_health(), "OK")
@@ -295,7 +295,7 @@ class FaultTests(StorageTestCase):
                 raise OSError(28, "No space left on device")
             return _pwrite(fd, data, offset)
 
-        self.patch(diskqueue.os, "pwrite", pwrite)
+        self.patch(records.os, "pwrite", pwrite)
 
     def drained(self, n: NSQD, topic: str, channel: str) -> list[bytes]:
         c = FakeConsumer(99, rdy=100)
@@ -316,7 +316,7 @@ class FaultTests(StorageTestCase):
         p2 = FakeClient(n)
         p2.send(encode_mpub("t", [b"x", b"y", b"z"]))
         self.assertEqual(p2.frames()[0][1][:29], b"E_MPUB_FAILED MPUB failed [Er")
-        self.patch(diskqueue.os, "pwrite", _pwrite)
+        self.patch(records.os, "pwrite", _pwrite)
         self.assertEqual(topic.channels["a"].depth(), 2)
         self.assertEqual(self.drained(n, "t", "a"), [b"1", b"2"])
         self.assertEqual(self.drained(n, "t", "b"), [b"1", b"2"])
@@ -331,7 +331,7 @@ class FaultTests(StorageTestCase):
         p2 = FakeClient(n)
         p2.send(encode_mpub("t", [b"w", b"x", b"y", b"z"]))
         self.assertEqual(p2.frames()[0][0], FRAME_TYPE_ERROR)
-        self.patch(diskqueue.os, "pwrite", _pwrite)
+        self.patch(records.os, "pwrite", _pwrite)
         self.assertEqual(self.drained(n, "t", "c"), [b"1", b"2", b"3"])
 
     def test_a_failed_mpub_to_a_topic_without_channels_is_not_held(self) -> None:
@@ -341,7 +341,7 @@ class FaultTests(StorageTestCase):
         p = FakeClient(n)
         p.send(encode_mpub("t", [b"w", b"x", b"y"]))
         self.assertEqual(p.frames()[0][0], FRAME_TYPE_ERROR)
-        self.patch(diskqueue.os, "pwrite", _pwrite)
+        self.patch(records.os, "pwrite", _pwrite)
         self.assertEqual(n.topics["t"].depth(), 0)
         n.topics["t"].get_channel("c")
         n.reactor.advance(0)
@@ -491,7 +491,7 @@ class HTTPStorageTests(StorageTestCase):
         def full(fd, data, offset):
             raise OSError(28, "No space left on device")
 
-        self.patch(diskqueue.os, "pwrite", full)
+        self.patch(records.os, "pwrite", full)
         resp = self.successResultOf(self.api(n).post("http://nsqd/pub?topic=t", data=b"x"))
         self.assertEqual(resp.code, 503)
         self.assertEqual(self.successResultOf(resp.content()), b'{"message":"EXITING"}')

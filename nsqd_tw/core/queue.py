@@ -1,0 +1,160 @@
+"""What a topic and a channel have in common: messages held in memory, then in a backend.
+
+A message stays in memory while it holds fewer than ``--mem-queue-size``
+messages and (beyond Go) at most ``--mem-queue-bytes`` bytes of bodies; the rest
+goes to the backend, a batch in one write. A failed write turns nsqd's health
+to the error and is taken back whole; the next good one turns it back. Read
+back, memory and backend take turns, like Go's select over both channels.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Protocol
+
+from nsqd_tw.core.message import Message
+from nsqd_tw.options import NSQDOptions
+from nsqd_tw.storage.backend import IBackendQueue
+
+
+class Context(Protocol):
+    """What topics and channels need of their nsqd (the NSQD)."""
+
+    opts: NSQDOptions
+    log: Any
+    health_error: BaseException | None
+
+    def now(self) -> float: ...
+    def now_ns(self) -> int: ...
+    def schedule(self, fn: Any) -> None: ...
+    def new_backend(self, name: str, ephemeral: bool) -> IBackendQueue: ...
+    def set_health(self, err: BaseException | None) -> None: ...
+    def metadata_changed(self) -> None: ...
+    def channel_created(self, channel: Any) -> None: ...
+    def channel_deleted(self, channel: Any) -> None: ...
+    def channel_emptied(self, channel: Any) -> None: ...
+    def topic_emptied(self, topic: Any) -> None: ...
+
+
+class MessageQueue:
+    """The queue of a topic or channel named ``name`` (its backend: ``backend_name``).
+
+    ``in_memory`` false sends every message through the backend (Go's
+    ``--mem-queue-size=0``). ``write_error`` is the log line of a failed write.
+    """
+
+    write_error = "failed to write message to backend - {err}"
+    save_error = "failed to write message to backend - {err}"
+
+    def __init__(self, name: str, backend_name: str, ctx: Context, ephemeral: bool, in_memory: bool = True) -> None:
+        self.name = name
+        self.ctx = ctx
+        self.ephemeral = ephemeral
+        opts = ctx.opts
+        self._mem_size = opts.mem_queue_size if in_memory else 0
+        self._mem_bytes = opts.mem_queue_bytes  # 0: no budget in bytes
+        self.memory: deque[Message] = deque()
+        self.memory_bytes = 0  # the bodies' bytes in self.memory
+        self.backend = ctx.new_backend(backend_name, ephemeral)
+        self._take_backend = False
+
+    def depth(self) -> int:
+        return len(self.memory) + self.backend.depth()
+
+    # -- memory ----------------------------------------------------------------------
+
+    def _room_for(self, msg: Message) -> bool:
+        return len(self.memory) < self._mem_size and (
+            not self._mem_bytes or self.memory_bytes + len(msg.body) <= self._mem_bytes
+        )
+
+    def _hold(self, msg: Message) -> None:
+        self.memory.append(msg)
+        self.memory_bytes += len(msg.body)
+
+    def _unhold(self, n: int) -> None:
+        """Take back the last ``n`` messages put in memory."""
+        for _ in range(n):
+            self.memory_bytes -= len(self.memory.pop().body)
+
+    def _clear_memory(self) -> list[Message]:
+        msgs = list(self.memory)
+        self.memory.clear()
+        self.memory_bytes = 0
+        return msgs
+
+    # -- the backend -------------------------------------------------------------------
+
+    def _write(self, msgs: list[Message]) -> object:
+        """Write messages to the backend, deferred ones with their deliver-at time;
+        return the backend's mark for taking them back (:meth:`_unwrite`)."""
+        ctx = self.ctx
+        try:
+            mark = self.backend.put_many([m.encode() for m in msgs])
+        except Exception as e:
+            ctx.set_health(e)
+            ctx.log.error(self.write_error, name=self.name, err=e)
+            raise
+        if ctx.health_error is not None:
+            ctx.set_health(None)
+        self._remember_delays(msgs)
+        return mark
+
+    def _remember_delays(self, msgs: list[Message]) -> None:
+        # a record has no room for the DPUB delay: the backend keeps it aside
+        now_ns = None
+        for m in msgs:
+            if m.deferred:
+                if now_ns is None:
+                    now_ns = self.ctx.now_ns()
+                self.backend.set_deferred(m.id, now_ns + int(m.deferred * 1e9))
+
+    def _unwrite(self, mark: object, msgs: list[Message]) -> None:
+        self.backend.unput(mark)
+        for m in msgs:
+            if m.deferred:
+                self.backend.take_deferred(m.id)
+
+    def _next(self) -> tuple[Message | None, int | None]:
+        """The next queued message and, when it comes from the backend with a
+        deliver-at time, that time (ns); memory and backend take turns."""
+        self._take_backend = not self._take_backend
+        if self._take_backend or not self.memory:
+            backend = self.backend
+            while (item := backend.read()) is not None:
+                data, ref = item
+                try:
+                    msg = Message.decode(data)
+                except ValueError as e:
+                    self.ctx.log.error("failed to decode message - {err}", err=e)
+                    backend.done(ref)
+                    continue
+                msg.ref = ref
+                return msg, backend.take_deferred(msg.id)
+        if self.memory:
+            msg = self.memory.popleft()
+            self.memory_bytes -= len(msg.body)
+            return msg, None
+        return None, None
+
+    def _save(self, msgs: list[Message], deferred: list[Message]) -> None:
+        """On close: write what is held to the backend, with the DPUB delays of
+        ``msgs`` and the deliver-at times of ``deferred``; records these were read from (durable mode) are then done,
+        so a clean restart reads each message once."""
+        if not msgs and not deferred:
+            return
+        try:
+            self.backend.put_many([m.encode() for m in msgs + deferred])
+        except Exception as e:
+            self.ctx.log.error(self.save_error, err=e)
+            return
+        self._remember_delays(msgs)
+        for m in deferred:
+            self.backend.set_deferred(m.id, int(m.pri * 1e9))
+        for m in msgs + deferred:
+            if m.ref is not None:
+                self.backend.done(m.ref)
+
+    def _empty(self) -> None:
+        self._clear_memory()
+        self.backend.empty()

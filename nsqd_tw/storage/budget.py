@@ -1,0 +1,25 @@
+"""--max-disk-bytes (beyond Go): one budget of queued bytes shared by the disk queues of an nsqd."""
+
+from __future__ import annotations
+
+from nsqd_tw.storage.errors import DiskBudgetFull
+
+
+class DiskBudget:
+    """The bytes queued in all the disk queues of an nsqd, and the most they may be.
+
+    Queued bytes are those not yet read (in durable mode: not yet finished); a
+    file keeps what was read of it until the queue moves to its next file, so the
+    files may hold up to --max-bytes-per-file more per queue.
+    """
+
+    def __init__(self, limit: int = 0) -> None:
+        self.limit = limit
+        self.used = 0
+        self.enforcing = True  # nsqd stopping writes what it holds whatever the budget
+
+    def check(self, more: int) -> None:
+        if self.limit and self.enforcing and self.used + more > self.limit:
+            raise DiskBudgetFull(
+                f"disk budget full: {self.used} of {self.limit} bytes (--max-disk-bytes) queued, {more} more asked"
+            )

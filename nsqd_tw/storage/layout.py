@@ -1,0 +1,254 @@
+"""The files of one disk queue as go-diskqueue lays them out, and their recovery.
+
+For a queue named ``name`` (``topic`` or ``topic:channel``) in the data path:
+
+- ``name.diskqueue.000000.dat``, ``...000001.dat``: records, each a 4-byte
+  big-endian size then that many bytes (an encoded message); a new file
+  whenever the next record would pass --max-bytes-per-file;
+- ``name.diskqueue.meta.dat``: ``depth\\nreadFileNum,readPos\\nwriteFileNum,writePos\\n``;
+- ``name.diskqueue.deferred.dat`` (beyond Go, which ignores it): see
+  :mod:`nsqd_tw.storage.deferred`.
+
+Recovery beyond Go: records written after the last metadata sync (a crash) are
+salvaged and counted again, and corrupt bytes are skipped to the next good
+record (kept aside in ``<file>.bad.<offset>``) instead of discarding the rest of
+the file.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import struct
+import time
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+RECORD_SIZE = struct.Struct(">i")
+_META_RE = re.compile(rb"^(-?\d+)\n(-?\d+),(-?\d+)\n(-?\d+),(-?\d+)\n?")
+_ID_RE = re.compile(rb"[0-9a-f]{16}")
+# a record's message header: 8-byte timestamp, 2-byte attempts, then the ID
+_ID_OFFSET = 4 + 8 + 2
+_MIN_TS = 1_300_000_000 * 10**9  # 2011, before Go's ID epoch
+
+Write = tuple[int, int, bytes, int]
+
+
+class Meta(NamedTuple):
+    """What the metadata file holds: the depth, the read and the write positions."""
+
+    depth: int
+    read_file: int
+    read_pos: int
+    write_file: int
+    write_pos: int
+
+    def text(self) -> bytes:
+        return b"%d\n%d,%d\n%d,%d\n" % self
+
+
+def plan_writes(records: Sequence[bytes], file_num: int, pos: int, limit: int) -> list[Write]:
+    """Frame records written from (file_num, pos) into (file, offset, bytes, count)
+    writes, a new file whenever the next record would pass ``limit``."""
+    pack = RECORD_SIZE.pack
+    chunks: list[Write] = []
+    parts: list[bytes] = []
+    start = pos
+    for data in records:
+        total = 4 + len(data)
+        if pos > 0 and pos + total > limit:
+            if parts:
+                chunks.append((file_num, start, b"".join(parts), len(parts) // 2))
+                parts = []
+            file_num, pos = file_num + 1, 0
+            start = 0
+        parts.append(pack(len(data)))
+        parts.append(data)
+        pos += total
+    if parts:
+        chunks.append((file_num, start, b"".join(parts), len(parts) // 2))
+    return chunks
+
+
+class QueueFiles:
+    """The files of one queue: their names, the metadata at start-up, and the
+    recovery that needs only the files (positions are passed in and returned)."""
+
+    def __init__(self, data_path: str, name: str, min_msg_size: int, max_msg_size: int, log: Any) -> None:
+        self.data_path = data_path
+        self.name = name
+        self.min_msg_size = min_msg_size
+        self.max_msg_size = max_msg_size
+        self.log = log
+        self.meta_file = os.path.join(data_path, f"{name}.diskqueue.meta.dat")
+        self.deferred_file = os.path.join(data_path, f"{name}.diskqueue.deferred.dat")
+
+    def data_file(self, num: int) -> str:
+        return os.path.join(self.data_path, f"{self.name}.diskqueue.{num:06d}.dat")
+
+    def existing(self) -> list[int]:
+        """The numbers of the data files on disk, in order."""
+        pattern = os.path.join(glob.escape(self.data_path or "."), glob.escape(self.name) + ".diskqueue.*.dat")
+        nums = []
+        for path in glob.glob(pattern):
+            middle = os.path.basename(path)[len(self.name) + len(".diskqueue.") : -len(".dat")]
+            if middle.isdigit():
+                nums.append(int(middle))
+        return sorted(nums)
+
+    def remove(self, path: str) -> None:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            self.log.error("DISKQUEUE({name}) failed to Remove({fn}) - {err}", name=self.name, fn=path, err=e)
+
+    # -- start-up ------------------------------------------------------------------
+
+    def _read_meta(self) -> bytes | None:
+        try:
+            with open(self.meta_file, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            self.log.error("DISKQUEUE({name}) failed to retrieveMetaData - {err}", name=self.name, err=e)
+            return None
+
+    def recover(self) -> tuple[Meta, bool]:
+        """The metadata, corrected after an unclean stop, and whether the stop was.
+
+        Records past the write position (written after the last sync) start a new
+        write file, never written over; with no metadata at all (lost, or never
+        synced) reading starts at the oldest file. Depth is then to be recounted.
+        """
+        raw = self._read_meta()
+        meta = Meta(0, 0, 0, 0, 0)
+        if raw is not None:
+            m = _META_RE.match(raw)
+            if m is None:
+                self.log.error(
+                    "DISKQUEUE({name}) failed to retrieveMetaData - unexpected metadata {raw!r}",
+                    name=self.name,
+                    raw=raw[:100],
+                )
+            else:
+                meta = Meta(*(int(x) for x in m.groups()))
+        depth, read_file, read_pos, write_file, write_pos = meta
+        unclean = False
+        try:
+            size = os.stat(self.data_file(write_file)).st_size
+        except FileNotFoundError:
+            size = 0
+        if write_pos < size:
+            self.log.warn(
+                "DISKQUEUE({name}) {fn} metadata writePos {pos} < file size of {size}, skipping to new file",
+                name=self.name,
+                fn=self.data_file(write_file),
+                pos=write_pos,
+                size=size,
+            )
+            write_file += 1
+            write_pos = 0
+            unclean = True
+        existing = self.existing()
+        if existing and existing[-1] > write_file:
+            write_file = existing[-1] + 1
+            write_pos = 0
+            unclean = True
+        if raw is None and existing and existing[0] > read_file:
+            read_file, read_pos = existing[0], 0
+            unclean = True
+        return Meta(depth, read_file, read_pos, write_file, write_pos), unclean
+
+    def count_records(self, read_file: int, read_pos: int, write_file: int, write_pos: int) -> int:
+        """The records between the two positions, by walking their headers."""
+        count = 0
+        num, pos = read_file, read_pos
+        while num <= write_file:
+            try:
+                fd = os.open(self.data_file(num), os.O_RDONLY)
+            except FileNotFoundError:
+                num, pos = num + 1, 0
+                continue
+            try:
+                end = write_pos if num == write_file else os.fstat(fd).st_size
+                while pos + 4 <= end:
+                    head = os.pread(fd, 4, pos)
+                    if len(head) < 4:
+                        break
+                    (size,) = RECORD_SIZE.unpack(head)
+                    if size < self.min_msg_size or size > self.max_msg_size or pos + 4 + size > end:
+                        break
+                    count += 1
+                    pos += 4 + size
+            finally:
+                os.close(fd)
+            num, pos = num + 1, 0
+        return count
+
+    def count_bytes(self, read_file: int, read_pos: int, write_file: int, write_pos: int) -> int:
+        """The bytes between the two positions, across files."""
+        total = 0
+        for num in range(read_file, write_file + 1):
+            if num == write_file:
+                end = write_pos
+            else:
+                try:
+                    end = os.stat(self.data_file(num)).st_size
+                except FileNotFoundError:
+                    continue
+            total += max(0, end - (read_pos if num == read_file else 0))
+        return total
+
+    # -- corruption ------------------------------------------------------------------
+
+    def resync(self, fd: int, num: int, pos: int, end: int) -> tuple[int | None, str]:
+        """Corrupt bytes at ``pos`` of data file ``num`` (``fd``, readable to ``end``):
+        the offset of the next plausible record (None: none before ``end``), and
+        where the bad bytes up to it were kept aside (or why they were not)."""
+        resume = self._find_record(fd, pos + 1, end)
+        bad_end = end if resume is None else resume
+        kept = f"{self.data_file(num)}.bad.{pos}"
+        try:
+            chunk = os.pread(fd, bad_end - pos, pos)
+            with open(kept, "wb") as f:
+                f.write(chunk)
+        except OSError as e:
+            kept = f"(not kept: {e})"
+        return resume, kept
+
+    def _find_record(self, fd: int, start: int, end: int) -> int | None:
+        """The first offset in [start, end) where a plausible record begins."""
+        window = 1 << 20
+        pos = start
+        now_ns = time.time_ns() + 86_400 * 10**9
+        while pos < end:
+            buf = os.pread(fd, min(window + 64, end - pos), pos)
+            if not buf:
+                return None
+            for m in _ID_RE.finditer(buf):
+                cand = pos + m.start() - _ID_OFFSET
+                if cand < start:
+                    continue
+                if self._plausible(fd, cand, end, now_ns) and self._plausible_next(fd, cand, end, now_ns):
+                    return cand
+            pos += window
+        return None
+
+    def _plausible(self, fd: int, at: int, end: int, now_ns: int) -> bool:
+        head = os.pread(fd, _ID_OFFSET + 16, at)
+        if len(head) < _ID_OFFSET + 16:
+            return False
+        (size,) = RECORD_SIZE.unpack_from(head)
+        if size < self.min_msg_size or size > self.max_msg_size or at + 4 + size > end:
+            return False
+        (ts,) = struct.unpack_from(">q", head, 4)
+        return _MIN_TS <= ts <= now_ns and _ID_RE.fullmatch(head[_ID_OFFSET:]) is not None
+
+    def _plausible_next(self, fd: int, at: int, end: int, now_ns: int) -> bool:
+        (size,) = RECORD_SIZE.unpack(os.pread(fd, 4, at))
+        nxt = at + 4 + size
+        return nxt == end or self._plausible(fd, nxt, end, now_ns)

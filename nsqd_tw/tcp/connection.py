@@ -1,0 +1,341 @@
+"""The command loop of a V2 connection: bytes in, commands to their handlers, answers out.
+
+:class:`CommandConnection` is Go's IOLoop: it reads the magic, feeds the parser
+(through the stream codec once negotiated), checks each command's line once,
+hands complete commands to the handlers a subclass names, keeps answers in
+command order, pauses while a handler waits (AUTH, an upgrade), stops reading
+while the client's output is backed up, and closes on fatal errors, read
+deadlines and write deadlines. :class:`~nsqd_tw.tcp.protocol.V2Protocol` adds
+the 12 commands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from twisted.internet import defer, protocol
+from twisted.internet.interfaces import IHandshakeListener
+from twisted.protocols.policies import TimeoutMixin
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from nsq_service.log import Logger
+from nsq_wire.compression import CompressionError, DeflateCodec, SnappyCodec
+from nsq_wire.errors import ClientError, FatalClientError
+from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, MAGIC_V2, pack_frame
+from nsq_wire.parser import BODY_COMMANDS, Command, ProtocolViolation, V2Parser
+from nsqd_tw.options import TLS_NOT_REQUIRED
+from nsqd_tw.tcp.client import ClientV2
+from nsqd_tw.tcp.output import Output
+from nsqd_tw.tcp.responses import Responses
+from nsqd_tw.tcp.upgrade import Upgrade
+
+if TYPE_CHECKING:
+    from nsqd_tw.auth import AuthClient
+    from nsqd_tw.core.nsqd import NSQD
+
+
+class Server(Protocol):
+    """What a connection shares with the others (the V2Factory)."""
+
+    nsqd: NSQD
+    tls: Any
+    auth: AuthClient
+
+    def want_flush(self, output: Output) -> None: ...
+
+
+class Pause:
+    """A handler's answer that is not ready yet: no further command is read
+    until ``deferred`` fires with the response (bytes, a Deferred, or None).
+
+    ``pause_reading`` also stops reading the socket meanwhile (AUTH waits for
+    the auth server); a TLS upgrade must keep reading to handshake.
+    """
+
+    __slots__ = ("deferred", "pause_reading")
+
+    def __init__(self, deferred: defer.Deferred[Any], pause_reading: bool) -> None:
+        self.deferred = deferred
+        self.pause_reading = pause_reading
+
+
+def text(b: bytes) -> str:
+    """Bytes from the wire as text for an error message (round-trips exactly)."""
+    return b.decode("utf-8", "surrogateescape")
+
+
+@implementer(IHandshakeListener)
+class CommandConnection(protocol.Protocol, TimeoutMixin):
+    log = Logger(namespace="nsqd_tw.tcp.protocol")
+    transport: Any
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.nsqd = nsqd = server.nsqd
+        self.client = ClientV2(self, nsqd.opts, server.auth, nsqd.now(), self.log)
+        self.output: Output = None  # type: ignore[assignment]  # made with the transport
+        self.responses = Responses(lambda ft, data: self.output.frame(ft, data), self._fatal, self._close)
+        self.upgrade = Upgrade(self)
+        self.parser: V2Parser | None = None
+        self.codec: SnappyCodec | DeflateCodec | None = None
+        self._magic = b""
+        self.closed = False
+        self._halted = False  # no more commands are read (a fatal error was decided)
+        self._waiting = False  # a handler's Pause is outstanding
+        self._read_holds = 0  # reasons not to read the socket now (AUTH, backed-up output)
+        self._read_timeout: float | None = nsqd.opts.client_timeout
+        self._kick = False  # the client may have gained capacity: its channel dispatches
+        # filled by the subclass: the checks of a body command's line, the handlers
+        self._headers: dict[bytes, Callable[[Command], Pause | None]] = {}
+        self._handlers: dict[bytes, Callable[[Command], Any]] = {}
+
+    def callLater(self, period: float, func: Callable[[], Any]) -> Any:
+        """TimeoutMixin's clock: the server's reactor."""
+        return self.nsqd.reactor.callLater(period, func)
+
+    def connectionMade(self) -> None:
+        client = self.client
+        client.id = self.nsqd.add_client(client)
+        peer: Any = self.transport.getPeer()
+        host = getattr(peer, "host", None)
+        if host is not None:
+            client.remote_address = f"[{host}]:{peer.port}" if ":" in host else f"{host}:{peer.port}"
+            client.client_id = client.hostname = host
+        else:
+            client.remote_address = str(getattr(peer, "name", "") or "@")
+        self.log.info("TCP: new client({addr})", addr=client.remote_address)
+        self.output = client.output = Output(self.transport, client, self.nsqd.reactor, self.server.want_flush, self)
+        self.output.start()
+        self.setTimeout(self._read_timeout)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.parser is None:
+            if self.closed:
+                return
+            self._magic += data
+            if len(self._magic) < 4:
+                return
+            magic, data = self._magic[:4], self._magic[4:]
+            self._magic = b""
+            addr = self.client.remote_address
+            self.log.info("CLIENT({addr}): desired protocol magic '{magic}'", addr=addr, magic=text(magic))
+            if magic != MAGIC_V2:
+                self.log.error("client({addr}) bad protocol magic '{magic}'", addr=addr, magic=text(magic))
+                self.transport.write(pack_frame(FRAME_TYPE_ERROR, b"E_BAD_PROTOCOL"))
+                self._close()
+                return
+            opts = self.nsqd.opts
+            self.parser = V2Parser(opts.max_msg_size, opts.max_body_size)
+            self.output.heartbeat(self.client.heartbeat_interval)
+            if not data:
+                return
+        if self.upgrade.awaiting_hello:
+            self.upgrade.hello(data)
+            return
+        if self.codec is None:
+            self.parser.feed(data)
+            self._process()
+            return
+        try:
+            for chunk in self.codec.decode(data):
+                self.parser.feed(chunk)
+                self._process()
+                if self.closed:
+                    return
+        except CompressionError as e:
+            self.unreadable(e)
+
+    def unreadable(self, e: CompressionError) -> None:
+        """The compressed stream cannot be decoded: say so in a fatal error frame."""
+        err = FatalClientError("E_BAD_BODY", f"failed to read command - {e}")
+        self.log.error("[{client}] - {err}", client=self.client, err=err)
+        self.responses.respond(FRAME_TYPE_ERROR, err.wire(), fatal=True)
+
+    def handshakeCompleted(self) -> None:
+        """IHandshakeListener: the TLS upgrade is done."""
+        self.upgrade.handshake_completed()
+
+    def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
+        self.closed = self._halted = self.responses.closed = True
+        self.setTimeout(None)
+        self.output.close()
+        self.upgrade.connection_lost(reason.value or Exception())
+        client = self.client
+        if client.channel is not None:
+            client.channel.remove_client(client.id)
+        self.nsqd.remove_client(client.id)
+        self.log.info("PROTOCOL(V2): [{client}] exiting ioloop", client=client)
+
+    def timeoutConnection(self) -> None:
+        self.log.error("client({client}) - failed to read command - i/o timeout", client=self.client)
+        self.abort()
+
+    def abort(self) -> None:
+        """Drop the connection now, throwing away what it has not sent."""
+        self.closed = self._halted = self.responses.closed = True
+        self.output.discard()
+        self.transport.abortConnection()
+
+    def _close(self) -> None:
+        """Close after what is buffered has been written."""
+        self.closed = self._halted = self.responses.closed = True
+        self.output.flush()
+        self.output.closed = True
+        # a transport with a paused producer would wait for it forever
+        self.transport.unregisterProducer()
+        self.transport.loseConnection()
+
+    def close(self) -> None:
+        """Closed by the server (its channel was deleted or nsqd is stopping)."""
+        if not self.closed:
+            self._close()
+
+    def shutdown(self) -> None:
+        """nsqd is stopping: give in-flight messages back now, then close."""
+        channel, self.client.channel = self.client.channel, None
+        if channel is not None:
+            channel.remove_client(self.client.id)
+        self.close()
+
+    def _process(self) -> None:
+        if self._waiting:
+            return
+        parser = self.parser
+        assert parser is not None
+        client = self.client
+        tls_required = self.nsqd.opts.tls_required != TLS_NOT_REQUIRED
+        try:
+            while not self._halted and not client.blocked:
+                cmd = parser.next()
+                if cmd is None:
+                    break
+                name = cmd.name
+                # checked once per command: at its line for one with a body
+                if (
+                    tls_required
+                    and not client.tls
+                    and name != b"IDENTIFY"
+                    and (not cmd.complete or name not in BODY_COMMANDS)
+                ):
+                    raise FatalClientError("E_INVALID", f"cannot {text(name)} in current state (TLS required)")
+                if not cmd.complete:  # a body command's line: Go checks it before reading on
+                    wait = self._headers[name](cmd)
+                    if wait is not None:
+                        self._pause(wait, name)
+                        break
+                    continue
+                if self._read_timeout is not None:
+                    self.resetTimeout()  # Go sets the read deadline once per command
+                handler = self._handlers.get(name)
+                if handler is None:
+                    raise FatalClientError("E_INVALID", f"invalid command {text(name)}")
+                try:
+                    response = handler(cmd)
+                except ClientError as e:
+                    if e.fatal:
+                        raise
+                    self.log.error("[{client}] - {err}", client=client, err=e)
+                    self.responses.respond(FRAME_TYPE_ERROR, e.wire())
+                    continue
+                if response is None:
+                    continue
+                if isinstance(response, Pause):
+                    self._pause(response, name)
+                    break
+                self._answer(response, name)
+        except FatalClientError as e:
+            self.log.error("[{client}] - {err}", client=client, err=e)
+            self.responses.respond(FRAME_TYPE_ERROR, e.wire(), fatal=True)
+        except ProtocolViolation as e:
+            self.log.error("client({client}) - {err}", client=client, err=e)
+            self._close()
+        except Exception:
+            self.log.failure("[{client}] - internal error, closing connection", client=client)
+            self._close()
+        if self._kick:
+            self._kick = False
+            if client.channel is not None:
+                client.channel.kick()
+
+    def _answer(self, response: Any, name: bytes) -> None:
+        if isinstance(response, defer.Deferred):
+            self.responses.later(response, text(name))
+        else:
+            self.responses.respond(FRAME_TYPE_RESPONSE, response)
+
+    def _fatal(self, err: FatalClientError | None) -> None:
+        if err is not None:
+            self.log.error("[{client}] - {err}", client=self.client, err=err)
+        self._halted = True
+
+    def _pause(self, pause: Pause, name: bytes) -> None:
+        """Stop reading commands until the paused handler has its answer."""
+        self._waiting = True
+        held = pause.pause_reading
+        if held:
+            self._hold_reading()
+
+        def resume() -> bool:
+            self._waiting = False
+            if held:
+                self._release_reading()
+            return not self.closed
+
+        def done(response: Any) -> None:
+            if resume():
+                if response is not None:
+                    self._answer(response, name)
+                self._process()
+
+        def failed(f: Failure) -> None:
+            if not resume():
+                return
+            err = f.value
+            if not isinstance(err, ClientError):
+                self.log.failure("[{client}] - internal error, closing connection", f, client=self.client)
+                self._close()
+                return
+            self.log.error("[{client}] - {err}", client=self.client, err=err)
+            self.responses.respond(FRAME_TYPE_ERROR, err.wire(), fatal=err.fatal)
+            if not err.fatal:
+                self._process()
+
+        pause.deferred.addCallbacks(done, failed)
+
+    def _hold_reading(self) -> None:
+        """Stop reading the socket (and its read deadline) until released."""
+        self._read_holds += 1
+        if self._read_holds == 1 and not self.closed:
+            self.setTimeout(None)
+            self.transport.pauseProducing()
+
+    def _release_reading(self) -> None:
+        self._read_holds -= 1
+        if self._read_holds == 0 and not self.closed:
+            self.transport.resumeProducing()
+            self.setTimeout(self._read_timeout)
+
+    def backed_up(self) -> None:
+        if not self.closed:
+            self._hold_reading()
+
+    def drained(self) -> None:
+        self._release_reading()
+        if self.client.channel is not None:
+            self.client.channel.kick()
+        if self.parser is not None and not self._waiting:
+            self._process()
+
+    def write_timed_out(self) -> None:
+        """Backed up for a whole heartbeat interval: drop the client, as Go's
+        write deadline does (its in-flight messages go back to the channel)."""
+        host = self.transport.getHost()
+        self.log.error(
+            "PROTOCOL(V2): [{client}] messagePump error - write tcp {local}->{remote}: i/o timeout",
+            client=self.client,
+            local=f"{getattr(host, 'host', '')}:{getattr(host, 'port', '')}",
+            remote=self.client.remote_address,
+        )
+        self.abort()

@@ -1,0 +1,197 @@
+"""The stream upgrades IDENTIFY negotiates, in Go's order.
+
+IDENTIFY's JSON answer goes out in clear. With TLS, nsqd then waits for the
+ClientHello on the same connection (5 s), starts TLS and sends OK over it;
+heartbeats due meanwhile are held and follow the OK. Then snappy or deflate:
+their OK is the first compressed frame, and bytes the client pipelined after
+IDENTIFY are compressed already.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from twisted.internet import defer, error
+
+from nsq_wire.compression import CompressionError, DeflateCodec, SnappyCodec
+from nsq_wire.errors import FatalClientError
+from nsq_wire.frames import FRAME_TYPE_RESPONSE, OK
+from nsqd_tw.tcp.identify import Features
+from nsqd_tw.tcp.output import cancel
+from nsqd_tw.tls import ssl_error
+
+if TYPE_CHECKING:
+    from nsq_wire.parser import V2Parser
+    from nsqd_tw.core.nsqd import NSQD
+    from nsqd_tw.tcp.client import ClientV2
+    from nsqd_tw.tcp.output import Output
+    from nsqd_tw.tcp.responses import Responses
+
+TLS_HANDSHAKE_TIMEOUT = 5.0
+_NONE, _AWAIT_HELLO, _HANDSHAKE, _DONE = range(4)
+
+
+def tls_error_text(e: BaseException) -> str:
+    if isinstance(e, (error.ConnectionDone, error.ConnectionLost)):
+        return "EOF"
+    return ssl_error(e)
+
+
+class Upgrading(Protocol):
+    """What an upgrade needs of its connection (a CommandConnection)."""
+
+    transport: Any
+    server: Any  # its .tls context
+    nsqd: NSQD
+    client: ClientV2
+    output: Output
+    responses: Responses
+    parser: V2Parser | None
+    codec: SnappyCodec | DeflateCodec | None
+    log: Any
+
+    def unreadable(self, e: CompressionError) -> None: ...
+    def abort(self) -> None: ...
+
+
+class Upgrade:
+    def __init__(self, conn: Upgrading) -> None:
+        self.conn = conn
+        self._state = _NONE
+        self._hello = b""
+        self._timer: Any = None
+        self._done: defer.Deferred[None] | None = None
+
+    @property
+    def awaiting_hello(self) -> bool:
+        return self._state == _AWAIT_HELLO
+
+    def start(self, features: Features) -> defer.Deferred[None]:
+        """Send IDENTIFY's answer once the answers before it are out, then switch."""
+        conn = self.conn
+
+        def send_answer(_: Any) -> Any:
+            conn.output.frame(FRAME_TYPE_RESPONSE, features.body)
+            conn.output.flush()
+            if features.tls_v1:
+                return self._start_tls()
+            return None
+
+        def compress(_: Any) -> None:
+            if features.snappy:
+                conn.log.info("PROTOCOL(V2): [{client}] upgrading connection to snappy", client=conn.client)
+                self._set_codec(SnappyCodec())
+                conn.client.snappy = True
+            if features.deflate:
+                conn.log.info(
+                    "PROTOCOL(V2): [{client}] upgrading connection to deflate (level {deflate_level})",
+                    client=conn.client,
+                    deflate_level=features.deflate_level,
+                )
+                self._set_codec(DeflateCodec(features.deflate_level))
+                conn.client.deflate = True
+
+        d = conn.responses.drained()
+        d.addCallback(send_answer)
+        d.addCallback(compress)
+        return d
+
+    def _set_codec(self, codec: SnappyCodec | DeflateCodec) -> None:
+        conn = self.conn
+        output, parser = conn.output, conn.parser
+        assert parser is not None
+        output.flush()
+        output.codec = codec
+        conn.codec = codec
+        rest = parser.take_remainder()
+        output.frame(FRAME_TYPE_RESPONSE, OK)
+        output.flush()
+        if rest:  # bytes pipelined after IDENTIFY are compressed already
+            try:
+                for chunk in codec.decode(rest):
+                    parser.feed(chunk)
+            except CompressionError as e:
+                conn.unreadable(e)
+
+    # -- TLS --------------------------------------------------------------------
+
+    def _start_tls(self) -> defer.Deferred[None]:
+        conn = self.conn
+        conn.log.info("PROTOCOL(V2): [{client}] upgrading connection to TLS", client=conn.client)
+        d: defer.Deferred[None] = defer.Deferred()
+        self._done = d
+        self._state = _AWAIT_HELLO
+        conn.output.held = True
+        self._timer = conn.nsqd.reactor.callLater(TLS_HANDSHAKE_TIMEOUT, self._timed_out)
+        assert conn.parser is not None
+        rest = conn.parser.take_remainder()
+        if rest:
+            self.hello(rest)
+        return d
+
+    def hello(self, data: bytes) -> None:
+        """The first bytes after IDENTIFY's answer: a TLS record, or garbage answered in plain text."""
+        self._hello += data
+        buf = self._hello
+        if len(buf) < 3:
+            return
+        self._hello = b""
+        if buf[0] != 0x16 or buf[1] != 0x03:
+            self._failed("tls: first record does not look like a TLS handshake")
+            return
+        self._state = _HANDSHAKE
+        transport = self.conn.transport
+        # the output moves to the TLS layer, which registers it with the socket
+        transport.unregisterProducer()
+        transport.startTLS(self.conn.server.tls)
+        transport.registerProducer(self.conn.output, True)
+        transport.protocol.dataReceived(buf)
+
+    def handshake_completed(self) -> None:
+        """The TLS session is up: OK goes over it, before the heartbeats held meanwhile."""
+        self._cancel_timer()
+        self._state = _DONE
+        conn = self.conn
+        conn.client.tls = True
+        conn.output.held = False
+        conn.output.first(FRAME_TYPE_RESPONSE, OK)
+        conn.output.flush()
+        d, self._done = self._done, None
+        if d is not None:
+            d.callback(None)
+
+    def _failed(self, text: str) -> None:
+        self._cancel_timer()
+        self._state = _NONE
+        self.conn.output.held = False
+        self.conn.output.discard()
+        d, self._done = self._done, None
+        if d is not None:
+            d.errback(FatalClientError("E_IDENTIFY_FAILED", f"IDENTIFY failed {text}"))
+
+    def _timed_out(self) -> None:
+        self._timer = None
+        conn = self.conn
+        host = conn.transport.getHost()
+        local = f"{getattr(host, 'host', '')}:{getattr(host, 'port', '')}"
+        text = f"read tcp {local}->{conn.client.remote_address}: i/o timeout"
+        if self._state == _AWAIT_HELLO:
+            # nothing TLS was said yet: the error goes back in plain text, as Go's
+            self._failed(text)
+            return
+        self._state = _NONE
+        err = FatalClientError("E_IDENTIFY_FAILED", f"IDENTIFY failed {text}")
+        conn.log.error("[{client}] - {err}", client=conn.client, err=err)
+        conn.abort()
+
+    def connection_lost(self, reason: BaseException) -> None:
+        """The connection went away: mid-upgrade, that is IDENTIFY failing."""
+        if self._state in (_AWAIT_HELLO, _HANDSHAKE):
+            self._cancel_timer()
+            self._state = _NONE
+            err = FatalClientError("E_IDENTIFY_FAILED", f"IDENTIFY failed {tls_error_text(reason)}")
+            self.conn.log.error("[{client}] - {err}", client=self.conn.client, err=err)
+
+    def _cancel_timer(self) -> None:
+        cancel(self._timer)
+        self._timer = None

@@ -1,0 +1,96 @@
+"""A disk queue's files after an unclean stop: salvage, recount, corruption skipped and kept aside."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+from twisted.trial import unittest
+
+from nsqd_tw.storage.layout import plan_writes
+from tests.nsqd_tw.test_diskqueue import Base, number, record
+
+
+class PlanWritesTests(unittest.TestCase):
+    def test_a_new_file_when_the_next_record_would_pass_the_limit(self) -> None:
+        a, b = b"a" * 30, b"b" * 30
+        chunks = plan_writes([a, b, a], 0, 0, 70)
+        self.assertEqual([(f, off, n) for f, off, _, n in chunks], [(0, 0, 2), (1, 0, 1)])
+        self.assertEqual(chunks[0][2], struct.pack(">i", 30) + a + struct.pack(">i", 30) + b)
+        self.assertEqual([(f, off, n) for f, off, _, n in plan_writes([a], 3, 40, 70)], [(4, 0, 1)])
+
+    def test_a_record_larger_than_a_file_starts_one_of_its_own(self) -> None:
+        big = b"x" * 100
+        self.assertEqual([(f, off, n) for f, off, _, n in plan_writes([big], 0, 0, 50)], [(0, 0, 1)])
+        self.assertEqual([(f, off, n) for f, off, _, n in plan_writes([big], 0, 10, 50)], [(1, 0, 1)])
+
+
+class RecoveryTests(Base):
+    def test_stale_metadata_skips_to_a_new_file_and_salvages(self) -> None:
+        q = self.queue()
+        q.put_many([record(i) for i in range(3)])
+        q.close()
+        # writes after the last metadata sync (a crash): the file is longer than writePos
+        with open(q.files.data_file(0), "ab") as f:
+            f.write(struct.pack(">i", len(record(3))) + record(3))
+        again = self.queue()
+        self.assertEqual(again.write_file_num, 1)
+        self.assertEqual(again.depth(), 4)
+        again.put(record(4))
+        self.assertEqual(self.drain(again), [0, 1, 2, 3, 4])
+
+    def test_garbled_size_skips_to_next_good_record(self) -> None:
+        q = self.queue()
+        q.put_many([record(i) for i in range(6)])
+        size = 4 + len(record(0))
+        with open(q.files.data_file(0), "r+b") as f:
+            f.seek(2 * size)
+            f.write(b"\xff\xff\xff\xff")  # record 2's size field
+        self.assertEqual(self.drain(q), [0, 1, 3, 4, 5])
+        bad = [f for f in self.files() if ".bad." in f]
+        self.assertEqual(bad, [f"t.diskqueue.000000.dat.bad.{2 * size}"])
+        self.assertEqual(os.path.getsize(os.path.join(self.dir, bad[0])), size)
+        (line,) = [x for x in self.log.lines if "corrupt data" in x]
+        self.assertIn(f"at offset {2 * size} (invalid message read size (-1)): skipped {size} bytes", line)
+        self.assertIn("depth corrected from 4 to 3", line)
+        self.assertEqual(q.depth(), 0)
+
+    def test_flipped_bytes_in_the_middle_of_a_record_header(self) -> None:
+        q = self.queue()
+        q.put_many([record(i, size=50) for i in range(5)])
+        size = 4 + len(record(0, size=50))
+        with open(q.files.data_file(0), "r+b") as f:
+            f.seek(size + 1)
+            f.write(b"\x7f")  # record 1 now claims a huge size
+        self.assertEqual(self.drain(q), [0, 2, 3, 4])
+
+    def test_torn_last_record_of_a_complete_file(self) -> None:
+        q = self.queue()
+        q.put_many([record(i) for i in range(3)])
+        q.close()
+        size = 4 + len(record(0))
+        with open(q.files.data_file(0), "ab") as f:
+            f.write((struct.pack(">i", len(record(3))) + record(3))[: size // 2])  # crash mid-write
+        again = self.queue()
+        again.put(record(4))
+        self.assertEqual(self.drain(again), [0, 1, 2, 4])
+        self.assertTrue(any("runs past the end of the file" in x for x in self.log.lines), self.log.lines)
+
+    def test_missing_metadata_salvages_the_files(self) -> None:
+        q = self.queue()
+        q.put_many([record(i) for i in range(3)])
+        q.close()
+        os.remove(q.files.meta_file)
+        again = self.queue()
+        self.assertEqual(self.drain(again), [0, 1, 2])
+
+    def test_garbled_metadata_is_logged_and_the_files_read_from_the_start(self) -> None:
+        q = self.queue()
+        q.put_many([record(i) for i in range(3)])
+        q.close()
+        with open(q.files.meta_file, "wb") as f:
+            f.write(b"garbage\n")
+        again = self.queue()
+        self.assertTrue(any("unexpected metadata b'garbage\\n'" in x for x in self.log.lines), self.log.lines)
+        self.assertEqual(again.depth(), 3)
+        self.assertEqual([number(again.get()) for _ in range(3)], [0, 1, 2])
