@@ -112,32 +112,16 @@ class LogGate:
         self.threshold = LEVEL_NUMBERS[level]
 
     def logger(self, namespace: str, source: object | None = None) -> Logger:
-        return Logger(namespace, source, gate=self)
+        return Logger(namespace, source, self)
 
 
 class Logger(_TwistedLogger):
     """A twisted Logger that drops events below its gate's level, and lines of
-    one kind past the gate's :class:`Throttle`.
+    one kind past the gate's :class:`Throttle`; made by :meth:`LogGate.logger`."""
 
-    Made without a gate (a module's logger, before any server exists), it has
-    one of its own at the default level, ``info``.
-    """
-
-    def __init__(
-        self,
-        namespace: str | None = None,
-        source: object | None = None,
-        observer: ILogObserver | None = None,
-        gate: LogGate | None = None,
-    ) -> None:
-        super().__init__(namespace, source, observer)
-        self.gate = gate if gate is not None else LogGate()
-
-    def __get__(self, instance: object, owner: type | None = None) -> Logger:
-        # as twisted's (a class attribute binds to the instance), keeping the gate
-        assert owner is not None
-        source = owner if instance is None else instance
-        return self.__class__(f"{owner.__module__}.{owner.__name__}", source, self.observer, self.gate)
+    def __init__(self, namespace: str, source: object | None, gate: LogGate) -> None:
+        super().__init__(namespace, source)
+        self.gate = gate
 
     def emit(self, level: LogLevel, format: str | None = None, **kwargs: object) -> None:
         gate = self.gate

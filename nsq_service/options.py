@@ -14,12 +14,13 @@ from dataclasses import field
 from typing import Any, NoReturn, TypeVar
 
 from twisted.application.service import ServiceMaker
+from twisted.logger import Logger
 from twisted.python import usage
 
-from nsq_service.log import LEVEL_NUMBERS, Logger, go_log_line
+from nsq_service.log import LEVEL_NUMBERS, go_log_line
 from nsq_wire.gofmt import DurationError, go_duration, parse_duration
 
-_log = Logger(namespace="nsqd_tw.options")
+_log = Logger(namespace="nsqd_tw.options")  # the config file is read before any server exists
 
 
 class ConfigError(Exception):

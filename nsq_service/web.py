@@ -38,8 +38,8 @@ from werkzeug.routing import RoutingException
 
 from nsq_service.limits import RateLimitedLog
 from nsq_service.log import LogGate, Logger
-from nsq_service.options import ConfigError, field_by_cfg_name
 from nsq_service.memstats import GCPauses, mem_stats
+from nsq_service.options import ConfigError, field_by_cfg_name
 from nsq_wire import gojson
 
 BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}

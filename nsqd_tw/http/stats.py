@@ -211,4 +211,3 @@ def print_stats(
         for p in producers:
             w.append(f"   {_client_line(p, now)}\n")
     return "".join(w)
-

@@ -11,7 +11,8 @@ from twisted.internet import defer
 from twisted.trial import unittest
 
 from nsq_service.listen import Bound
-from nsqd_tw.http.api import NSQDHTTPAPI, QueryError, parse_query
+from nsq_service.web import QueryError, parse_query
+from nsqd_tw.http.api import NSQDHTTPAPI
 from tests.helpers import FakeClient, make_nsqd
 from tests.nsqd_tw.test_channel import FakeConsumer
 
