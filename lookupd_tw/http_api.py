@@ -12,7 +12,8 @@ from twisted.web.server import Request, Site
 
 from lookupd_tw.nsqlookupd import NSQLookupd
 from lookupd_tw.registration_db import GO_ZERO_TIME_NS, Registration, filter_by_active
-from nsq_service.web import GoHTTPAPI, HTTPError, Router, add_debug_routes, route
+from nsq_service.pprof import add_debug_routes
+from nsq_service.web import GoHTTPAPI, HTTPError, Router, route
 from nsq_service.web import body as read_body
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
 from nsq_wire.version import VERSION

@@ -14,13 +14,13 @@ from twisted.web.server import Request, Site
 from nsq_service.listen import Bound
 from nsq_service.memstats import GCPauses
 from nsq_service.options import DURATION
+from nsq_service.pprof import add_debug_routes
 from nsq_service.web import (
     BOOL_PARAMS,
     JSON_TYPE,
     GoHTTPAPI,
     HTTPError,
     Router,
-    add_debug_routes,
     content_length,
     go_parse_int,
     route,

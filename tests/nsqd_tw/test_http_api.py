@@ -68,6 +68,14 @@ class RoutingTests(HTTPTestCase):
         self.assertIsNone(resp.headers.getRawHeaders("server"))
 
     @defer.inlineCallbacks
+    def test_host_header_that_is_not_utf8(self):
+        """Go's answer, as nsqlookupd's (Klein answered 400 Non-UTF-8 encoding in URL and logged a traceback)."""
+        for path in ("/ping", "/%ff"):
+            resp, content = yield self.call("GET", path, headers={b"Host": [b"\xff"]})
+            self.assertEqual((resp.code, resp.phrase), (400, b"Bad Request: malformed Host header"))
+            self.assertEqual(content, b"400 Bad Request: malformed Host header")
+
+    @defer.inlineCallbacks
     def test_ping_unhealthy(self):
         self.nsqd.set_health(OSError("disk full"))
         resp, content = yield self.call("GET", "/ping")
