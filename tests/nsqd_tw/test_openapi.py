@@ -13,6 +13,7 @@ from treq.testing import StubTreq
 from twisted.internet import defer
 from twisted.trial import unittest
 
+from nsq_service.listen import Bound
 from nsqd_tw.http.api import NSQDHTTPAPI
 from tests.helpers import FakeClient, make_nsqd
 
@@ -38,9 +39,9 @@ class OpenAPITests(unittest.TestCase):
     def setUp(self) -> None:
         self.spec = _spec()
         self.nsqd = make_nsqd(e2e_processing_latency_percentiles=[0.99])
-        self.nsqd.tcp_address = ("127.0.0.1", 4150)
-        self.nsqd.http_address = ("127.0.0.1", 4151)
-        self.treq = StubTreq(NSQDHTTPAPI(self.nsqd).resource())
+        self.treq = StubTreq(
+            NSQDHTTPAPI(self.nsqd, Bound(tcp=("127.0.0.1", 4150), http=("127.0.0.1", 4151))).resource()
+        )
         # something to report: a topic, a channel with a consumer, a producer
         consumer = FakeClient(self.nsqd)
         consumer.sub("t", "c", rdy=1)
