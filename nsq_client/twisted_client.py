@@ -27,6 +27,7 @@ from twisted.python.failure import Failure
 from nsq_wire.commands import encode_command, encode_mpub
 from nsq_wire.compression import DeflateCodec, SnappyCodec
 from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, HEARTBEAT, MAGIC_V2
+from nsq_wire.version import VERSION
 
 log = Logger(namespace="nsq_client.twisted_client")
 
@@ -283,7 +284,7 @@ def connect(
     data = {
         "client_id": socket.gethostname().split(".")[0],
         "hostname": socket.gethostname(),
-        "user_agent": "nsq-tw-client/1.3.0",
+        "user_agent": f"nsq-tw-client/{VERSION}",
         "feature_negotiation": True,
     }
     data.update(identify)

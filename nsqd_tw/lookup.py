@@ -24,7 +24,6 @@ from twisted.internet import defer, endpoints, protocol
 from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
 
-from nsq_service.log import Logger
 from nsq_service.options import hostname
 from nsq_wire.frames import MAGIC_V1
 from nsq_wire.names import is_ephemeral
@@ -34,8 +33,6 @@ if TYPE_CHECKING:
     from nsqd_tw.core.channel import Channel
     from nsqd_tw.core.nsqd import NSQD
     from nsqd_tw.core.topic import Topic
-
-log = Logger(namespace="nsqd_tw.lookup")
 
 _SIZE = struct.Struct(">i")
 PING_INTERVAL = 15.0
@@ -121,7 +118,9 @@ class LookupPeerProtocol(protocol.Protocol):
         return d
 
     def _timed_out(self) -> None:
-        log.error("LOOKUPD({addr}): no response in {t}s, reconnecting", addr=self.peer.address, t=COMMAND_TIMEOUT)
+        self.peer.log.error(
+            "LOOKUPD({addr}): no response in {t}s, reconnecting", addr=self.peer.address, t=COMMAND_TIMEOUT
+        )
         self.transport.abortConnection()
 
     def dataReceived(self, data: bytes) -> None:
@@ -129,7 +128,7 @@ class LookupPeerProtocol(protocol.Protocol):
         while len(self._buf) >= 4:
             (size,) = _SIZE.unpack_from(self._buf)
             if size < 0 or size > self.peer.max_body_size:
-                log.error(
+                self.peer.log.error(
                     "LOOKUPD({addr}): response body size ({size}) is greater than limit ({limit})",
                     addr=self.peer.address,
                     size=size,
@@ -174,6 +173,7 @@ class LookupPeer(service.Service):
 
     def __init__(self, lookup: LookupService, address: str) -> None:
         self.lookup = lookup
+        self.log = lookup.log
         self.nsqd = lookup.nsqd
         self.reactor = lookup.nsqd.reactor
         self.address = address
@@ -193,7 +193,7 @@ class LookupPeer(service.Service):
 
     def startService(self) -> None:
         service.Service.startService(self)
-        log.info("LOOKUP({addr}): adding peer", addr=self.address)
+        self.log.info("LOOKUP({addr}): adding peer", addr=self.address)
         self.client.startService()
 
     def stopService(self) -> Any:
@@ -209,7 +209,7 @@ class LookupPeer(service.Service):
         return f"{addr}:{self.info.get('http_port')}"
 
     def connected(self, proto: LookupPeerProtocol) -> None:
-        log.info("LOOKUP connected to {addr}", addr=self.address)
+        self.log.info("LOOKUP connected to {addr}", addr=self.address)
         self.proto = proto
         self._identify_and_register(proto)
 
@@ -227,11 +227,11 @@ class LookupPeer(service.Service):
         try:
             resp = yield proto.command(cmd)
         except Exception as e:
-            log.error("LOOKUPD({addr}): IDENTIFY - {err}", addr=self.address, err=e)
+            self.log.error("LOOKUPD({addr}): IDENTIFY - {err}", addr=self.address, err=e)
             return
         if resp.startswith(b"E_"):
             text = resp.decode("utf-8", "replace")
-            log.info("LOOKUPD({addr}): lookupd returned {resp}", addr=self.address, resp=text)
+            self.log.info("LOOKUPD({addr}): lookupd returned {resp}", addr=self.address, resp=text)
             proto.transport.loseConnection()
             return
         try:
@@ -239,13 +239,13 @@ class LookupPeer(service.Service):
             if not isinstance(info, dict):
                 raise ValueError("not an object")
         except ValueError:
-            log.error("LOOKUPD({addr}): parsing response - {resp}", addr=self.address, resp=resp)
+            self.log.error("LOOKUPD({addr}): parsing response - {resp}", addr=self.address, resp=resp)
             proto.transport.loseConnection()
             return
         self.info = info
-        log.info("LOOKUPD({addr}): peer info {info}", addr=self.address, info=go_peer_info(info))
+        self.log.info("LOOKUPD({addr}): peer info {info}", addr=self.address, info=go_peer_info(info))
         if not info.get("broadcast_address"):
-            log.error("LOOKUPD({addr}): no broadcast address", addr=self.address)
+            self.log.error("LOOKUPD({addr}): no broadcast address", addr=self.address)
         commands = []
         for topic in self.nsqd.topics.values():
             if not topic.channels:
@@ -253,11 +253,11 @@ class LookupPeer(service.Service):
             for channel in topic.channels.values():
                 commands.append(register_command(topic.name, channel.name))
         for cmd in commands:
-            log.info("LOOKUPD({addr}): {cmd}", addr=self.address, cmd=cmd.decode().strip())
+            self.log.info("LOOKUPD({addr}): {cmd}", addr=self.address, cmd=cmd.decode().strip())
             try:
                 yield proto.command(cmd)
             except Exception as e:
-                log.error("LOOKUPD({addr}): {cmd} - {err}", addr=self.address, cmd=cmd.decode().strip(), err=e)
+                self.log.error("LOOKUPD({addr}): {cmd} - {err}", addr=self.address, cmd=cmd.decode().strip(), err=e)
                 return
 
     def disconnected(self, proto: LookupPeerProtocol) -> None:
@@ -271,7 +271,7 @@ class LookupPeer(service.Service):
             return
         d = proto.command(cmd)
         d.addErrback(
-            lambda f: log.error(
+            lambda f: self.log.error(
                 "LOOKUPD({addr}): {cmd} - {err}", addr=self.address, cmd=cmd.decode().strip(), err=f.value
             )
         )
@@ -285,6 +285,7 @@ class LookupService(service.MultiService):
     def __init__(self, nsqd: NSQD) -> None:
         super().__init__()
         self.nsqd = nsqd
+        self.log = nsqd.log_gate.logger("nsqd_tw.lookup", self)
         self._ping = LoopingCall(self.ping)
         self._ping.clock = nsqd.reactor
         nsqd.observe_changes(self.changed)
@@ -306,14 +307,14 @@ class LookupService(service.MultiService):
             self._ping.stop()
         for query in list(self._queries):
             query.cancel()
-        log.info("LOOKUP: closing")
+        self.log.info("LOOKUP: closing")
         return super().stopService()
 
     def _sync_peers(self) -> None:
         wanted = list(self.nsqd.opts.lookupd_tcp_addresses)
         for peer in self.peers:
             if peer.address not in wanted:
-                log.info("LOOKUP({addr}): removing peer", addr=peer.address)
+                self.log.info("LOOKUP({addr}): removing peer", addr=peer.address)
                 peer.disownServiceParent()
         have = {p.address for p in self.peers}
         for address in wanted:
@@ -327,7 +328,7 @@ class LookupService(service.MultiService):
 
     def ping(self) -> None:
         for peer in self.peers:
-            log.debug("LOOKUPD({addr}): sending heartbeat", addr=peer.address)
+            self.log.debug("LOOKUPD({addr}): sending heartbeat", addr=peer.address)
             peer.command(b"PING\n")
 
     def changed(self, what: str, obj: Topic | Channel) -> None:
@@ -338,7 +339,7 @@ class LookupService(service.MultiService):
             branch = "channel"
             cmd = register_command(channel.topic_name, channel.name, unregister=what == "channel_deleted")
         for peer in self.peers:
-            log.info("LOOKUPD({addr}): {branch} {cmd}", addr=peer.address, branch=branch, cmd=cmd.decode().strip())
+            self.log.info("LOOKUPD({addr}): {branch} {cmd}", addr=peer.address, branch=branch, cmd=cmd.decode().strip())
             peer.command(cmd)
 
     def lookupd_http_addresses(self) -> list[str]:
@@ -349,7 +350,9 @@ class LookupService(service.MultiService):
         addresses = self.lookupd_http_addresses()
         if not addresses:
             if self.nsqd.opts.lookupd_tcp_addresses:
-                log.error("no available nsqlookupd to query for channels to pre-create for topic {topic}", topic=topic)
+                self.log.error(
+                    "no available nsqlookupd to query for channels to pre-create for topic {topic}", topic=topic
+                )
             return None
         d = self._query_channels(topic, addresses)
         self._queries.add(d)
@@ -376,7 +379,7 @@ class LookupService(service.MultiService):
         @defer.inlineCallbacks
         def one(address: str) -> Any:
             url = f"http://{address}/channels?topic={quote(topic, safe='')}"
-            log.info("CI: querying nsqlookupd {url}", url=url)
+            self.log.info("CI: querying nsqlookupd {url}", url=url)
             headers: Any = {b"Accept": b"application/vnd.nsq; version=1.0"}
             resp = yield client.get(url, headers=headers, timeout=opts.http_client_request_timeout)
             body = yield resp.content()
@@ -397,7 +400,7 @@ class LookupService(service.MultiService):
                 errors.append(value.getErrorMessage())
         if errors:
             prefix = "failed to query any nsqlookupd: " if len(errors) == len(addresses) else ""
-            log.warn(
+            self.log.warn(
                 "failed to query nsqlookupd for channels to pre-create for topic {topic} - {prefix}{err}",
                 topic=topic,
                 prefix=prefix,
