@@ -4,4 +4,6 @@ Public pieces: :func:`lookupd_tw.tap.makeService`, :class:`lookupd_tw.nsqlookupd
 :class:`lookupd_tw.registration_db.RegistrationDB`, :class:`lookupd_tw.options.NSQLookupdOptions`.
 """
 
-__version__ = "1.3.0"
+from nsq_wire.version import VERSION as __version__
+
+__all__ = ["__version__"]

@@ -17,9 +17,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         return fatal("[nsqlookupd] ", str(e))
     if opts is None:
-        from lookupd_tw.tap import version_string
+        from nsq_wire.version import version_string
 
-        print(version_string())
+        print(version_string("nsqlookupd"))
         return 0
     from lookupd_tw.tap import makeService
 

@@ -8,24 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
 from lookupd_tw.nsqlookupd import NSQLookupd
 from lookupd_tw.registration_db import GO_ZERO_TIME_NS, Registration, filter_by_active
-from nsq_service.log import LEVEL_NUMBERS, Logger, set_log_level
-from nsq_service.options import LOG_LEVELS, flag_fields
-from nsq_service.web import GoHTTPAPI, HTTPError, JSONValue, Router, add_debug_routes, query
+from nsq_service.pprof import add_debug_routes
+from nsq_service.web import GoHTTPAPI, HTTPError, Router, route
 from nsq_service.web import body as read_body
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
 from nsq_wire.version import VERSION
-
-log = Logger(namespace="lookupd_tw.http_api")
-
-router = Router()
-handler = router.handler
-ROUTES = router.routes
-add_debug_routes(router, "/debug/pprof")
 
 
 def _arg(params: dict[str, list[str]], name: str, missing: str) -> str:
@@ -46,39 +37,37 @@ def _topic_channel(params: dict[str, list[str]]) -> tuple[str, str]:
 
 
 class LookupdHTTPAPI(GoHTTPAPI):
-    app = router.app
-    router = router
-    log = log
+    log_namespace = "lookupd_tw.http_api"
 
     def __init__(self, lookupd: NSQLookupd) -> None:
         self.lookupd = lookupd
         self.db = lookupd.db
-        self.reactor = lookupd.reactor
-        self.profiling = False
+        super().__init__(lookupd.reactor, lookupd.log_gate)
 
-    def resource(self) -> Any:
-        return _GoURLs(self, super().resource())
+    def add_routes(self, router: Router) -> None:
+        add_debug_routes(router, "/debug/pprof")
+        super().add_routes(router)
 
-    @handler("/ping", "GET", style="plain")
+    @route("/ping", "GET", style="plain")
     def ping(self, request: Request) -> str:
         return "OK"
 
-    @handler("/info", "GET")
+    @route("/info", "GET")
     def info(self, request: Request) -> dict[str, Any]:
         return {"version": VERSION}
 
-    @handler("/topics", "GET")
+    @route("/topics", "GET")
     def topics(self, request: Request) -> dict[str, Any]:
         return {"topics": [r.key for r in self.db.find_registrations("topic", "*", "")]}
 
-    @handler("/channels", "GET")
+    @route("/channels", "GET")
     def channels(self, request: Request) -> dict[str, Any]:
-        topic = _arg(query(request), "topic", "MISSING_ARG_TOPIC")
+        topic = _arg(self.query(request), "topic", "MISSING_ARG_TOPIC")
         return {"channels": [r.subkey for r in self.db.find_registrations("channel", topic, "*")]}
 
-    @handler("/lookup", "GET")
+    @route("/lookup", "GET")
     def lookup(self, request: Request) -> dict[str, Any]:
-        topic = _arg(query(request), "topic", "MISSING_ARG_TOPIC")
+        topic = _arg(self.query(request), "topic", "MISSING_ARG_TOPIC")
         if not self.db.find_registrations("topic", topic, ""):
             raise HTTPError(404, "TOPIC_NOT_FOUND")
         channels = [r.subkey for r in self.db.find_registrations("channel", topic, "*")]
@@ -91,7 +80,7 @@ class LookupdHTTPAPI(GoHTTPAPI):
         )
         return {"channels": channels, "producers": [p.peer_info.to_json() for p in producers]}
 
-    @handler("/nodes", "GET")
+    @route("/nodes", "GET")
     def nodes(self, request: Request) -> dict[str, Any]:
         opts = self.lookupd.opts
         now = self.lookupd.now()
@@ -114,7 +103,7 @@ class LookupdHTTPAPI(GoHTTPAPI):
             nodes.append(node)
         return {"producers": nodes}
 
-    @handler("/debug", "GET")
+    @route("/debug", "GET")
     def debug(self, request: Request) -> dict[str, Any]:
         data: dict[str, list[dict[str, Any]]] = {}
         for r, producers in sorted(self.db.registrations.items()):
@@ -137,17 +126,17 @@ class LookupdHTTPAPI(GoHTTPAPI):
                 )
         return data
 
-    @handler("/topic/create", "POST")
+    @route("/topic/create", "POST")
     def topic_create(self, request: Request) -> None:
-        topic = _arg(query(request), "topic", "MISSING_ARG_TOPIC")
+        topic = _arg(self.query(request), "topic", "MISSING_ARG_TOPIC")
         if not is_valid_topic_name(topic):
             raise HTTPError(400, "INVALID_ARG_TOPIC")
         self.log.info("DB: adding topic({topic})", topic=topic)
         self.db.add_registration(Registration("topic", topic, ""))
 
-    @handler("/topic/delete", "POST")
+    @route("/topic/delete", "POST")
     def topic_delete(self, request: Request) -> None:
-        topic = _arg(query(request), "topic", "MISSING_ARG_TOPIC")
+        topic = _arg(self.query(request), "topic", "MISSING_ARG_TOPIC")
         for r in self.db.find_registrations("channel", topic, "*"):
             self.log.info("DB: removing channel({channel}) from topic({topic})", channel=r.subkey, topic=topic)
             self.db.remove_registration(r)
@@ -155,9 +144,9 @@ class LookupdHTTPAPI(GoHTTPAPI):
             self.log.info("DB: removing topic({topic})", topic=topic)
             self.db.remove_registration(r)
 
-    @handler("/topic/tombstone", "POST")
+    @route("/topic/tombstone", "POST")
     def topic_tombstone(self, request: Request) -> None:
-        params = query(request)
+        params = self.query(request)
         topic = _arg(params, "topic", "MISSING_ARG_TOPIC")
         node = _arg(params, "node", "MISSING_ARG_NODE")
         self.log.info("DB: setting tombstone for producer@{node} of topic({topic})", node=node, topic=topic)
@@ -165,17 +154,17 @@ class LookupdHTTPAPI(GoHTTPAPI):
             if f"{p.peer_info.broadcast_address}:{p.peer_info.http_port}" == node:
                 p.tombstone(self.lookupd.now())
 
-    @handler("/channel/create", "POST")
+    @route("/channel/create", "POST")
     def channel_create(self, request: Request) -> None:
-        topic, channel = _topic_channel(query(request))
+        topic, channel = _topic_channel(self.query(request))
         self.log.info("DB: adding channel({channel}) in topic({topic})", channel=channel, topic=topic)
         self.db.add_registration(Registration("channel", topic, channel))
         self.log.info("DB: adding topic({topic})", topic=topic)
         self.db.add_registration(Registration("topic", topic, ""))
 
-    @handler("/channel/delete", "POST")
+    @route("/channel/delete", "POST")
     def channel_delete(self, request: Request) -> None:
-        topic, channel = _topic_channel(query(request))
+        topic, channel = _topic_channel(self.query(request))
         registrations = self.db.find_registrations("channel", topic, channel)
         if not registrations:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
@@ -183,7 +172,7 @@ class LookupdHTTPAPI(GoHTTPAPI):
         for r in registrations:
             self.db.remove_registration(r)
 
-    @handler("/config/<opt>", "GET", "PUT", body=lambda api: 1 << 16)
+    @route("/config/<opt>", "GET", "PUT", body=lambda api: 1 << 16)
     def config(self, request: Request, opt: str) -> Any:
         """Beyond Go's nsqlookupd: options by --config key; PUT log_level."""
         opts = self.lookupd.opts
@@ -191,49 +180,8 @@ class LookupdHTTPAPI(GoHTTPAPI):
             data = read_body(request, 1 << 16)
             if not data:
                 raise HTTPError(413, "INVALID_VALUE")
-            if opt != "log_level":
-                raise HTTPError(400, "INVALID_OPTION")
-            level = data.decode("utf-8", "replace").lower()
-            if level not in LOG_LEVELS:
-                raise HTTPError(400, "INVALID_VALUE")
-            opts.log_level = level
-            set_log_level(level)
-        for f in flag_fields(type(opts)):
-            if f.metadata["cfg"] == opt:
-                value = getattr(opts, f.name)
-                kind = type(f.metadata["kind"]).__name__
-                if kind == "_Duration":
-                    value = round(value * 1e9)
-                elif kind == "_LogLevel":
-                    value = LEVEL_NUMBERS[value]
-                return JSONValue(value)
-        raise HTTPError(400, "INVALID_OPTION")
-
-
-class _GoURLs(Resource):
-    """Go's answers to what Klein cannot route: a Host header or a path that is
-    not UTF-8 (Klein answered 400 and logged a traceback)."""
-
-    isLeaf = True
-
-    def __init__(self, api: LookupdHTTPAPI, routed: Resource) -> None:
-        super().__init__()
-        self.api = api
-        self.routed = routed
-
-    def render(self, request: Request) -> Any:
-        try:
-            request.getRequestHostname().decode("utf-8")
-        except UnicodeDecodeError:
-            request.setResponseCode(400, b"Bad Request: malformed Host header")
-            request.setHeader(b"content-type", b"text/plain; charset=utf-8")
-            request.setHeader(b"connection", b"close")
-            return b"400 Bad Request: malformed Host header"
-        try:
-            b"/".join([*(request.prepath or ()), *(request.postpath or ())]).decode("utf-8")
-        except UnicodeDecodeError:
-            return self.api.not_found(request, ROUTES)
-        return self.routed.render(request)
+            self.set_option(opts, *self.parse_option(opts, opt, data))
+        return self.get_option(opts, opt)
 
 
 def make_site(lookupd: NSQLookupd) -> Site:

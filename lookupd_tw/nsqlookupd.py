@@ -10,8 +10,8 @@ from twisted.application import service
 
 from lookupd_tw.options import NSQLookupdOptions
 from lookupd_tw.registration_db import PeerInfo, Registration, RegistrationDB
-from nsq_service.log import Logger
-from nsq_wire.version import VERSION, python_version
+from nsq_service.log import LogGate
+from nsq_wire.version import version_string
 
 REMOVALS_PER_TURN = 200  # registrations of disconnected peers removed per reactor turn
 
@@ -28,7 +28,6 @@ class _Removal:
 
 class NSQLookupd(service.Service):
     name = "nsqlookupd"
-    log = Logger(namespace="lookupd_tw.nsqlookupd")
 
     def __init__(self, opts: NSQLookupdOptions, reactor: Any = None) -> None:
         if reactor is None:
@@ -36,6 +35,9 @@ class NSQLookupd(service.Service):
 
             reactor = _reactor
         self.opts = opts
+        # this server's --log-level: what it creates logs through loggers of this gate
+        self.log_gate = LogGate(opts.log_level)
+        self.log = self.log_gate.logger("lookupd_tw.nsqlookupd", self)
         self.reactor = reactor
         self.db = RegistrationDB()
         self.tcp_address: tuple[str, int] | None = None
@@ -47,7 +49,7 @@ class NSQLookupd(service.Service):
         return float(self.reactor.seconds())
 
     def privilegedStartService(self) -> None:
-        self.log.info("nsqlookupd v{version} (built w/{python})", version=VERSION, python=python_version())
+        self.log.info("{version}", version=version_string("nsqlookupd"))
         service.Service.privilegedStartService(self)
 
     def stopService(self) -> None:

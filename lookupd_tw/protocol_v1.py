@@ -21,7 +21,6 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from lookupd_tw.registration_db import PeerInfo, Producer, Registration
-from nsq_service.log import Logger
 from nsq_service.options import hostname
 from nsq_wire.errors import FatalClientError
 from nsq_wire.gofmt import join_host_port
@@ -119,11 +118,11 @@ class LookupProtocolV1(protocol.Protocol):
     are sent, so a peer that never reads costs a bounded amount of memory.
     """
 
-    log = Logger(namespace="lookupd_tw.protocol_v1")
     transport: Any
 
     def __init__(self, lookupd: NSQLookupd) -> None:
         self.lookupd = lookupd
+        self.log = lookupd.log_gate.logger("lookupd_tw.protocol_v1", self)
         self.peer_info: PeerInfo | None = None
         self.remote_address = ""
         self._magic = b""

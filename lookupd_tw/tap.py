@@ -9,9 +9,8 @@ from lookupd_tw.nsqlookupd import NSQLookupd
 from lookupd_tw.options import DEPRECATED_FLAGS, NSQLookupdOptions
 from nsq_service.limits import raise_fd_limit
 from nsq_service.listen import ListeningService, ServerService
-from nsq_service.log import set_log_level
 from nsq_service.options import usage_options
-from nsq_wire.version import VERSION, python_version
+from nsq_wire.version import version_string
 
 _BaseOptions = usage_options(
     NSQLookupdOptions,
@@ -21,16 +20,12 @@ _BaseOptions = usage_options(
 )
 
 
-def version_string() -> str:
-    return f"nsqlookupd v{VERSION} (built w/{python_version()})"
-
-
 class Options(_BaseOptions):  # type: ignore[misc,valid-type]
     """``twistd nsqlookupd`` options: the same table as the ``nsqlookupd`` command."""
 
     def opt_version(self) -> None:
         """print version string"""
-        print(version_string())
+        print(version_string("nsqlookupd"))
         sys.exit(0)
 
 
@@ -41,14 +36,13 @@ def makeService(config: Any, reactor: Any = None) -> ServerService:
 
         reactor = _reactor
     opts.validate()
-    set_log_level(opts.log_level)
-    raise_fd_limit()
 
     from lookupd_tw.http_api import make_site
     from lookupd_tw.protocol_v1 import LookupFactory
 
     top = ServerService("failed to instantiate nsqlookupd", opts.log_prefix)
     lookupd = NSQLookupd(opts, reactor)
+    raise_fd_limit(lookupd.log_gate.logger("nsq_service.limits"))
     lookupd.setServiceParent(top)
 
     def tcp_bound(host: Any) -> None:
@@ -58,9 +52,10 @@ def makeService(config: Any, reactor: Any = None) -> ServerService:
         lookupd.http_address = (getattr(host, "host", ""), getattr(host, "port", 0))
 
     # Go's nsqlookupd listens on TCP only: a path is an error, not a unix socket
-    tcp = ListeningService("TCP", reactor, opts.tcp_address, LookupFactory(lookupd), tcp_bound, unix=False)
+    log = lookupd.log_gate.logger("nsq_service.listen")
+    tcp = ListeningService("TCP", reactor, opts.tcp_address, LookupFactory(lookupd), tcp_bound, unix=False, log=log)
     tcp.setServiceParent(top)
-    http = ListeningService("HTTP", reactor, opts.http_address, make_site(lookupd), http_bound, unix=False)
+    http = ListeningService("HTTP", reactor, opts.http_address, make_site(lookupd), http_bound, unix=False, log=log)
     http.setServiceParent(top)
     top.lookupd = lookupd  # type: ignore[attr-defined]
     return top

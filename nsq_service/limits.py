@@ -26,13 +26,11 @@ from zope.interface import implementer
 
 from nsq_service.log import Logger
 
-log = Logger(namespace="nsq_service.limits")
-
 # accept() failures that mean the process or the system is out of a resource
 _EXHAUSTION = {"EMFILE", "ENFILE", "ENOBUFS", "ENOMEM"}
 
 
-def raise_fd_limit() -> tuple[int, int] | None:
+def raise_fd_limit(log: Logger) -> tuple[int, int] | None:
     """Raise the soft RLIMIT_NOFILE to the hard limit; return (old, new) if changed.
 
     An infinite hard limit is left alone (the kernel refuses it as a soft limit on
@@ -161,7 +159,7 @@ class _AcceptObserver:
         return text
 
 
-def watch_accept_errors(port: Any, label: str, interval: float = 10.0) -> RateLimitedLog | None:
+def watch_accept_errors(port: Any, label: str, log: Logger, interval: float = 10.0) -> RateLimitedLog | None:
     """Log ``port``'s accept() failures as ``LABEL: accept() failed - ...``.
 
     Twisted's listening ports (TCP, TLS and UNIX alike) send these events to their

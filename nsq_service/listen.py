@@ -17,8 +17,6 @@ from nsq_service.log import Logger
 from nsq_service.options import exit_fatal, missing_port, split_address, start_error_text
 from nsq_wire.gofmt import go_errno, join_host_port
 
-log = Logger(namespace="nsq_service.listen")
-
 
 @dataclass
 class Bound:
@@ -67,10 +65,13 @@ class ListeningService(service.Service):
         bound: Callable[[Any], None] | None = None,
         tls: Any = None,
         unix: bool | None = None,
+        *,
+        log: Logger,
     ) -> None:
         """``unix``: whether an address without a port is a unix socket path (nsqd's TCP
         and HTTP listeners) or an error as for Go's ``net.Listen("tcp", ...)``; by
-        default, a path is refused for TLS."""
+        default, a path is refused for TLS. ``log``: the server's."""
+        self.log = log
         self.label = label
         self.tls = tls
         self.unix = tls is None if unix is None else unix
@@ -91,12 +92,12 @@ class ListeningService(service.Service):
         if isinstance(result[0], Failure):
             raise ListenError(f"listen ({self.address}) failed - {self._listen_error(result[0])}")
         self.port = result[0]
-        watch_accept_errors(self.port, self.label)
+        watch_accept_errors(self.port, self.label, self.log)
         host: Any = self.port.getHost()
         self.shown = address_text(host)
         if self.bound is not None:
             self.bound(host)
-        log.info("{label}: listening on {addr}", label=self.label, addr=self.shown)
+        self.log.info("{label}: listening on {addr}", label=self.label, addr=self.shown)
         service.Service.privilegedStartService(self)
 
     def startService(self) -> None:
@@ -108,7 +109,7 @@ class ListeningService(service.Service):
         service.Service.stopService(self)
         if self.port is not None:
             port, self.port = self.port, None
-            log.info("{label}: closing {addr}", label=self.label, addr=self.shown)
+            self.log.info("{label}: closing {addr}", label=self.label, addr=self.shown)
             return port.stopListening()
         return None
 

@@ -58,15 +58,6 @@ class GoLogObserver:
             pass
 
 
-# The --log-level threshold for our own loggers, so that debug events are not
-# even formatted unless asked for, under twistd and the console command alike.
-_threshold = [LEVEL_NUMBERS["info"]]
-
-
-def set_log_level(level: str) -> None:
-    _threshold[0] = LEVEL_NUMBERS[level]
-
-
 class Throttle:
     """At most ``limit`` lines of one kind a second, the kind being the logger's
     namespace and the line's format (its text before the values go in).
@@ -104,23 +95,46 @@ class Throttle:
         return False, -1 if state[2] == 1 else 0
 
 
-_throttle = Throttle()
+class LogGate:
+    """One server's ``--log-level`` and line rate limit, shared by its loggers.
+
+    A server (NSQD, NSQLookupd) makes one from its options and hands loggers made
+    by :meth:`logger` to what it creates, so that two servers in one process keep
+    their own levels; ``PUT /config/log_level`` changes it with :meth:`set_level`.
+    Events below the level are dropped before they are built or formatted.
+    """
+
+    def __init__(self, level: str = "info", throttle: Throttle | None = None) -> None:
+        self.threshold = LEVEL_NUMBERS[level]
+        self.throttle = throttle if throttle is not None else Throttle()
+
+    def set_level(self, level: str) -> None:
+        self.threshold = LEVEL_NUMBERS[level]
+
+    def logger(self, namespace: str, source: object | None = None) -> Logger:
+        return Logger(namespace, source, self)
 
 
 class Logger(_TwistedLogger):
-    """A twisted Logger that drops events below the configured --log-level, and
-    lines of one kind past :class:`Throttle`'s rate."""
+    """A twisted Logger that drops events below its gate's level, and lines of
+    one kind past the gate's :class:`Throttle`; made by :meth:`LogGate.logger`."""
+
+    def __init__(self, namespace: str, source: object | None, gate: LogGate) -> None:
+        super().__init__(namespace, source)
+        self.gate = gate
 
     def emit(self, level: LogLevel, format: str | None = None, **kwargs: object) -> None:
-        if GO_LEVELS.get(level, (2,))[0] < _threshold[0]:
+        gate = self.gate
+        if GO_LEVELS.get(level, (2,))[0] < gate.threshold:
             return
-        ok, dropped = _throttle.admit((self.namespace, format or ""))
+        throttle = gate.throttle
+        ok, dropped = throttle.admit((self.namespace, format or ""))
         if not ok:
             if dropped == -1:
                 super().emit(
                     level,
                     "more than {limit} lines a second like {kind!r}: dropping them for now",
-                    limit=_throttle.limit,
+                    limit=throttle.limit,
                     kind=format,
                 )
             return

@@ -14,12 +14,13 @@ from dataclasses import field
 from typing import Any, NoReturn, TypeVar
 
 from twisted.application.service import ServiceMaker
+from twisted.logger import Logger
 from twisted.python import usage
 
-from nsq_service.log import Logger, go_log_line
-from nsq_wire.gofmt import DurationError, format_duration, parse_duration
+from nsq_service.log import LEVEL_NUMBERS, go_log_line
+from nsq_wire.gofmt import DurationError, go_duration, parse_duration
 
-_log = Logger(namespace="nsqd_tw.options")
+_log = Logger(namespace="nsqd_tw.options")  # the config file is read before any server exists
 
 
 class ConfigError(Exception):
@@ -103,7 +104,8 @@ def _parse_float(text: str) -> float:
 
 
 class Kind:
-    """How one option's value is read from a flag and from the config file."""
+    """How one option's value is read from a flag and from the config file, shown
+    in the help, and answered and set over HTTP (``/config/<opt>``)."""
 
     is_bool = False
     is_list = False
@@ -122,6 +124,14 @@ class Kind:
     def finalize(self, value: Any) -> Any:
         """Applied to a value given on the command line."""
         return value
+
+    def to_http(self, value: Any) -> Any:
+        """The value as ``GET /config/<opt>`` answers it: Go's JSON of the option's type."""
+        return value
+
+    def from_http(self, body: bytes) -> Any:
+        """The value a ``PUT /config/<opt>`` body sets; ConfigError if it is not one."""
+        raise ConfigError("not settable over HTTP")
 
 
 class _String(Kind):
@@ -183,7 +193,10 @@ class _Duration(Kind):
         return super().from_cfg(value)
 
     def show(self, value: Any) -> str:
-        return format_duration(value)
+        return go_duration(self.to_http(value))
+
+    def to_http(self, value: Any) -> int:
+        return round(value * 1_000_000_000)  # a time.Duration: nanoseconds
 
 
 class _StringList(Kind):
@@ -201,6 +214,16 @@ class _StringList(Kind):
 
     def show(self, value: Any) -> str:
         return ",".join(value)
+
+    def from_http(self, body: bytes) -> list[str]:
+        """A JSON array of strings (``null``: none)."""
+        try:
+            value = json.loads(body)
+        except ValueError:
+            raise ConfigError("not JSON") from None
+        if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
+            raise ConfigError("not a list of strings")
+        return list(value or [])
 
 
 class _FloatList(Kind):
@@ -240,6 +263,12 @@ class _LogLevel(Kind):
             return self.from_flag(str(value))
         except ConfigError:
             raise ConfigError(f"failed parsing log_level {value}") from None
+
+    def to_http(self, value: Any) -> int:
+        return LEVEL_NUMBERS[value]
+
+    def from_http(self, body: bytes) -> str:
+        return self.from_flag(body.decode("utf-8", "replace"))
 
 
 STRING = _String()
@@ -299,6 +328,14 @@ def option_fields(cls: type) -> list[dataclasses.Field[Any]]:
 
 def flag_fields(cls: type) -> list[dataclasses.Field[Any]]:
     return [f for f in dataclasses.fields(cls) if f.metadata.get("flag")]
+
+
+def field_by_cfg_name(cls: type, name: str) -> dataclasses.Field[Any] | None:
+    """The option whose ``--config`` key is ``name`` (Go's getOptByCfgName)."""
+    for f in flag_fields(cls):
+        if f.metadata["cfg"] == name:
+            return f
+    return None
 
 
 class _GoArgumentParser(argparse.ArgumentParser):

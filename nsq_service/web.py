@@ -1,12 +1,14 @@
 """HTTP plumbing shared by nsqd's and nsqlookupd's APIs: Go's responses on Klein.
 
-- :class:`Router` registers routes with httprouter's semantics: ``405
+- :func:`route` marks an API method as a route; :class:`Router`, built per API
+  instance, serves them with httprouter's semantics: ``405
   METHOD_NOT_ALLOWED`` with ``Allow`` for a known path, ``OPTIONS`` answered
   with ``Allow``, ``404 NOT_FOUND``, a redirect for a trailing slash or the
-  wrong case.
+  wrong case, and Go's answers to a path or Host header that is not UTF-8.
 - :class:`GoHTTPAPI` renders Go's ``V1`` and ``PlainText`` responses:
   ``200`` with text, nothing or JSON; errors as ``{"message":"CODE"}``; every
-  V1 response with ``X-NSQ-Content-Type: nsq; version=1.0``.
+  V1 response with ``X-NSQ-Content-Type: nsq; version=1.0``; ``/config`` by
+  the options' kinds.
 - :func:`parse_query` is Go's ``url.ParseQuery``.
 - :class:`HTTPChannel` answers ``400`` at once to bytes that cannot start an
   HTTP request, and malformed requests with Go's ``400 Bad Request`` text; it
@@ -21,7 +23,7 @@ from __future__ import annotations
 import io
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote_to_bytes
 
 from klein import Klein
@@ -35,11 +37,11 @@ from werkzeug.exceptions import HTTPException, NotFound
 from werkzeug.routing import RoutingException
 
 from nsq_service.limits import RateLimitedLog
-from nsq_service.log import Logger
+from nsq_service.log import LogGate, Logger
+from nsq_service.memstats import GCPauses, mem_stats
+from nsq_service.options import ConfigError, field_by_cfg_name
 from nsq_wire import gojson
 from nsq_wire.gofmt import join_host_port
-
-log = Logger(namespace="nsq_service.web")
 
 BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
 NSQ_CONTENT_TYPE = b"nsq; version=1.0"
@@ -117,16 +119,6 @@ def _unescape(s: bytes) -> str:
     return unquote_to_bytes(s.replace(b"+", b" ")).decode("utf-8", "replace")
 
 
-def query(request: Request) -> dict[str, list[str]]:
-    """The request's query parameters, or ``400 INVALID_REQUEST``."""
-    raw = request.uri.partition(b"?")[2]
-    try:
-        return parse_query(raw)
-    except QueryError as e:
-        log.error("failed to parse request params - {err}", err=e)
-        raise HTTPError(400, "INVALID_REQUEST") from None
-
-
 def go_parse_int(s: str) -> int:
     """strconv.ParseInt(s, 10, 64)."""
     digits = s[1:] if s[:1] in "+-" else s
@@ -157,57 +149,93 @@ def _raise(code: int, text: str) -> None:
     raise HTTPError(code, text)
 
 
-class Router:
-    """A Klein app plus the table of paths and methods it serves."""
+class Route(NamedTuple):
+    """A route of an API: see :func:`route`."""
 
-    def __init__(self) -> None:
+    path: str
+    methods: tuple[str, ...]
+    style: str = "v1"
+    access_log: bool = True
+    body: Callable[[Any], int] | None = None
+
+
+def route(
+    path: str,
+    *methods: str,
+    style: str = "v1",
+    access_log: bool = True,
+    body: Callable[[Any], int] | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Mark an API method as the handler of ``path`` for ``methods``; each API
+    instance serves its marked methods with a :class:`Router` of its own.
+
+    ``style``: ``v1`` (Go's V1 decorator), ``plain`` (PlainText) or ``raw``
+    (the handler answers). ``body(api)``: the largest body the route accepts;
+    the channel keeps one byte more, so that the handler sees a body is too big,
+    and refuses a longer Content-Length at once. Without it, the route reads no
+    body.
+    """
+
+    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
+        fn.route = Route(path, methods, style, access_log, body)  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+class Router:
+    """One API instance's Klein app and the table of paths and methods it serves."""
+
+    def __init__(self, api: GoHTTPAPI) -> None:
+        self.api = api
         self.app = Klein()
         self.routes: dict[str, tuple[str, ...]] = {}
         self.bodies: dict[str, Callable[[Any], int]] = {}
 
         @self.app.handle_errors(NotFound)  # type: ignore[arg-type]
-        def not_found(api: GoHTTPAPI, request: Request, failure: Any) -> bytes:
-            return api.not_found(request, self.routes)
+        def not_found(request: Request, failure: Any) -> bytes:
+            return api.not_found(request)
 
-    def handler(
-        self,
-        path: str,
-        *methods: str,
-        style: str = "v1",
-        access_log: bool = True,
-        body: Callable[[Any], int] | None = None,
-    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Register ``path`` for ``methods``. ``style``: ``v1`` (Go's V1
-        decorator), ``plain`` (PlainText) or ``raw`` (the handler answers).
-        ``body(api)``: the largest body the route accepts; the channel keeps one
-        byte more, so that the handler sees a body is too big, and refuses a
-        longer Content-Length at once. Without it, the route reads no body."""
+    def handler(self, path: str, *methods: str, **kw: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Register ``fn(api, request, **args)`` as :func:`route` describes."""
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-            self.routes[path] = tuple(methods)
-            if body is not None:
-                self.bodies[fn.__name__] = body
-
-            def route(api: GoHTTPAPI, request: Request, **kw: Any) -> Any:
-                early = api.refuse(request)
-                if early is not None:
-                    return early
-                method = request.method.decode("ascii", "replace")
-                if method not in methods:
-                    allow = ", ".join(sorted(methods)) + ", OPTIONS"
-                    request.responseHeaders.setRawHeaders(b"allow", [allow.encode()])
-                    if method == "OPTIONS":
-                        return api.finish(request, 200, b"", nsq=False)
-                    return api.respond(request, "v1", access_log, lambda: _raise(405, "METHOD_NOT_ALLOWED"))
-                return api.respond(request, style, access_log, lambda: fn(api, request, **kw))
-
-            route.__name__ = fn.__name__
-            self.app.route(path, methods=None, endpoint=fn.__name__)(route)
+            self.add(fn, Route(path, methods, **kw))
             return fn
 
         return register
 
-    def body_limit(self, api: Any, target: bytes) -> int | None:
+    def add_marked(self, cls: type) -> None:
+        """Register the methods of ``cls`` (and its bases) marked with :func:`route`."""
+        for klass in reversed(cls.__mro__):
+            for fn in vars(klass).values():
+                spec = getattr(fn, "route", None)
+                if isinstance(spec, Route):
+                    self.add(fn, spec)
+
+    def add(self, fn: Callable[..., Any], spec: Route) -> None:
+        api = self.api
+        self.routes[spec.path] = spec.methods
+        if spec.body is not None:
+            self.bodies[fn.__name__] = spec.body
+
+        def serve(request: Request, **kw: Any) -> Any:
+            early = api.refuse(request)
+            if early is not None:
+                return early
+            method = request.method.decode("ascii", "replace")
+            if method not in spec.methods:
+                allow = ", ".join(sorted(spec.methods)) + ", OPTIONS"
+                request.responseHeaders.setRawHeaders(b"allow", [allow.encode()])
+                if method == "OPTIONS":
+                    return api.finish(request, 200, b"", nsq=False)
+                return api.respond(request, "v1", spec.access_log, lambda: _raise(405, "METHOD_NOT_ALLOWED"))
+            return api.respond(request, spec.style, spec.access_log, lambda: fn(api, request, **kw))
+
+        serve.__name__ = fn.__name__
+        self.app.route(spec.path, methods=None, endpoint=fn.__name__)(serve)
+
+    def body_limit(self, target: bytes) -> int | None:
         """The largest body the route of ``target`` accepts, None if it reads none.
 
         The path is decoded and matched as Klein will route it.
@@ -221,47 +249,108 @@ class Router:
         except (UnicodeDecodeError, HTTPException, RoutingException):
             return None
         limit = self.bodies.get(endpoint)
-        return None if limit is None else limit(api)
+        return None if limit is None else limit(self.api)
 
 
 class _APIResource(resource.Resource):
-    """The Klein app, behind a check that its path decodes as UTF-8: Go routes
-    raw bytes (and answers 404), where Klein would answer a bare 400."""
+    """The Klein app, behind Go's answers to what Klein cannot route: a Host
+    header or a path that is not UTF-8 (Klein answers a bare 400 and logs a
+    traceback; Go answers 400 to the Host, and routes raw bytes: 404)."""
 
     isLeaf = True
 
     def __init__(self, api: GoHTTPAPI) -> None:
         super().__init__()
         self.api = api
-        self.klein = api.app.resource()
+        self.klein = api.router.app.resource()
 
     def render(self, request: Any) -> Any:
         try:
-            b"/".join(request.postpath or []).decode("utf-8")
+            request.getRequestHostname().decode("utf-8")
         except UnicodeDecodeError:
-            return self.api.not_found(request, self.api.router.routes)
+            request.setResponseCode(400, b"Bad Request: malformed Host header")
+            request.setHeader(b"content-type", b"text/plain; charset=utf-8")
+            request.setHeader(b"connection", b"close")
+            return b"400 Bad Request: malformed Host header"
+        try:
+            b"/".join([*(request.prepath or ()), *(request.postpath or ())]).decode("utf-8")
+        except UnicodeDecodeError:
+            return self.api.not_found(request)
         return self.klein.render(request)
 
 
 class GoHTTPAPI:
-    """Base of the API classes: Go's response rendering."""
+    """Base of the API classes: Go's response rendering, the routes marked with
+    :func:`route` (a :class:`Router` per instance), ``/config``.
 
-    app: Klein
-    router: Router
-    log = log
-    reactor: Any
+    ``log_gate``: the server's (its ``--log-level``); ``gc_pauses``: the GC
+    pauses the memory stats report, if the server times them.
+    """
+
+    log_namespace = "nsq_service.web"
+    # /config options a PUT may change (by --config key)
+    settable_options: tuple[str, ...] = ("log_level",)
+
+    def __init__(self, reactor: Any, log_gate: LogGate, gc_pauses: GCPauses | None = None) -> None:
+        self.reactor = reactor
+        self.log_gate = log_gate
+        self.gc_pauses = gc_pauses
+        self.profiling = False  # /debug/pprof/profile is running
+        self.log = log_gate.logger(self.log_namespace, self)
+        self.router = Router(self)
+        self.add_routes(self.router)
+
+    def add_routes(self, router: Router) -> None:
+        router.add_marked(type(self))
 
     def resource(self) -> Any:
         return _APIResource(self)
 
     def body_limit(self, method: bytes, target: bytes) -> int | None:
         """The largest body the route of ``method target`` accepts (None: no body)."""
-        return self.router.body_limit(self, target)
+        return self.router.body_limit(target)
 
     def site(self) -> QuietSite:
         """The Site serving this API: Go's answers to bad requests, bounded
         bodies, header/body deadlines (on the API's reactor)."""
-        return QuietSite(self.resource(), body_limit=self.body_limit, reactor=self.reactor)
+        logger = self.log_gate.logger("nsq_service.web")
+        return QuietSite(self.resource(), logger, body_limit=self.body_limit, reactor=self.reactor)
+
+    def query(self, request: Request) -> dict[str, list[str]]:
+        """The request's query parameters, or ``400 INVALID_REQUEST``."""
+        raw = request.uri.partition(b"?")[2]
+        try:
+            return parse_query(raw)
+        except QueryError as e:
+            self.log.error("failed to parse request params - {err}", err=e)
+            raise HTTPError(400, "INVALID_REQUEST") from None
+
+    def mem_stats(self) -> dict[str, int]:
+        return mem_stats(self.gc_pauses)
+
+    # -- /config/<opt> ---------------------------------------------------------------
+
+    def get_option(self, opts: Any, name: str) -> JSONValue:
+        """The option whose ``--config`` key is ``name``, as Go's JSON of it."""
+        f = field_by_cfg_name(type(opts), name)
+        if f is None:
+            raise HTTPError(400, "INVALID_OPTION")
+        return JSONValue(f.metadata["kind"].to_http(getattr(opts, f.name)))
+
+    def parse_option(self, opts: Any, name: str, body: bytes) -> tuple[str, Any]:
+        """The field and value a PUT of ``body`` to option ``name`` sets (by its kind)."""
+        f = field_by_cfg_name(type(opts), name)
+        if f is None or name not in self.settable_options:
+            raise HTTPError(400, "INVALID_OPTION")
+        try:
+            return f.name, f.metadata["kind"].from_http(body)
+        except ConfigError:
+            raise HTTPError(400, "INVALID_VALUE") from None
+
+    def set_option(self, opts: Any, field: str, value: Any) -> None:
+        setattr(opts, field, value)
+        if field == "log_level":
+            self.log_gate.set_level(value)
 
     def refuse(self, request: Request) -> bytes | None:
         """A response for every request, before routing (nsqd: TLS required)."""
@@ -338,12 +427,12 @@ class GoHTTPAPI:
         d.addCallback(logged)
         return d
 
-    def not_found(self, request: Request, routes: dict[str, tuple[str, ...]]) -> bytes:
+    def not_found(self, request: Request) -> bytes:
         early = self.refuse(request)
         if early is not None:
             return early
         path = request.path.decode("utf-8", "replace")
-        target = fixed_path(path, routes)
+        target = fixed_path(path, self.router.routes)
         if target is not None:
             qs = request.uri.partition(b"?")[2]
             location = target + ("?" + qs.decode() if qs else "")
@@ -465,7 +554,7 @@ class HTTPChannel(http.HTTPChannel):
                     try:
                         raw.decode("utf-8")
                     except UnicodeDecodeError:
-                        log.info(
+                        self.site.logger.info(
                             "HTTP: non-UTF-8 bytes in the request target from {addr}: {target}",
                             addr=self._peer(),
                             target=parts[1].decode("ascii"),
@@ -481,7 +570,7 @@ class HTTPChannel(http.HTTPChannel):
                 return False
             data = value
         elif header == b"Transfer-Encoding" and data.lower() != b"chunked":
-            log.info(
+            self.site.logger.info(
                 "HTTP: 501 Not Implemented to {addr} - unsupported Transfer-Encoding {te!r}",
                 addr=self._peer(),
                 te=data.decode("latin-1"),
@@ -565,7 +654,7 @@ class HTTPChannel(http.HTTPChannel):
         return join_host_port(host, getattr(peer, "port", "")) if host else str(peer)
 
     def _bad_request(self, reason: str) -> None:
-        log.info("HTTP: 400 Bad Request to {addr} - {reason}", addr=self._peer(), reason=reason)
+        self.site.logger.info("HTTP: 400 Bad Request to {addr} - {reason}", addr=self._peer(), reason=reason)
         self._refuse(go_error_response(b"400 Bad Request"), linger=False)
 
     def _refuse(self, answer: bytes, linger: bool) -> None:
@@ -618,7 +707,8 @@ class QuietSite(Site):
     """A Site with our channel and requests and no access log line per request.
 
     ``body_limit(method, target)``: the largest body that request's route accepts
-    (None: it reads none). The deadlines are attributes, in seconds.
+    (None: it reads none). ``logger``: the server's, for the channel's lines. The
+    deadlines are attributes, in seconds.
     """
 
     noisy = False
@@ -630,7 +720,11 @@ class QuietSite(Site):
     linger: float = LINGER
 
     def __init__(
-        self, resource: Any, body_limit: Callable[[bytes, bytes], int | None] | None = None, reactor: Any = None
+        self,
+        resource: Any,
+        logger: Logger,
+        body_limit: Callable[[bytes, bytes], int | None] | None = None,
+        reactor: Any = None,
     ) -> None:
         super().__init__(
             resource,
@@ -640,7 +734,8 @@ class QuietSite(Site):
             reactor=reactor,
         )
         self.body_limit = body_limit or (lambda method, target: None)
-        self._timeouts = RateLimitedLog(self.reactor, log, interval=10.0)
+        self.logger = logger
+        self._timeouts = RateLimitedLog(self.reactor, self.logger, interval=10.0)
 
     def note_timeout(self, kind: str, text: Callable[[dict[str, int]], str]) -> None:
         self._timeouts.emit(kind, LogLevel.info, text, n=1)
@@ -651,162 +746,3 @@ class QuietSite(Site):
 
     def log(self, request: Any) -> None:
         pass
-
-
-# -- /debug: Python's equivalents of Go's pprof endpoints ------------------------------
-
-
-def profile_seconds(raw: str) -> float:
-    """Go's pprof.Profile: ``seconds`` is a base-10 int64, 30 when it is not one or is
-    not positive; the duration is ``seconds * time.Second`` in int64 nanoseconds (it
-    wraps, and a duration <= 0 ends at once)."""
-    try:
-        sec = go_parse_int(raw)
-    except ValueError:
-        sec = 30
-    if sec <= 0:
-        sec = 30
-    ns = (sec * 1_000_000_000 + (1 << 63)) % (1 << 64) - (1 << 63)
-    return max(ns, 0) / 1e9
-
-
-def add_debug_routes(router: Router, index: str, nsqd_extras: bool = False) -> None:
-    """Register the /debug/pprof routes (and nsqd's setblockrate and freememory).
-
-    The API object needs ``reactor`` and a ``profiling`` flag.
-    """
-    import cProfile
-    import gc
-    import marshal
-    import pstats
-    import sys
-    import threading
-    import traceback
-
-    html = b"text/html; charset=utf-8"
-
-    @router.handler(index, "GET", style="raw")
-    def pprof_index(api: GoHTTPAPI, request: Request) -> bytes:
-        names = ["cmdline", "goroutine", "heap", "profile", "symbol", "threadcreate"]
-        links = "".join(f'<a href="/debug/pprof/{n}?debug=1">{n}</a><br>\n' for n in names)
-        head = "<html><head><title>/debug/pprof/</title></head><body>\n/debug/pprof/<br>\n<br>\n"
-        return api.finish(request, 200, f"{head}{links}</body></html>\n".encode(), html, nsq=False)
-
-    @router.handler("/debug/pprof/cmdline", "GET", style="raw")
-    def pprof_cmdline(api: GoHTTPAPI, request: Request) -> bytes:
-        return api.finish(request, 200, "\x00".join(sys.argv).encode(), TEXT_TYPE, nsq=False)
-
-    @router.handler("/debug/pprof/symbol", "GET", "POST", style="raw")
-    def pprof_symbol(api: GoHTTPAPI, request: Request) -> bytes:
-        return api.finish(request, 200, b"num_symbols: 0\n", TEXT_TYPE, nsq=False)
-
-    @router.handler("/debug/pprof/goroutine", "GET", style="raw")
-    def pprof_goroutine(api: GoHTTPAPI, request: Request) -> bytes:
-        """The stack of every thread (the reactor's included)."""
-        names = {t.ident: t.name for t in threading.enumerate()}
-        out = io.StringIO()
-        frames = sys._current_frames()
-        out.write(f"threads: {len(frames)}\n\n")
-        for ident, frame in frames.items():
-            out.write(f"thread {ident} [{names.get(ident, '?')}]:\n")
-            out.write("".join(traceback.format_stack(frame)))
-            out.write("\n")
-        return api.finish(request, 200, out.getvalue().encode(), TEXT_TYPE, nsq=False)
-
-    @router.handler("/debug/pprof/threadcreate", "GET", style="raw")
-    def pprof_threadcreate(api: GoHTTPAPI, request: Request) -> bytes:
-        threads = threading.enumerate()
-        text = f"threadcreate profile: total {len(threads)}\n" + "".join(
-            f"{t.ident} {t.name} daemon={t.daemon}\n" for t in threads
-        )
-        return api.finish(request, 200, text.encode(), TEXT_TYPE, nsq=False)
-
-    @router.handler("/debug/pprof/heap", "GET", style="raw")
-    def pprof_heap(api: GoHTTPAPI, request: Request) -> bytes:
-        """Live objects by type (the most numerous first) and allocator totals."""
-        from nsqd_tw.http.stats import mem_stats
-
-        counts: dict[str, int] = {}
-        for obj in gc.get_objects():
-            name = type(obj).__qualname__
-            counts[name] = counts.get(name, 0) + 1
-        top = sorted(counts.items(), key=lambda kv: -kv[1])[:50]
-        out = io.StringIO()
-        out.write(f"heap profile: {sum(counts.values())} gc-tracked objects\n")
-        for k, v in mem_stats().items():
-            out.write(f"# {k} = {v}\n")
-        out.write("\n")
-        for name, n in top:
-            out.write(f"{n:>10} {name}\n")
-        return api.finish(request, 200, out.getvalue().encode(), TEXT_TYPE, nsq=False)
-
-    @router.handler("/debug/pprof/profile", "GET", style="raw")
-    def pprof_profile(api: Any, request: Request) -> Any:
-        """cProfile the reactor thread for ?seconds=N (default 30); pstats text,
-        or the binary pstats file with ?format=pstats (for snakeviz, pstats).
-
-        ``seconds`` is read as Go's handler reads it; the profiler is turned off
-        when the time is up, when the client goes away, or if answering fails.
-        """
-        params = query(request)
-        request.responseHeaders.setRawHeaders(b"x-content-type-options", [b"nosniff"])
-        seconds = profile_seconds(params.get("seconds", [""])[0])
-        if api.profiling:
-            request.responseHeaders.setRawHeaders(b"x-go-pprof", [b"1"])
-            msg = b"Could not enable CPU profiling: cpu profiling already in use\n"
-            return api.finish(request, 500, msg, TEXT_TYPE, nsq=False)
-        profiler = cProfile.Profile()
-        running = [True]
-
-        def stop() -> None:
-            if running[0]:
-                running[0] = False
-                profiler.disable()
-                api.profiling = False
-
-        def cancel(_: Any) -> None:
-            if timer.active():
-                timer.cancel()
-            stop()
-
-        done: defer.Deferred[None] = defer.Deferred(canceller=cancel)
-        api.profiling = True
-        profiler.enable()
-        timer = api.reactor.callLater(seconds, done.callback, None)
-        request.notifyFinish().addErrback(cancel)
-
-        def answer(_: None) -> bytes:
-            stop()
-            if params.get("format", [""])[0] == "pstats":
-                profiler.create_stats()
-                data = marshal.dumps(profiler.stats)  # type: ignore[attr-defined]
-                request.responseHeaders.setRawHeaders(
-                    b"content-disposition", [b'attachment; filename="profile.pstats"']
-                )
-                return api.finish(request, 200, data, b"application/octet-stream", nsq=False)
-            out = io.StringIO()
-            pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(60)
-            return api.finish(request, 200, out.getvalue().encode(), TEXT_TYPE, nsq=False)
-
-        def failed(f: Any) -> Any:
-            stop()
-            return f
-
-        return done.addCallback(answer).addErrback(failed)
-
-    if not nsqd_extras:
-        return
-
-    @router.handler("/debug/setblockrate", "PUT", style="plain")
-    def setblockrate(api: GoHTTPAPI, request: Request) -> str:
-        params = query(request)
-        try:
-            int(params.get("rate", [""])[0])
-        except ValueError as e:
-            raise HTTPError(400, f"invalid block rate : {e}") from None
-        return ""
-
-    @router.handler("/debug/freememory", "POST", style="plain")
-    def freememory(api: GoHTTPAPI, request: Request) -> str:
-        gc.collect()
-        return ""

@@ -135,53 +135,25 @@ def parse_duration(text: str) -> float:
     return sign * total
 
 
-def format_duration(seconds: float) -> str:
-    """Go's Duration.String() for the values used as defaults."""
-    if seconds == 0:
-        return "0s"
-    ns = round(seconds * 1e9)
-    if ns < 1_000_000_000:
-        for unit, scale in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
-            if ns >= scale:
-                return f"{ns / scale:g}{unit}"
-    h, rem = divmod(ns, 3_600_000_000_000)
-    m, rem = divmod(rem, 60_000_000_000)
-    s = rem / 1e9
-    out = ""
-    if h:
-        out += f"{h}h"
-    if h or m:
-        out += f"{m}m"
-    return out + f"{s:g}s"
-
-
 def go_duration(ns: int) -> str:
-    """Go's time.Duration.String()."""
+    """Go's time.Duration.String() of ``ns`` nanoseconds: ``1h2m3.004s``, ``1.5µs``, ``0s``."""
     if ns == 0:
         return "0s"
-    neg = ns < 0
-    u = -ns if neg else ns
+    sign = "-" if ns < 0 else ""
+    u = abs(ns)
     if u < 1_000_000_000:
-        for unit, scale in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
-            if u >= scale or scale == 1:
-                whole, frac = divmod(u, scale)
-                digits = len(str(scale)) - 1
-                s = str(whole)
-                if frac:
-                    s += "." + str(frac).rjust(digits, "0").rstrip("0")
-                return ("-" if neg else "") + s + unit
+        # below a second: one unit, with the fraction Go keeps (trailing zeros cut)
+        unit, scale, digits = ("ns", 1, 0) if u < 1_000 else ("µs", 1_000, 3) if u < 1_000_000 else ("ms", 1_000_000, 6)
+        return sign + _decimal(u, scale, digits) + unit
     h, rem = divmod(u, 3_600_000_000_000)
     m, rem = divmod(rem, 60_000_000_000)
-    secs, frac = divmod(rem, 1_000_000_000)
-    out = ""
-    if h:
-        out += f"{h}h"
-    if h or m:
-        out += f"{m}m"
-    sec = str(secs)
-    if frac:
-        sec += "." + str(frac).rjust(9, "0").rstrip("0")
-    return ("-" if neg else "") + out + sec + "s"
+    out = f"{h}h{m}m" if h else f"{m}m" if m else ""
+    return sign + out + _decimal(rem, 1_000_000_000, 9) + "s"
+
+
+def _decimal(n: int, scale: int, digits: int) -> str:
+    whole, frac = divmod(n, scale)
+    return f"{whole}.{frac:0{digits}d}".rstrip("0") if frac else str(whole)
 
 
 _GO_ERRNO = {

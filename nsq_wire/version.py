@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
+import platform
+
 VERSION = "1.3.0"
 
 
-def version_string(app: str = "nsqd") -> str:
-    return f"{app} v{VERSION} (built w/{python_version()})"
-
-
-def python_version() -> str:
-    import platform
-
-    return "python" + platform.python_version()
+def version_string(app: str) -> str:
+    """Go's version.String: ``nsqd v1.3.0 (built w/python3.11.7)``, as ``--version``,
+    the first log line and ``/stats`` print it."""
+    return f"{app} v{VERSION} (built w/python{platform.python_version()})"

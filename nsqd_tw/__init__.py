@@ -5,4 +5,6 @@ Public seams for embedding and extending (see docs/extending.md):
 :class:`nsqd_tw.storage.backend.IBackendQueue`, :class:`nsqd_tw.options.NSQDOptions`.
 """
 
-__version__ = "1.3.0"
+from nsq_wire.version import VERSION as __version__
+
+__all__ = ["__version__"]

@@ -21,11 +21,8 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from twisted.internet import defer
 
-from nsq_service.log import Logger
 from nsq_wire import gojson
 from nsq_wire.gofmt import go_quote, join_host_port
-
-log = Logger(namespace="nsqd_tw.auth")
 
 PERMISSIONS = ("subscribe", "publish")
 

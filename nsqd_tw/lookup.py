@@ -24,7 +24,6 @@ from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
 
-from nsq_service.log import Logger
 from nsq_service.options import hostname
 from nsq_wire import lookupd, v1
 from nsq_wire.gofmt import join_host_port
@@ -35,8 +34,6 @@ if TYPE_CHECKING:
     from nsqd_tw.core.channel import Channel
     from nsqd_tw.core.nsqd import NSQD
     from nsqd_tw.core.topic import Topic
-
-log = Logger(namespace="nsqd_tw.lookup")
 
 PING_INTERVAL = 15.0
 COMMAND_TIMEOUT = 5.0
@@ -111,7 +108,9 @@ class LookupPeerProtocol(protocol.Protocol):
         return d
 
     def _timed_out(self) -> None:
-        log.error("LOOKUPD({addr}): no response in {t}s, reconnecting", addr=self.peer.address, t=COMMAND_TIMEOUT)
+        self.peer.log.error(
+            "LOOKUPD({addr}): no response in {t}s, reconnecting", addr=self.peer.address, t=COMMAND_TIMEOUT
+        )
         self.transport.abortConnection()
 
     def dataReceived(self, data: bytes) -> None:
@@ -120,7 +119,7 @@ class LookupPeerProtocol(protocol.Protocol):
             try:
                 payload = self._reader.next()
             except v1.ResponseTooLarge as e:
-                log.error(
+                self.peer.log.error(
                     "LOOKUPD({addr}): response body size ({size}) is greater than limit ({limit})",
                     addr=self.peer.address,
                     size=e.size,
@@ -165,6 +164,7 @@ class LookupPeer(service.Service):
 
     def __init__(self, lookup: LookupService, address: str, endpoint_factory: EndpointFactory) -> None:
         self.lookup = lookup
+        self.log = lookup.log
         self.nsqd = lookup.nsqd
         self.reactor = lookup.nsqd.reactor
         self.address = address
@@ -184,7 +184,7 @@ class LookupPeer(service.Service):
 
     def startService(self) -> None:
         service.Service.startService(self)
-        log.info("LOOKUP({addr}): adding peer", addr=self.address)
+        self.log.info("LOOKUP({addr}): adding peer", addr=self.address)
         self.client.startService()
 
     def stopService(self) -> Any:
@@ -200,7 +200,7 @@ class LookupPeer(service.Service):
         return join_host_port(addr, str(self.info.get("http_port")))
 
     def connected(self, proto: LookupPeerProtocol) -> None:
-        log.info("LOOKUP connected to {addr}", addr=self.address)
+        self.log.info("LOOKUP connected to {addr}", addr=self.address)
         self.proto = proto
         self._identify_and_register(proto)
 
@@ -218,11 +218,11 @@ class LookupPeer(service.Service):
         try:
             resp = yield proto.command(cmd)
         except Exception as e:
-            log.error("LOOKUPD({addr}): IDENTIFY - {err}", addr=self.address, err=e)
+            self.log.error("LOOKUPD({addr}): IDENTIFY - {err}", addr=self.address, err=e)
             return
         if resp.startswith(b"E_"):
             text = resp.decode("utf-8", "replace")
-            log.info("LOOKUPD({addr}): lookupd returned {resp}", addr=self.address, resp=text)
+            self.log.info("LOOKUPD({addr}): lookupd returned {resp}", addr=self.address, resp=text)
             proto.transport.loseConnection()
             return
         try:
@@ -230,13 +230,13 @@ class LookupPeer(service.Service):
             if not isinstance(info, dict):
                 raise ValueError("not an object")
         except ValueError:
-            log.error("LOOKUPD({addr}): parsing response - {resp}", addr=self.address, resp=resp)
+            self.log.error("LOOKUPD({addr}): parsing response - {resp}", addr=self.address, resp=resp)
             proto.transport.loseConnection()
             return
         self.info = info
-        log.info("LOOKUPD({addr}): peer info {info}", addr=self.address, info=go_peer_info(info))
+        self.log.info("LOOKUPD({addr}): peer info {info}", addr=self.address, info=go_peer_info(info))
         if not info.get("broadcast_address"):
-            log.error("LOOKUPD({addr}): no broadcast address", addr=self.address)
+            self.log.error("LOOKUPD({addr}): no broadcast address", addr=self.address)
         commands = []
         for topic in self.nsqd.topics.values():
             if not topic.channels:
@@ -244,11 +244,11 @@ class LookupPeer(service.Service):
             for channel in topic.channels.values():
                 commands.append(v1.register(topic.name, channel.name))
         for cmd in commands:
-            log.info("LOOKUPD({addr}): {cmd}", addr=self.address, cmd=cmd.decode().strip())
+            self.log.info("LOOKUPD({addr}): {cmd}", addr=self.address, cmd=cmd.decode().strip())
             try:
                 yield proto.command(cmd)
             except Exception as e:
-                log.error("LOOKUPD({addr}): {cmd} - {err}", addr=self.address, cmd=cmd.decode().strip(), err=e)
+                self.log.error("LOOKUPD({addr}): {cmd} - {err}", addr=self.address, cmd=cmd.decode().strip(), err=e)
                 return
 
     def disconnected(self, proto: LookupPeerProtocol) -> None:
@@ -262,7 +262,7 @@ class LookupPeer(service.Service):
             return
         d = proto.command(cmd)
         d.addErrback(
-            lambda f: log.error(
+            lambda f: self.log.error(
                 "LOOKUPD({addr}): {cmd} - {err}", addr=self.address, cmd=cmd.decode().strip(), err=f.value
             )
         )
@@ -282,6 +282,7 @@ class LookupService(service.MultiService):
     def __init__(self, nsqd: NSQD, endpoint_factory: EndpointFactory | None = None, http_client: Any = None) -> None:
         super().__init__()
         self.nsqd = nsqd
+        self.log = nsqd.log_gate.logger("nsqd_tw.lookup", self)
         self.endpoint_factory = endpoint_factory or self._endpoint
         self._http = http_client
         self._ping = LoopingCall(self.ping)
@@ -305,7 +306,7 @@ class LookupService(service.MultiService):
             self._ping.stop()
         for query in list(self._queries):
             query.cancel()
-        log.info("LOOKUP: closing")
+        self.log.info("LOOKUP: closing")
         return super().stopService()
 
     def _endpoint(self, host: str, port: int) -> IStreamClientEndpoint:
@@ -329,7 +330,7 @@ class LookupService(service.MultiService):
         wanted = list(self.nsqd.opts.lookupd_tcp_addresses)
         for peer in self.peers:
             if peer.address not in wanted:
-                log.info("LOOKUP({addr}): removing peer", addr=peer.address)
+                self.log.info("LOOKUP({addr}): removing peer", addr=peer.address)
                 peer.disownServiceParent()
         have = {p.address for p in self.peers}
         for address in wanted:
@@ -343,7 +344,7 @@ class LookupService(service.MultiService):
 
     def ping(self) -> None:
         for peer in self.peers:
-            log.debug("LOOKUPD({addr}): sending heartbeat", addr=peer.address)
+            self.log.debug("LOOKUPD({addr}): sending heartbeat", addr=peer.address)
             peer.command(v1.PING)
 
     def changed(self, what: str, obj: Topic | Channel) -> None:
@@ -356,7 +357,7 @@ class LookupService(service.MultiService):
             verb = v1.unregister if what == "channel_deleted" else v1.register
             cmd = verb(channel.topic_name, channel.name)
         for peer in self.peers:
-            log.info("LOOKUPD({addr}): {branch} {cmd}", addr=peer.address, branch=branch, cmd=cmd.decode().strip())
+            self.log.info("LOOKUPD({addr}): {branch} {cmd}", addr=peer.address, branch=branch, cmd=cmd.decode().strip())
             peer.command(cmd)
 
     def lookupd_http_addresses(self) -> list[str]:
@@ -367,7 +368,9 @@ class LookupService(service.MultiService):
         addresses = self.lookupd_http_addresses()
         if not addresses:
             if self.nsqd.opts.lookupd_tcp_addresses:
-                log.error("no available nsqlookupd to query for channels to pre-create for topic {topic}", topic=topic)
+                self.log.error(
+                    "no available nsqlookupd to query for channels to pre-create for topic {topic}", topic=topic
+                )
             return None
         d = self._query_channels(topic, addresses)
         self._queries.add(d)
@@ -386,7 +389,7 @@ class LookupService(service.MultiService):
         @defer.inlineCallbacks
         def one(address: str) -> Any:
             url = lookupd.channels_url(address, topic)
-            log.info("CI: querying nsqlookupd {url}", url=url)
+            self.log.info("CI: querying nsqlookupd {url}", url=url)
             headers = {b"Accept": [lookupd.ACCEPT.encode()]}
             resp = yield client.get(url, headers=headers, timeout=timeout, reactor=self.nsqd.reactor)
             body = yield resp.content()
@@ -404,7 +407,7 @@ class LookupService(service.MultiService):
                 errors.append(value.getErrorMessage())
         if errors:
             prefix = "failed to query any nsqlookupd: " if len(errors) == len(addresses) else ""
-            log.warn(
+            self.log.warn(
                 "failed to query nsqlookupd for channels to pre-create for topic {topic} - {prefix}{err}",
                 topic=topic,
                 prefix=prefix,

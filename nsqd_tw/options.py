@@ -89,6 +89,9 @@ class _TLSMinVersion(Kind):
         except ConfigError:
             raise ConfigError(f"failed parsing tls_min_version {value}") from None
 
+    def to_http(self, value: Any) -> int:
+        return TLS_VERSIONS[value].value  # Go's tls.VersionTLS1x: 0x0301...
+
 
 TLS_REQUIRED_KIND = _TLSRequired()
 TLS_MIN_VERSION = _TLSMinVersion()

@@ -11,18 +11,15 @@ import sys
 from typing import Any
 
 from twisted.application.internet import TimerService
-from twisted.logger import Logger
 
 from nsq_service.limits import raise_fd_limit
 from nsq_service.listen import Bound, ListeningService, ServerService
-from nsq_service.log import set_log_level
+from nsq_service.memstats import GCPauses
 from nsq_service.options import usage_options
 from nsq_service.runtime import tune_gc
 from nsq_wire.version import version_string
 from nsqd_tw.core.nsqd import NSQD
 from nsqd_tw.options import NSQD_DEPRECATED_FLAGS, NSQDOptions
-
-log = Logger(namespace="nsqd_tw.tap")
 
 _BaseOptions = usage_options(
     NSQDOptions, "NSQ daemon (nsqd): the V2 TCP protocol and the HTTP API.", "twistd nsqd", NSQD_DEPRECATED_FLAGS
@@ -34,7 +31,7 @@ class Options(_BaseOptions):  # type: ignore[misc,valid-type]
 
     def opt_version(self) -> None:
         """print version string"""
-        print(version_string())
+        print(version_string("nsqd"))
         sys.exit(0)
 
 
@@ -46,8 +43,6 @@ def makeService(config: Any, reactor: Any = None) -> ServerService:
 
         reactor = _reactor
     opts.validate()
-    set_log_level(opts.log_level)
-    raise_fd_limit()
     tune_gc()
 
     from nsqd_tw.http.api import make_site
@@ -58,7 +53,10 @@ def makeService(config: Any, reactor: Any = None) -> ServerService:
 
     top = ServerService("failed to instantiate nsqd", opts.log_prefix)
     nsqd = NSQD(opts, reactor)
+    raise_fd_limit(nsqd.log_gate.logger("nsq_service.limits"))
     nsqd.setServiceParent(top)
+    gc_pauses = GCPauses()  # the GC pauses /stats, statsd and /metrics report
+    gc_pauses.setServiceParent(top)
     bound = Bound()
 
     def tcp_bound(host: Any) -> None:
@@ -75,14 +73,19 @@ def makeService(config: Any, reactor: Any = None) -> ServerService:
         bound.https = Bound.of(host)
 
     tls = server_tls(opts)
-    ListeningService("TCP", reactor, opts.tcp_address, V2Factory(nsqd, tls), tcp_bound).setServiceParent(top)
+    log = nsqd.log_gate.logger("nsq_service.listen")
+    tcp = ListeningService("TCP", reactor, opts.tcp_address, V2Factory(nsqd, tls), tcp_bound, log=log)
+    tcp.setServiceParent(top)
     if opts.http_address:
-        ListeningService("HTTP", reactor, opts.http_address, make_site(nsqd, bound), http_bound).setServiceParent(top)
+        site = make_site(nsqd, bound, gc_pauses=gc_pauses)
+        ListeningService("HTTP", reactor, opts.http_address, site, http_bound, log=log).setServiceParent(top)
     if tls is not None and opts.https_address:
-        site = make_site(nsqd, bound, tls_enabled=True)
-        ListeningService("HTTPS", reactor, opts.https_address, site, https_bound, tls=tls).setServiceParent(top)
+        site = make_site(nsqd, bound, tls_enabled=True, gc_pauses=gc_pauses)
+        ListeningService("HTTPS", reactor, opts.https_address, site, https_bound, tls=tls, log=log).setServiceParent(
+            top
+        )
     if opts.statsd_address:
-        StatsdService(nsqd).setServiceParent(top)
+        StatsdService(nsqd, gc_pauses).setServiceParent(top)
     LookupService(nsqd).setServiceParent(top)  # after the listeners: it announces their ports
 
     scan = TimerService(opts.queue_scan_interval, nsqd.queue_scan)

@@ -16,11 +16,11 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 
-from nsq_service.log import Logger
+from nsq_service.log import LogGate
 from nsq_service.options import StartError
 from nsq_wire.message import MESSAGE_HEADER_LENGTH
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
-from nsq_wire.version import VERSION, python_version
+from nsq_wire.version import VERSION, version_string
 from nsqd_tw.core.channel import Channel
 from nsqd_tw.core.guid import GUIDFactory
 from nsqd_tw.core.message import Message
@@ -66,7 +66,6 @@ class NSQD(service.Service):
     """The core nsqd service. Its parent starts it first and stops it last."""
 
     name = "nsqd"
-    log = Logger(namespace="nsqd_tw.core.nsqd")
 
     def __init__(
         self,
@@ -83,6 +82,9 @@ class NSQD(service.Service):
 
             reactor = _reactor  # type: ignore[assignment]
         self.opts = opts
+        # this server's --log-level: what it creates logs through loggers of this gate
+        self.log_gate = LogGate(opts.log_level)
+        self.log = self.log_gate.logger("nsqd_tw.core.nsqd", self)
         self.reactor: Any = reactor
         self.backend_factory = backend_factory
         self.data_path = opts.data_path or os.getcwd()
@@ -402,7 +404,7 @@ class NSQD(service.Service):
         # Go's order: nsqd.New() logs, locks the data path and binds the listeners
         # (our listening services, started after this one); Start() then loads and
         # persists the metadata (startService). A failed start writes nothing.
-        self.log.info("nsqd v{version} (built w/{python})", version=VERSION, python=python_version())
+        self.log.info("{version}", version=version_string("nsqd"))
         self.log.info("ID: {id}", id=self.opts.node_id)
         self._lock()
         service.Service.privilegedStartService(self)

@@ -6,63 +6,56 @@ Go's response conventions and httprouter's routing come from
 
 from __future__ import annotations
 
-import json
 import socket
 from typing import Any
 
 from twisted.web.server import Request, Site
 
 from nsq_service.listen import Bound
-from nsq_service.log import LEVEL_NUMBERS, Logger, set_log_level
-from nsq_service.options import LOG_LEVELS, flag_fields
+from nsq_service.memstats import GCPauses
+from nsq_service.options import DURATION
+from nsq_service.pprof import add_debug_routes
 from nsq_service.web import (
     BOOL_PARAMS,
     JSON_TYPE,
     GoHTTPAPI,
     HTTPError,
-    JSONValue,
-    QueryError,
     Router,
-    add_debug_routes,
     content_length,
     go_parse_int,
-    parse_query,
-    query,
+    route,
 )
 from nsq_service.web import body as read_body
 from nsq_wire.errors import FatalClientError
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
-from nsq_wire.version import VERSION
+from nsq_wire.version import VERSION, version_string
 from nsqd_tw.core.nsqd import NSQD
 from nsqd_tw.core.topic import TopicError
-from nsqd_tw.http.stats import get_stats, mem_stats, print_stats, stats_version_line
+from nsqd_tw.http.stats import get_stats, print_stats
 from nsqd_tw.lookup import split_host_port
 from nsqd_tw.options import TLS_REQUIRED
 
-log = Logger(namespace="nsqd_tw.http.api")
-
-_TLS_VERSION_NUMBERS = {"tls1.0": 0x0301, "tls1.1": 0x0302, "tls1.2": 0x0303, "tls1.3": 0x0304}
-
-router = Router()
-handler = router.handler
-ROUTES = router.routes
-
-
-add_debug_routes(router, "/debug/pprof/", nsqd_extras=True)
-
 
 class NSQDHTTPAPI(GoHTTPAPI):
-    app = router.app
-    router = router
-    log = log
+    log_namespace = "nsqd_tw.http.api"
+    settable_options = ("nsqlookupd_tcp_addresses", "log_level")
 
-    def __init__(self, nsqd: NSQD, bound: Bound | None = None, tls_enabled: bool = False) -> None:
+    def __init__(
+        self,
+        nsqd: NSQD,
+        bound: Bound | None = None,
+        tls_enabled: bool = False,
+        gc_pauses: GCPauses | None = None,
+    ) -> None:
         self.nsqd = nsqd
         self.bound = bound if bound is not None else Bound()
         self.tls_enabled = tls_enabled
-        self.reactor = nsqd.reactor
-        self.profiling = False
         self._registry: Any = None
+        super().__init__(nsqd.reactor, nsqd.log_gate, gc_pauses)
+
+    def add_routes(self, router: Router) -> None:
+        add_debug_routes(router, "/debug/pprof/", nsqd_extras=True)
+        super().add_routes(router)
 
     def refuse(self, request: Request) -> bytes | None:
         """With --tls-required, the plain HTTP port answers 403 to everything."""
@@ -74,13 +67,13 @@ class NSQDHTTPAPI(GoHTTPAPI):
 
     # -- routes --------------------------------------------------------------------
 
-    @handler("/ping", "GET", style="plain")
+    @route("/ping", "GET", style="plain")
     def ping(self, request: Request) -> str:
         if not self.nsqd.is_healthy():
             raise HTTPError(500, self.nsqd.get_health())
         return self.nsqd.get_health()
 
-    @handler("/info", "GET")
+    @route("/info", "GET")
     def info(self, request: Request) -> dict[str, Any]:
         opts = self.nsqd.opts
         tcp = self.bound.tcp
@@ -92,14 +85,14 @@ class NSQDHTTPAPI(GoHTTPAPI):
             "http_port": web[1] if web and web[1] else -1,
             "tcp_port": tcp[1] if tcp and tcp[1] else -1,
             "start_time": int(self.nsqd.start_time),
-            "max_heartbeat_interval": _ns(opts.max_heartbeat_interval),
+            "max_heartbeat_interval": DURATION.to_http(opts.max_heartbeat_interval),
             "max_output_buffer_size": opts.max_output_buffer_size,
-            "max_output_buffer_timeout": _ns(opts.max_output_buffer_timeout),
+            "max_output_buffer_timeout": DURATION.to_http(opts.max_output_buffer_timeout),
             "max_deflate_level": opts.max_deflate_level,
         }
 
     def _topic_from_query(self, request: Request) -> tuple[dict[str, list[str]], str]:
-        params = query(request)
+        params = self.query(request)
         if "topic" not in params:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
         name = params["topic"][0]
@@ -108,7 +101,7 @@ class NSQDHTTPAPI(GoHTTPAPI):
         return params, name
 
     def _existing_topic_channel(self, request: Request) -> tuple[Any, str]:
-        params = query(request)
+        params = self.query(request)
         if "topic" not in params:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
         topic_name = params["topic"][0]
@@ -129,18 +122,18 @@ class NSQDHTTPAPI(GoHTTPAPI):
         try:
             committed = self.nsqd.publish(topic, bodies, delay)
         except Exception as e:
-            log.error("HTTP: failed to publish to {topic} - {err}", topic=topic, err=e)
+            self.log.error("HTTP: failed to publish to {topic} - {err}", topic=topic, err=e)
             raise HTTPError(503, "EXITING") from None
         if committed is None:
             return "OK"
 
         def failed(f: Any) -> None:
-            log.error("HTTP: publish to {topic} not synced - {err}", topic=topic, err=f.value)
+            self.log.error("HTTP: publish to {topic} not synced - {err}", topic=topic, err=f.value)
             raise HTTPError(503, "EXITING")
 
         return committed.addCallbacks(lambda _: "OK", failed)
 
-    @handler("/pub", "POST", access_log=False, body=lambda api: api.nsqd.opts.max_msg_size)
+    @route("/pub", "POST", access_log=False, body=lambda api: api.nsqd.opts.max_msg_size)
     def pub(self, request: Request) -> Any:
         max_size = self.nsqd.opts.max_msg_size
         if content_length(request) > max_size:
@@ -162,7 +155,7 @@ class NSQDHTTPAPI(GoHTTPAPI):
             delay = ms / 1000.0
         return self._publish(topic, [body], delay)
 
-    @handler("/mpub", "POST", access_log=False, body=lambda api: api.nsqd.opts.max_body_size)
+    @route("/mpub", "POST", access_log=False, body=lambda api: api.nsqd.opts.max_body_size)
     def mpub(self, request: Request) -> Any:
         opts = self.nsqd.opts
         if content_length(request) > opts.max_body_size:
@@ -173,7 +166,7 @@ class NSQDHTTPAPI(GoHTTPAPI):
             value = params["binary"][0]
             binary = BOOL_PARAMS.get(value, True)
             if value not in BOOL_PARAMS:
-                log.warn("deprecated value '{v}' used for /mpub binary param", v=value)
+                self.log.warn("deprecated value '{v}' used for /mpub binary param", v=value)
         if binary:
             bodies = _read_binary_mpub(read_body(request), opts.max_msg_size, opts.max_body_size)
         else:
@@ -191,14 +184,14 @@ class NSQDHTTPAPI(GoHTTPAPI):
             return "OK"
         return self._publish(topic, bodies)
 
-    @handler("/topic/create", "POST")
+    @route("/topic/create", "POST")
     def topic_create(self, request: Request) -> None:
         _, name = self._topic_from_query(request)
         self.nsqd.get_topic(name)
 
-    @handler("/topic/delete", "POST")
+    @route("/topic/delete", "POST")
     def topic_delete(self, request: Request) -> None:
-        params = query(request)
+        params = self.query(request)
         if "topic" not in params:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
         try:
@@ -206,7 +199,7 @@ class NSQDHTTPAPI(GoHTTPAPI):
         except TopicError:
             raise HTTPError(404, "TOPIC_NOT_FOUND") from None
 
-    @handler("/topic/empty", "POST")
+    @route("/topic/empty", "POST")
     def topic_empty(self, request: Request) -> None:
         _, name = self._topic_from_query(request)
         try:
@@ -216,11 +209,11 @@ class NSQDHTTPAPI(GoHTTPAPI):
         try:
             topic.empty()
         except Exception as e:
-            log.error("failure in {path} - {err}", path=request.path.decode(), err=e)
+            self.log.error("failure in {path} - {err}", path=request.path.decode(), err=e)
             raise HTTPError(500, "INTERNAL_ERROR") from None
 
     def _pause_topic(self, request: Request, pause: bool) -> Any:
-        params = query(request)
+        params = self.query(request)
         if "topic" not in params:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
         try:
@@ -237,25 +230,25 @@ class NSQDHTTPAPI(GoHTTPAPI):
             return None
 
         def failed(f: Any) -> None:
-            log.error("failed to persist metadata - {err}", err=f.value)
+            self.log.error("failed to persist metadata - {err}", err=f.value)
             raise HTTPError(500, "INTERNAL_ERROR")
 
         return d.addCallbacks(lambda _: None, failed)
 
-    @handler("/topic/pause", "POST")
+    @route("/topic/pause", "POST")
     def topic_pause(self, request: Request) -> Any:
         return self._pause_topic(request, True)
 
-    @handler("/topic/unpause", "POST")
+    @route("/topic/unpause", "POST")
     def topic_unpause(self, request: Request) -> Any:
         return self._pause_topic(request, False)
 
-    @handler("/channel/create", "POST")
+    @route("/channel/create", "POST")
     def channel_create(self, request: Request) -> None:
         topic, name = self._existing_topic_channel(request)
         topic.get_channel(name)
 
-    @handler("/channel/delete", "POST")
+    @route("/channel/delete", "POST")
     def channel_delete(self, request: Request) -> None:
         topic, name = self._existing_topic_channel(request)
         try:
@@ -270,28 +263,28 @@ class NSQDHTTPAPI(GoHTTPAPI):
         except TopicError:
             raise HTTPError(404, "CHANNEL_NOT_FOUND") from None
 
-    @handler("/channel/empty", "POST")
+    @route("/channel/empty", "POST")
     def channel_empty(self, request: Request) -> None:
         channel = self._existing_channel(request)
         try:
             channel.empty()
         except Exception as e:
-            log.error("failure in {path} - {err}", path=request.path.decode(), err=e)
+            self.log.error("failure in {path} - {err}", path=request.path.decode(), err=e)
             raise HTTPError(500, "INTERNAL_ERROR") from None
 
-    @handler("/channel/pause", "POST")
+    @route("/channel/pause", "POST")
     def channel_pause(self, request: Request) -> Any:
         self._existing_channel(request).pause()
         return self._persisted()
 
-    @handler("/channel/unpause", "POST")
+    @route("/channel/unpause", "POST")
     def channel_unpause(self, request: Request) -> Any:
         self._existing_channel(request).unpause()
         return self._persisted()
 
-    @handler("/stats", "GET")
+    @route("/stats", "GET")
     def stats(self, request: Request) -> Any:
-        params = query(request)
+        params = self.query(request)
 
         def get(key: str) -> str:
             return params[key][0] if key in params else ""
@@ -300,10 +293,10 @@ class NSQDHTTPAPI(GoHTTPAPI):
         include_mem = BOOL_PARAMS.get(get("include_mem"), True)
         stats = get_stats(self.nsqd, get("topic"), get("channel"), include_clients)
         health = self.nsqd.get_health()
-        mem = mem_stats() if include_mem else None
+        mem = self.mem_stats() if include_mem else None
         if get("format") != "json":
             now = self.nsqd.now()
-            text = print_stats(stats, mem, health, self.nsqd.start_time, now, stats_version_line())
+            text = print_stats(stats, mem, health, self.nsqd.start_time, now, version_string("nsqd"))
             return text.encode()
         out: dict[str, Any] = {
             "version": VERSION,
@@ -316,76 +309,35 @@ class NSQDHTTPAPI(GoHTTPAPI):
         out["producers"] = stats["producers"]
         return out
 
-    @handler("/config/<opt>", "GET", "PUT", body=lambda api: api.nsqd.opts.max_msg_size)
+    @route("/config/<opt>", "GET", "PUT", body=lambda api: api.nsqd.opts.max_msg_size)
     def config(self, request: Request, opt: str) -> Any:
-        nsqd = self.nsqd
+        opts = self.nsqd.opts
         if request.method == b"PUT":
-            max_size = nsqd.opts.max_msg_size
+            max_size = opts.max_msg_size
             body = read_body(request, max_size + 1)
             if len(body) == max_size + 1 or not body:
                 raise HTTPError(413, "INVALID_VALUE")
-            if opt == "nsqlookupd_tcp_addresses":
-                try:
-                    value = json.loads(body)
-                except ValueError:
-                    raise HTTPError(400, "INVALID_VALUE") from None
-                if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
-                    raise HTTPError(400, "INVALID_VALUE")
+            field, value = self.parse_option(opts, opt, body)
+            if field == "lookupd_tcp_addresses":
                 # the whole list or nothing: a peer per address is made from it
-                for address in value or []:
+                for address in value:
                     try:
                         split_host_port(address)
                     except ValueError as e:
-                        log.info("PUT /config/nsqlookupd_tcp_addresses refused - {err}", err=e)
+                        self.log.info("PUT /config/nsqlookupd_tcp_addresses refused - {err}", err=e)
                         raise HTTPError(400, "INVALID_VALUE") from None
-                nsqd.opts.lookupd_tcp_addresses = list(value or [])
-                nsqd.options_changed("lookupd_tcp_addresses")
-            elif opt == "log_level":
-                level = body.decode("utf-8", "replace").lower()
-                if level not in LOG_LEVELS:
-                    raise HTTPError(400, "INVALID_VALUE")
-                nsqd.opts.log_level = level
-                set_log_level(level)
-                nsqd.options_changed("log_level")
-            else:
-                raise HTTPError(400, "INVALID_OPTION")
-        value = option_by_cfg_name(nsqd.opts, opt)
-        if value is _MISSING:
-            raise HTTPError(400, "INVALID_OPTION")
-        return JSONValue(value)
+            self.set_option(opts, field, value)
+            self.nsqd.options_changed(field)
+        return self.get_option(opts, opt)
 
-    @handler("/metrics", "GET", style="raw", access_log=False)
+    @route("/metrics", "GET", style="raw", access_log=False)
     def metrics(self, request: Request) -> bytes:
         """Beyond Go: the stats in the Prometheus text format."""
         from nsqd_tw.http.metrics import CONTENT_TYPE, make_registry, render
 
         if self._registry is None:
-            self._registry = make_registry(self.nsqd)
+            self._registry = make_registry(self.nsqd, self.gc_pauses)
         return self.finish(request, 200, render(self._registry), CONTENT_TYPE, nsq=False)
-
-
-_MISSING = object()
-
-
-def option_by_cfg_name(opts: Any, name: str) -> Any:
-    """Go's getOptByCfgName, with Go's types (durations in ns, log level as an int)."""
-    for f in flag_fields(type(opts)):
-        if f.metadata["cfg"] != name:
-            continue
-        value = getattr(opts, f.name)
-        kind = type(f.metadata["kind"]).__name__
-        if kind == "_Duration":
-            return _ns(value)
-        if kind == "_LogLevel":
-            return LEVEL_NUMBERS[value]
-        if kind == "_TLSMinVersion":
-            return _TLS_VERSION_NUMBERS[value]
-        return value
-    return _MISSING
-
-
-def _ns(seconds: float) -> int:
-    return round(seconds * 1_000_000_000)
 
 
 def _read_binary_mpub(data: bytes, max_msg: int, max_body: int) -> list[bytes]:
@@ -409,8 +361,7 @@ def _read_binary_mpub(data: bytes, max_msg: int, max_body: int) -> list[bytes]:
     return cmd.bodies
 
 
-def make_site(nsqd: NSQD, bound: Bound | None = None, tls_enabled: bool = False) -> Site:
-    return NSQDHTTPAPI(nsqd, bound, tls_enabled).site()
-
-
-__all__ = ["NSQDHTTPAPI", "QueryError", "make_site", "parse_query"]
+def make_site(
+    nsqd: NSQD, bound: Bound | None = None, tls_enabled: bool = False, gc_pauses: GCPauses | None = None
+) -> Site:
+    return NSQDHTTPAPI(nsqd, bound, tls_enabled, gc_pauses).site()

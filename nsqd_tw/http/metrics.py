@@ -13,15 +13,17 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from nsq_service.memstats import GCPauses, mem_stats
 from nsqd_tw.core.nsqd import NSQD
-from nsqd_tw.http.stats import get_stats, mem_stats
+from nsqd_tw.http.stats import get_stats
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
 
 class NSQDCollector:
-    def __init__(self, nsqd: NSQD) -> None:
+    def __init__(self, nsqd: NSQD, gc_pauses: GCPauses | None = None) -> None:
         self.nsqd = nsqd
+        self.gc_pauses = gc_pauses
 
     def describe(self) -> list[Metric]:
         return []  # collected fresh on each scrape
@@ -128,7 +130,7 @@ class NSQDCollector:
                 producers.add_metric([*names, topic], count)
         yield producers
 
-        mem = mem_stats()
+        mem = mem_stats(self.gc_pauses)
         for key, help_text in (
             ("heap_objects", "memory blocks allocated by the Python allocator"),
             ("heap_in_use_bytes", "resident set size"),
@@ -145,9 +147,9 @@ def _num(q: float) -> str:
     return f"{q:g}"
 
 
-def make_registry(nsqd: NSQD) -> CollectorRegistry:
+def make_registry(nsqd: NSQD, gc_pauses: GCPauses | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(NSQDCollector(nsqd))  # type: ignore[arg-type]
+    registry.register(NSQDCollector(nsqd, gc_pauses))  # type: ignore[arg-type]
     return registry
 
 

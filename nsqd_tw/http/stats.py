@@ -2,22 +2,16 @@
 
 :func:`get_stats` returns plain dicts whose key order is Go's struct field
 order, so :func:`nsq_wire.gojson.dumps` writes what Go's ``/stats?format=json``
-writes. :class:`Quantile` is the end-to-end processing latency of a channel:
-two DDSketch streams taking turns over ``--e2e-processing-latency-window-time``,
-as Go's two perks streams do.
+writes; :func:`print_stats` is the text format. The memory figures are
+:mod:`nsq_service.memstats`'.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import gc
-import sys
 import time
 from typing import TYPE_CHECKING, Any
 
 from nsq_wire.gofmt import go_duration
-from nsq_wire.version import VERSION
 from nsqd_tw.core.quantile import EMPTY_RESULT
 
 if TYPE_CHECKING:
@@ -150,91 +144,6 @@ def get_stats(nsqd: NSQD, topic: str = "", channel: str = "", include_clients: b
     return {"topics": out, "producers": producers}
 
 
-# -- memory ---------------------------------------------------------------------
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
-
-
-def _mallinfo() -> _MallInfo2 | None:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        fn = libc.mallinfo2
-    except (OSError, AttributeError):
-        return None
-    fn.restype = _MallInfo2
-    return fn()
-
-
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * 4096
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-class GCPauses:
-    """Times the cyclic GC's pauses (the last 256, as Go's PauseNs)."""
-
-    def __init__(self) -> None:
-        self.pauses: list[float] = []
-        self._start = 0.0
-        gc.callbacks.append(self._callback)
-
-    def _callback(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            self._start = time.perf_counter()
-        else:
-            self.pauses.append(time.perf_counter() - self._start)
-            if len(self.pauses) > 256:
-                del self.pauses[:-256]
-
-
-GC_PAUSES = GCPauses()
-
-
-def _percentile(perc: float, arr: list[float]) -> float:
-    if not arr:
-        return 0.0
-    i = int(perc / 100.0 * len(arr) + 0.5)
-    return arr[min(i, len(arr) - 1)]
-
-
-def mem_stats() -> dict[str, int]:
-    """Go's memStats keys, in the order /stats prints them, with CPython's nearest
-    equivalents (docs/monitoring.md)."""
-    info = _mallinfo()
-    pauses = sorted(GC_PAUSES.pauses)
-    threshold = gc.get_threshold()[0]
-    return {
-        "heap_objects": sys.getallocatedblocks(),
-        "heap_idle_bytes": int(info.fordblks) if info else 0,
-        "heap_in_use_bytes": _rss_bytes(),
-        "heap_released_bytes": int(info.keepcost) if info else 0,
-        "gc_pause_usec_100": int(_percentile(100.0, pauses) * 1e6),
-        "gc_pause_usec_99": int(_percentile(99.0, pauses) * 1e6),
-        "gc_pause_usec_95": int(_percentile(95.0, pauses) * 1e6),
-        "next_gc_bytes": max(0, threshold - gc.get_count()[0]),
-        "gc_total_runs": sum(s["collections"] for s in gc.get_stats()),
-    }
-
-
 # -- the text format -------------------------------------------------------------
 
 
@@ -302,9 +211,3 @@ def print_stats(
         for p in producers:
             w.append(f"   {_client_line(p, now)}\n")
     return "".join(w)
-
-
-def stats_version_line() -> str:
-    import platform
-
-    return f"nsqd v{VERSION} (built w/python{platform.python_version()})"

@@ -15,12 +15,10 @@ from twisted.internet import defer
 from twisted.internet.protocol import DatagramProtocol
 from twisted.internet.task import LoopingCall
 
-from nsq_service.log import Logger
+from nsq_service.memstats import GCPauses, mem_stats
 from nsq_wire.gofmt import join_host_port
 from nsqd_tw.core.nsqd import NSQD
-from nsqd_tw.http.stats import get_stats, mem_stats
-
-log = Logger(namespace="nsqd_tw.http.statsd")
+from nsqd_tw.http.stats import get_stats
 
 
 def host_key(h: str) -> str:
@@ -41,7 +39,7 @@ def statsd_prefix(nsqd: NSQD) -> str:
 
 
 def metric_lines(
-    nsqd: NSQD, last: dict[str, Any], last_mem: dict[str, int] | None
+    nsqd: NSQD, last: dict[str, Any], last_mem: dict[str, int] | None, gc_pauses: GCPauses | None = None
 ) -> tuple[list[bytes], dict[str, Any], dict[str, int] | None]:
     """The statsd lines of one push, and the state to diff the next against."""
     opts = nsqd.opts
@@ -86,7 +84,7 @@ def metric_lines(
                 gauge(f"{key}.e2e_processing_latency_{p['quantile'] * 100.0:.0f}", int(p["value"]))
     mem = None
     if opts.statsd_mem_stats:
-        mem = mem_stats()
+        mem = mem_stats(gc_pauses)
         for k, value in mem.items():
             if k != "gc_total_runs":  # sent as the counter mem.gc_runs below
                 gauge(f"mem.{k}", value)
@@ -114,8 +112,10 @@ def packets(lines: list[bytes], size: int) -> list[bytes]:
 class StatsdService(service.Service):
     name = "statsd"
 
-    def __init__(self, nsqd: NSQD) -> None:
+    def __init__(self, nsqd: NSQD, gc_pauses: GCPauses | None = None) -> None:
         self.nsqd = nsqd
+        self.gc_pauses = gc_pauses
+        self.log = nsqd.log_gate.logger("nsqd_tw.http.statsd", self)
         self._loop = LoopingCall(self.push)
         self._loop.clock = nsqd.reactor
         self._last: dict[str, Any] = {}
@@ -136,7 +136,7 @@ class StatsdService(service.Service):
             if call.active():
                 call.cancel()
         self._pending = []
-        log.info("STATSD: closing")
+        self.log.info("STATSD: closing")
         if self._port is not None:
             port, self._port = self._port, None
             return port.stopListening()
@@ -149,8 +149,8 @@ class StatsdService(service.Service):
         try:
             host, _, port = opts.statsd_address.rpartition(":")
             ip = yield self.nsqd.reactor.resolve(host.strip("[]") or "127.0.0.1")
-            log.info("STATSD: pushing stats to {addr}", addr=opts.statsd_address)
-            lines, self._last, self._last_mem = metric_lines(self.nsqd, self._last, self._last_mem)
+            self.log.info("STATSD: pushing stats to {addr}", addr=opts.statsd_address)
+            lines, self._last, self._last_mem = metric_lines(self.nsqd, self._last, self._last_mem, self.gc_pauses)
             chunks = packets(lines, opts.statsd_udp_packet_size)
             spread = max(opts.statsd_interval - 1.0, 0.0)
             step = spread / len(chunks) if chunks else 0.0
@@ -161,7 +161,7 @@ class StatsdService(service.Service):
                 else:
                     self._pending.append(self.nsqd.reactor.callLater(i * step, self._send, chunk, ip, int(port)))
         except Exception as e:
-            log.error("failed to create UDP socket to statsd({addr}) - {err}", addr=opts.statsd_address, err=e)
+            self.log.error("failed to create UDP socket to statsd({addr}) - {err}", addr=opts.statsd_address, err=e)
 
     def _send(self, data: bytes, ip: str, port: int) -> None:
         if self._port is None:
@@ -169,4 +169,4 @@ class StatsdService(service.Service):
         try:
             self._port.write(data, (ip, port))
         except Exception as e:
-            log.error("STATSD: send failed - {err}", err=e)
+            self.log.error("STATSD: send failed - {err}", err=e)

@@ -20,7 +20,6 @@ from twisted.protocols.policies import TimeoutMixin
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from nsq_service.log import Logger
 from nsq_wire.compression import CompressionError, DeflateCodec, SnappyCodec
 from nsq_wire.errors import ClientError, FatalClientError
 from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, MAGIC_V2, pack_frame
@@ -69,12 +68,12 @@ def text(b: bytes) -> str:
 
 @implementer(IHandshakeListener)
 class CommandConnection(protocol.Protocol, TimeoutMixin):
-    log = Logger(namespace="nsqd_tw.tcp.protocol")
     transport: Any
 
     def __init__(self, server: Server) -> None:
         self.server = server
         self.nsqd = nsqd = server.nsqd
+        self.log = nsqd.log_gate.logger("nsqd_tw.tcp.protocol", self)
         self.client = ClientV2(self, nsqd.opts, server.auth, nsqd.now(), self.log)
         self.output: Output = None  # type: ignore[assignment]  # made with the transport
         self.responses = Responses(lambda ft, data: self.output.frame(ft, data), self._fatal, self._close)

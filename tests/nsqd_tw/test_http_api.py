@@ -11,7 +11,8 @@ from twisted.internet import defer
 from twisted.trial import unittest
 
 from nsq_service.listen import Bound
-from nsqd_tw.http.api import NSQDHTTPAPI, QueryError, parse_query
+from nsq_service.web import QueryError, parse_query
+from nsqd_tw.http.api import NSQDHTTPAPI
 from tests.helpers import FakeClient, make_nsqd
 from tests.nsqd_tw.test_channel import FakeConsumer
 
@@ -65,6 +66,14 @@ class RoutingTests(HTTPTestCase):
         self.assertEqual(resp.headers.getRawHeaders("content-type"), ["text/plain; charset=utf-8"])
         self.assertIsNone(resp.headers.getRawHeaders("x-nsq-content-type"))
         self.assertIsNone(resp.headers.getRawHeaders("server"))
+
+    @defer.inlineCallbacks
+    def test_host_header_that_is_not_utf8(self):
+        """Go's answer, as nsqlookupd's (Klein answered 400 Non-UTF-8 encoding in URL and logged a traceback)."""
+        for path in ("/ping", "/%ff"):
+            resp, content = yield self.call("GET", path, headers={b"Host": [b"\xff"]})
+            self.assertEqual((resp.code, resp.phrase), (400, b"Bad Request: malformed Host header"))
+            self.assertEqual(content, b"400 Bad Request: malformed Host header")
 
     @defer.inlineCallbacks
     def test_ping_unhealthy(self):

@@ -12,7 +12,7 @@ from twisted.logger import LogLevel, globalLogPublisher
 from twisted.trial import unittest
 
 from nsq_service import limits
-from nsq_service.log import Logger
+from nsq_service.log import LogGate
 
 
 class Events:
@@ -29,7 +29,7 @@ class RateLimitedLogTests(unittest.TestCase):
     def test_one_line_per_interval_with_the_sum_of_the_rest(self) -> None:
         events = Events(self)
         clock = Clock()
-        rl = limits.RateLimitedLog(clock, Logger(namespace="nsq_service.limits"), interval=10)
+        rl = limits.RateLimitedLog(clock, LogGate().logger("nsq_service.limits"), interval=10)
 
         def text(counts: dict[str, int]) -> str:
             return f"{counts['n']} thing(s)"
@@ -60,7 +60,7 @@ class AcceptErrorTests(unittest.TestCase):
     def test_emfile_recovery_logged_at_error(self) -> Any:
         events = Events(self)
         port = self.listen()
-        limiter = limits.watch_accept_errors(port, "TCP")
+        limiter = limits.watch_accept_errors(port, "TCP", LogGate().logger("nsq_service.limits"))
         assert limiter is not None
         self.addCleanup(limiter.stop)
         # what twisted's accept loop logs when the process is out of descriptors
@@ -90,7 +90,7 @@ class AcceptErrorTests(unittest.TestCase):
         class FakePort:
             pass
 
-        self.assertIsNone(limits.watch_accept_errors(FakePort(), "TCP"))
+        self.assertIsNone(limits.watch_accept_errors(FakePort(), "TCP", LogGate().logger("nsq_service.limits")))
 
 
 class RaiseFdLimitTests(unittest.TestCase):
@@ -108,18 +108,18 @@ class RaiseFdLimitTests(unittest.TestCase):
 
     def test_soft_raised_to_hard(self) -> None:
         calls = self.fake(1024, 524288)
-        self.assertEqual(limits.raise_fd_limit(), (1024, 524288))
+        self.assertEqual(limits.raise_fd_limit(LogGate().logger("nsq_service.limits")), (1024, 524288))
         self.assertEqual(calls, [(524288, 524288)])
 
     def test_left_alone(self) -> None:
         for soft, hard in [(4096, 4096), (1024, resource.RLIM_INFINITY)]:
             calls = self.fake(soft, hard)
-            self.assertIsNone(limits.raise_fd_limit())
+            self.assertIsNone(limits.raise_fd_limit(LogGate().logger("nsq_service.limits")))
             self.assertEqual(calls, [])
 
     def test_refusal_is_logged_not_fatal(self) -> None:
         events = Events(self)
         self.fake(1024, 4096, fail=True)
-        self.assertIsNone(limits.raise_fd_limit())
+        self.assertIsNone(limits.raise_fd_limit(LogGate().logger("nsq_service.limits")))
         warnings = [e for e in events.events if e.get("log_namespace") == "nsq_service.limits"]
         self.assertEqual(warnings[0]["log_level"], LogLevel.warn)

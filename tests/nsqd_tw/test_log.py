@@ -5,18 +5,16 @@ from __future__ import annotations
 from twisted.logger import LogLevel, globalLogPublisher
 from twisted.trial import unittest
 
-from nsq_service import log
-from nsq_service.log import Logger, Throttle
+from nsq_service.log import LogGate, Throttle
 
 
 class ThrottleTests(unittest.TestCase):
     def setUp(self) -> None:
         self.now = 1000.0
-        self.patch(log, "_throttle", Throttle(limit=5, clock=lambda: self.now))
         self.events: list[dict] = []
         globalLogPublisher.addObserver(self.events.append)
         self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
-        self.logger = Logger(namespace="nsqd_tw.test")
+        self.logger = LogGate(throttle=Throttle(limit=5, clock=lambda: self.now)).logger("nsqd_tw.test")
 
     def texts(self) -> list[str]:
         from twisted.logger import formatEvent

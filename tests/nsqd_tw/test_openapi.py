@@ -13,7 +13,8 @@ from treq.testing import StubTreq
 from twisted.internet import defer
 from twisted.trial import unittest
 
-from nsqd_tw.http.api import NSQDHTTPAPI, ROUTES
+from nsq_service.listen import Bound
+from nsqd_tw.http.api import NSQDHTTPAPI
 from tests.helpers import FakeClient, make_nsqd
 
 SPEC_PATH = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
@@ -38,9 +39,9 @@ class OpenAPITests(unittest.TestCase):
     def setUp(self) -> None:
         self.spec = _spec()
         self.nsqd = make_nsqd(e2e_processing_latency_percentiles=[0.99])
-        self.nsqd.tcp_address = ("127.0.0.1", 4150)
-        self.nsqd.http_address = ("127.0.0.1", 4151)
-        self.treq = StubTreq(NSQDHTTPAPI(self.nsqd).resource())
+        self.treq = StubTreq(
+            NSQDHTTPAPI(self.nsqd, Bound(tcp=("127.0.0.1", 4150), http=("127.0.0.1", 4151))).resource()
+        )
         # something to report: a topic, a channel with a consumer, a producer
         consumer = FakeClient(self.nsqd)
         consumer.sub("t", "c", rdy=1)
@@ -51,8 +52,9 @@ class OpenAPITests(unittest.TestCase):
 
     def test_every_route_is_documented(self) -> None:
         documented = {p.replace("{opt}", "<opt>") for p in self.spec["paths"]}
-        self.assertEqual(set(ROUTES), documented)
-        for path, methods in ROUTES.items():
+        routes = NSQDHTTPAPI(self.nsqd).router.routes
+        self.assertEqual(set(routes), documented)
+        for path, methods in routes.items():
             ops = self.spec["paths"][path.replace("<opt>", "{opt}")]
             self.assertEqual({m.lower() for m in methods}, set(ops) - {"parameters"}, path)
 

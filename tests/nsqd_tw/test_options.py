@@ -5,8 +5,8 @@ import tempfile
 
 from twisted.trial import unittest
 
-from nsq_service.options import ConfigError, parse_command_line
-from nsq_wire.gofmt import DurationError, format_duration, parse_duration
+from nsq_service.options import DURATION, ConfigError, parse_command_line
+from nsq_wire.gofmt import DurationError, parse_duration
 from nsqd_tw.options import (
     NSQD_DEPRECATED_FLAGS,
     TLS_NOT_REQUIRED,
@@ -93,7 +93,7 @@ class DurationTests(unittest.TestCase):
 
     def test_format(self) -> None:
         self.assertEqual(
-            [format_duration(x) for x in (60, 900, 0.25, 3600, 2, 0)], ["1m0s", "15m0s", "250ms", "1h0m0s", "2s", "0s"]
+            [DURATION.show(x) for x in (60, 900, 0.25, 3600, 2, 0)], ["1m0s", "15m0s", "250ms", "1h0m0s", "2s", "0s"]
         )
 
 

@@ -14,6 +14,7 @@ from twisted.logger import LogLevel, globalLogPublisher
 from twisted.trial import unittest
 
 from nsq_service import web
+from nsq_service.listen import Bound
 from nsqd_tw.http.api import make_site
 from tests.helpers import make_nsqd
 
@@ -69,10 +70,8 @@ class SiteTestCase(unittest.TestCase):
 
     def setUp(self) -> None:
         self.nsqd = make_nsqd(**self.opts)
-        self.nsqd.tcp_address = ("127.0.0.1", 4150)
-        self.nsqd.http_address = ("127.0.0.1", 4151)
         self.clock = self.nsqd.reactor
-        self.site = make_site(self.nsqd)
+        self.site = make_site(self.nsqd, Bound(tcp=("127.0.0.1", 4150), http=("127.0.0.1", 4151)))
         # a body over twisted's 100 KB threshold must never reach a temporary file
         self.patch(tempfile, "TemporaryFile", self.no_temporary_file)
 
