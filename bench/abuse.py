@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nsq_wire.commands import encode_command, encode_mpub
+from nsq_wire.commands import encode_command, mpub
 
 MB = 1024 * 1024
 
@@ -153,7 +153,7 @@ def slow_consumer(server: Server, seconds: float) -> dict:
     p = connect(server.tcp)
     body = b"m" * 100_000
     for _ in range(65):
-        p.sendall(encode_mpub("slow", [body] * 40))
+        p.sendall(mpub("slow", [body] * 40))
         read_frame(p)
     p.close()
     sampler = Sampler(server)

@@ -24,7 +24,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from run import launch  # noqa: E402
 
-from nsq_spark.conn import Connection, ConnectOptions, TLSConfig  # noqa: E402
+from nsq_client.blocking import Connection, ConnectOptions, TLSConfig  # noqa: E402
 
 
 def publish(address: str, topic: str, n: int, size: int) -> None:

@@ -9,12 +9,12 @@ import time
 
 from _common import FEATURES, base_parser, connect, expect_ok, features, run_workers
 
-from nsq_wire.commands import encode_mpub
+from nsq_wire.commands import mpub
 
 
 def pub_worker(address: str, topic: str, size: int, batch_size: int, *, ready, runfor: float) -> int:  # type: ignore[no-untyped-def]
     s = connect(address, "bench_writer")
-    command = encode_mpub(topic, [b"a" * size] * batch_size)
+    command = mpub(topic, [b"a" * size] * batch_size)
     buf = bytearray()
     count = 0
     ready.wait()

@@ -23,8 +23,9 @@ from zope.interface import implementer
 from lookupd_tw.registration_db import PeerInfo, Producer, Registration
 from nsq_service.options import hostname
 from nsq_wire.errors import FatalClientError
-from nsq_wire.frames import MAGIC_V1
+from nsq_wire.gofmt import join_host_port
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
+from nsq_wire.v1 import MAGIC_V1, pack_response
 from nsq_wire.version import VERSION
 
 if TYPE_CHECKING:
@@ -105,11 +106,6 @@ class V1Parser:
         return buf[pos:idx].decode("utf-8", "surrogateescape").strip(GO_SPACE).split(" ")
 
 
-def frame(data: bytes) -> bytes:
-    """A V1 answer: a 4-byte big-endian size, then the bytes."""
-    return _SIZE.pack(len(data)) + data
-
-
 @implementer(IPushProducer)
 class LookupProtocolV1(protocol.Protocol):
     """One peer's V1 connection.
@@ -144,7 +140,7 @@ class LookupProtocolV1(protocol.Protocol):
     def connectionMade(self) -> None:
         peer = self.transport.getPeer()
         host = getattr(peer, "host", "")
-        self.remote_address = f"[{host}]:{peer.port}" if ":" in host else f"{host}:{getattr(peer, 'port', '')}"
+        self.remote_address = join_host_port(host, getattr(peer, "port", ""))
         self.log.info("TCP: new client({addr})", addr=self.remote_address)
         self.transport.registerProducer(self, True)
         self._registered = True
@@ -168,7 +164,7 @@ class LookupProtocolV1(protocol.Protocol):
                     addr=self.remote_address,
                     magic=magic.decode("latin-1"),
                 )
-                self._out.append(frame(b"E_BAD_PROTOCOL"))
+                self._out.append(pack_response(b"E_BAD_PROTOCOL"))
                 self._close()
                 return
             self._parser = V1Parser()
@@ -225,12 +221,12 @@ class LookupProtocolV1(protocol.Protocol):
                     break
                 budget -= 1
                 if isinstance(cmd, bytes):
-                    self._out.append(frame(self.IDENTIFY(cmd)))
+                    self._out.append(pack_response(self.IDENTIFY(cmd)))
                 else:
                     self._exec(cmd)
         except FatalClientError as e:
             self.log.error("[{client}] - {err}", client=self, err=e)
-            self._out.append(frame(e.wire()))
+            self._out.append(pack_response(e.wire()))
             self._close()
             return
         except Exception:
@@ -243,16 +239,16 @@ class LookupProtocolV1(protocol.Protocol):
     def _exec(self, params: list[str]) -> None:
         name = params[0]
         if name == "PING":
-            self._out.append(frame(self.PING()))
+            self._out.append(pack_response(self.PING()))
         elif name == "IDENTIFY":
             if self.peer_info is not None:
                 raise FatalClientError("E_INVALID", "cannot IDENTIFY again")
             assert self._parser is not None
             self._parser.expect_body()
         elif name == "REGISTER":
-            self._out.append(frame(self.REGISTER(params[1:])))
+            self._out.append(pack_response(self.REGISTER(params[1:])))
         elif name == "UNREGISTER":
-            self._out.append(frame(self.UNREGISTER(params[1:])))
+            self._out.append(pack_response(self.UNREGISTER(params[1:])))
         else:
             raise FatalClientError("E_INVALID", f"invalid command {name}")
 

@@ -14,38 +14,29 @@ Used by the tests, the bench tools and the docs' examples::
 from __future__ import annotations
 
 import json
-import socket
-import struct
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import defer, endpoints, protocol
+from twisted.internet.interfaces import IStreamClientEndpoint
+from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from nsq_wire.commands import encode_command, encode_mpub
+from nsq_wire import commands, lookupd
 from nsq_wire.compression import DeflateCodec, SnappyCodec
-from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, HEARTBEAT, MAGIC_V2
+from nsq_wire.errors import NSQError
+from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, HEARTBEAT, MAGIC_V2, FrameReader
+from nsq_wire.gofmt import join_host_port
+from nsq_wire.message import decode
 from nsq_wire.version import VERSION
 
 log = Logger(namespace="nsq_client.twisted_client")
 
-_FRAME_HEADER = struct.Struct(">ii")
-_MSG_HEADER = struct.Struct(">qH")
+USER_AGENT = f"nsq-tw-client/{VERSION}"
 # errors nsqd sends for FIN/REQ/TOUCH, which have no response of their own
 _ASYNC_ERRORS = (b"E_FIN_FAILED", b"E_REQ_FAILED", b"E_TOUCH_FAILED")
-
-
-class NSQError(Exception):
-    """An error frame from nsqd: ``code`` (``E_INVALID``...) and its text."""
-
-    def __init__(self, data: bytes) -> None:
-        text = data.decode("utf-8", "replace")
-        code, _, rest = text.partition(" ")
-        super().__init__(text)
-        self.code = code
-        self.text = rest
 
 
 class ReceivedMessage:
@@ -81,7 +72,7 @@ class NSQClientProtocol(protocol.Protocol):
     transport: Any
 
     def __init__(self) -> None:
-        self._buf = b""
+        self._reader = FrameReader()
         self._codec: SnappyCodec | DeflateCodec | None = None
         self._switched = False  # the stream changed (TLS or compression) mid-buffer
         self.tls_options: Any = None  # a client TLS connection creator, for tls_v1
@@ -104,54 +95,37 @@ class NSQClientProtocol(protocol.Protocol):
     def dataReceived(self, data: bytes) -> None:
         if self._codec is not None:
             data = b"".join(self._codec.decode(data))
-        buf = self._buf + data if self._buf else data
-        self._buf = b""
-        while buf:
-            buf = self._frames(buf)
-
-    def _frames(self, buf: bytes) -> bytes:
-        """Handle the complete frames; returns bytes to parse again after a
-        switch to compression, else keeps the partial frame for later."""
-        pos = 0
-        end = len(buf)
-        unpack = _FRAME_HEADER.unpack_from
-        while end - pos >= 8:
-            size, frame_type = unpack(buf, pos)
-            if end - pos - 4 < size:
-                break
-            payload = buf[pos + 8 : pos + 4 + size]
-            pos += 4 + size
-            if frame_type == FRAME_TYPE_MESSAGE:
-                self._message(payload)
-            elif frame_type == FRAME_TYPE_RESPONSE:
-                if payload == HEARTBEAT:
-                    self.write(b"NOP\n")
-                elif self._pending:
-                    self._pending.popleft().callback(payload)
-            elif frame_type == FRAME_TYPE_ERROR:
-                err = NSQError(payload)
-                if not payload.startswith(_ASYNC_ERRORS) and self._pending:
-                    self._pending.popleft().errback(err)
-                elif self.on_error is not None:
-                    self.on_error(err)
-                else:
-                    log.warn("nsqd error: {err}", err=err)
+        reader = self._reader
+        reader.feed(data)
+        while (frame := reader.next()) is not None:
+            self._frame(*frame)
             if self._switched:
+                # what follows the OK of an upgrade is read the new way
                 self._switched = False
-                rest = buf[pos:]
-                if self._codec is None:  # TLS: what follows is the server's TLS records
+                rest = reader.rest()
+                if self._codec is None:  # TLS: the server's TLS records
                     if rest:
                         self.transport.protocol.dataReceived(rest)
-                    return b""
-                return b"".join(self._codec.decode(rest))
-        self._buf = buf[pos:]
-        return b""
+                    return
+                reader.feed(b"".join(self._codec.decode(rest)))
 
-    def _message(self, payload: bytes) -> None:
-        timestamp, attempts = _MSG_HEADER.unpack_from(payload)
-        msg = ReceivedMessage(self, payload[10:26], payload[26:], timestamp, attempts)
-        if self.on_message is not None:
-            self.on_message(msg)
+    def _frame(self, frame_type: int, data: bytes) -> None:
+        if frame_type == FRAME_TYPE_MESSAGE:
+            if self.on_message is not None:
+                self.on_message(ReceivedMessage(self, *decode(data)))
+        elif frame_type == FRAME_TYPE_RESPONSE:
+            if data == HEARTBEAT:
+                self.write(commands.NOP)
+            elif self._pending:
+                self._pending.popleft().callback(data)
+        elif frame_type == FRAME_TYPE_ERROR:
+            err = NSQError.from_frame(data)
+            if not data.startswith(_ASYNC_ERRORS) and self._pending:
+                self._pending.popleft().errback(err)
+            elif self.on_error is not None:
+                self.on_error(err)
+            else:
+                log.warn("nsqd error: {err}", err=err)
 
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
         self.closed = True
@@ -174,8 +148,7 @@ class NSQClientProtocol(protocol.Protocol):
     def identify(self, **data: Any) -> defer.Deferred[bytes]:
         """IDENTIFY, then the upgrades nsqd agreed to (TLS, snappy, deflate);
         fires with nsqd's JSON answer once the stream has switched."""
-        body = json.dumps(data).encode()
-        d = self._request(encode_command(b"IDENTIFY", body=body))
+        d = self._request(commands.identify(data))
 
         def parsed(resp: bytes) -> Any:
             if not resp.startswith(b"{"):
@@ -194,7 +167,7 @@ class NSQClientProtocol(protocol.Protocol):
 
             def step(ok: bytes | None) -> None:
                 if ok is not None and ok != b"OK":
-                    done.errback(NSQError(b"E_IDENTIFY_FAILED unexpected " + ok))
+                    done.errback(NSQError.from_frame(b"E_IDENTIFY_FAILED unexpected " + ok))
                     return
                 if not steps:
                     done.callback(resp)
@@ -221,37 +194,37 @@ class NSQClientProtocol(protocol.Protocol):
         self._switched = True
 
     def auth(self, secret: bytes) -> defer.Deferred[bytes]:
-        return self._request(encode_command(b"AUTH", body=secret))
+        return self._request(commands.auth(secret))
 
     def sub(self, topic: str, channel: str) -> defer.Deferred[bytes]:
-        return self._request(encode_command(b"SUB", topic, channel))
+        return self._request(commands.sub(topic, channel))
 
     def pub(self, topic: str, body: bytes) -> defer.Deferred[bytes]:
-        return self._request(encode_command(b"PUB", topic, body=body))
+        return self._request(commands.pub(topic, body))
 
     def mpub(self, topic: str, bodies: list[bytes]) -> defer.Deferred[bytes]:
-        return self._request(encode_mpub(topic, bodies))
+        return self._request(commands.mpub(topic, bodies))
 
     def dpub(self, topic: str, delay_ms: int, body: bytes) -> defer.Deferred[bytes]:
-        return self._request(encode_command(b"DPUB", topic, str(delay_ms), body=body))
+        return self._request(commands.dpub(topic, delay_ms, body))
 
     def cls(self) -> defer.Deferred[bytes]:
-        return self._request(b"CLS\n")
+        return self._request(commands.CLS)
 
     def rdy(self, count: int) -> None:
-        self.write(b"RDY %d\n" % count)
+        self.write(commands.rdy(count))
 
     def fin(self, msg_id: bytes) -> None:
-        self.write(b"FIN " + msg_id + b"\n")
+        self.write(commands.fin(msg_id))
 
     def req(self, msg_id: bytes, delay_ms: int = 0) -> None:
-        self.write(b"REQ " + msg_id + b" %d\n" % delay_ms)
+        self.write(commands.req(msg_id, delay_ms))
 
     def touch(self, msg_id: bytes) -> None:
-        self.write(b"TOUCH " + msg_id + b"\n")
+        self.write(commands.touch(msg_id))
 
     def nop(self) -> None:
-        self.write(b"NOP\n")
+        self.write(commands.NOP)
 
     def write(self, data: bytes) -> None:
         if self._codec is not None:
@@ -262,33 +235,31 @@ class NSQClientProtocol(protocol.Protocol):
         self.transport.loseConnection()
 
 
-def _client_endpoint(reactor: Any, host: str, port: int) -> Any:
-    return endpoints.HostnameEndpoint(reactor, host, port, timeout=5)
-
-
 @defer.inlineCallbacks
 def connect(
-    reactor: Any, host: str, port: int, tls_options: Any = None, auth_secret: bytes | None = None, **identify: Any
+    reactor: Any,
+    host: str,
+    port: int,
+    tls_options: Any = None,
+    auth_secret: bytes | None = None,
+    endpoint: IStreamClientEndpoint | None = None,
+    **identify: Any,
 ) -> Any:
     """Connect and IDENTIFY; fires with the :class:`NSQClientProtocol`.
 
     ``identify`` are IDENTIFY's fields (``snappy=True``, ``deflate=True``,
     ``tls_v1=True``...); ``tls_options`` is a client connection creator
     (:func:`twisted.internet.ssl.optionsForClientTLS`) for the TLS upgrade;
-    ``auth_secret`` is sent with AUTH once identified.
+    ``auth_secret`` is sent with AUTH once identified. ``endpoint`` connects
+    instead of a HostnameEndpoint to ``host:port``.
     """
     factory = protocol.Factory.forProtocol(NSQClientProtocol)
     factory.noisy = False
-    conn = yield _client_endpoint(reactor, host, port).connect(factory)
+    if endpoint is None:
+        endpoint = endpoints.HostnameEndpoint(reactor, host, port, timeout=5)
+    conn = yield endpoint.connect(factory)
     conn.tls_options = tls_options
-    data = {
-        "client_id": socket.gethostname().split(".")[0],
-        "hostname": socket.gethostname(),
-        "user_agent": f"nsq-tw-client/{VERSION}",
-        "feature_negotiation": True,
-    }
-    data.update(identify)
-    yield conn.identify(**data)
+    yield conn.identify(**{**commands.identify_defaults(USER_AGENT), **identify})
     if auth_secret is not None:
         yield conn.auth(auth_secret)
     return conn
@@ -333,11 +304,13 @@ class Consumer:
         channel: str,
         handler: Callable[[ReceivedMessage], Any],
         max_in_flight: int = 1,
+        endpoint: IStreamClientEndpoint | None = None,
         **identify: Any,
     ) -> Any:
+        """Connect (as :func:`connect`), SUB and RDY; fires with the Consumer."""
         consumer = cls(topic, channel, handler, max_in_flight)
         consumer.reactor = reactor
-        conn = yield connect(reactor, host, port, **identify)
+        conn = yield connect(reactor, host, port, endpoint=endpoint, **identify)
         consumer.conn = conn
         conn.on_message = consumer._handle
         yield conn.sub(topic, channel)
@@ -427,7 +400,9 @@ class LookupdConsumer:
     Every ``poll_interval`` it asks each lookupd's ``/lookup?topic=`` for the
     topic's producers and subscribes to the ones it is not connected to yet;
     a node that goes away is dropped and picked up again when it is listed.
-    ``max_in_flight`` applies to each connection.
+    ``max_in_flight`` applies to each connection. ``http_client`` (treq's
+    HTTPClient or alike) asks the lookupds, ``endpoint_factory(host, port)``
+    connects to the nodes; both default to the reactor's network.
     """
 
     def __init__(
@@ -439,6 +414,8 @@ class LookupdConsumer:
         handler: Callable[[ReceivedMessage], Any],
         max_in_flight: int = 1,
         poll_interval: float = 60.0,
+        http_client: Any = None,
+        endpoint_factory: Callable[[str, int], IStreamClientEndpoint] | None = None,
         **identify: Any,
     ) -> None:
         self.reactor = reactor
@@ -450,8 +427,8 @@ class LookupdConsumer:
         self.identify = identify
         self.consumers: dict[tuple[str, int], Consumer] = {}
         self._connecting: set[tuple[str, int]] = set()
-        from twisted.internet.task import LoopingCall
-
+        self.http = http_client if http_client is not None else _http_client(reactor)
+        self.endpoint_factory = endpoint_factory
         self._poll = LoopingCall(self.poll)
         self._poll.clock = reactor
         self.poll_interval = poll_interval
@@ -464,22 +441,19 @@ class LookupdConsumer:
     @defer.inlineCallbacks
     def poll(self) -> Any:
         """One look at the lookupds (a failure is logged, never raised)."""
-        import treq
-
         nodes: set[tuple[str, int]] = set()
         for address in self.lookupds:
-            url = f"http://{address}/lookup?topic={self.topic}"
+            url = lookupd.lookup_url(address, self.topic)
             try:
-                resp = yield treq.get(url, persistent=False, timeout=5)
+                resp = yield self.http.get(
+                    url, headers={b"Accept": [lookupd.ACCEPT.encode()]}, timeout=5, reactor=self.reactor
+                )
                 body = yield resp.content()
+                if resp.code != 200:
+                    continue
+                nodes.update(lookupd.producers(body))
             except Exception as e:
                 log.warn("lookupd {url} failed - {err}", url=url, err=e)
-                continue
-            if resp.code != 200:
-                continue
-            data = json.loads(body)
-            for p in data.get("producers") or []:
-                nodes.add((p["broadcast_address"], int(p["tcp_port"])))
         for node in nodes:
             if node not in self.consumers and node not in self._connecting:
                 self._connect(node)
@@ -487,8 +461,17 @@ class LookupdConsumer:
     def _connect(self, node: tuple[str, int]) -> None:
         self._connecting.add(node)
         host, port = node
+        endpoint = self.endpoint_factory(host, port) if self.endpoint_factory is not None else None
         d = Consumer.connect(
-            self.reactor, host, port, self.topic, self.channel, self.handler, self.max_in_flight, **self.identify
+            self.reactor,
+            host,
+            port,
+            self.topic,
+            self.channel,
+            self.handler,
+            self.max_in_flight,
+            endpoint=endpoint,
+            **self.identify,
         )
 
         def connected(consumer: Consumer) -> None:
@@ -499,7 +482,7 @@ class LookupdConsumer:
 
         def failed(f: Failure) -> None:
             self._connecting.discard(node)
-            log.warn("could not subscribe on {node} - {err}", node=node, err=f.value)
+            log.warn("could not subscribe on {node} - {err}", node=join_host_port(host, port), err=f.value)
 
         d.addCallbacks(connected, failed)
 
@@ -509,3 +492,10 @@ class LookupdConsumer:
             self._poll.stop()
         for consumer in list(self.consumers.values()):
             yield consumer.close()
+
+
+def _http_client(reactor: Any) -> Any:
+    from treq.client import HTTPClient
+    from twisted.web.client import Agent, HTTPConnectionPool
+
+    return HTTPClient(Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=False)))

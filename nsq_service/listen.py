@@ -15,7 +15,7 @@ from twisted.python.failure import Failure
 from nsq_service.limits import watch_accept_errors
 from nsq_service.log import Logger
 from nsq_service.options import exit_fatal, missing_port, split_address, start_error_text
-from nsq_wire.gofmt import go_errno
+from nsq_wire.gofmt import go_errno, join_host_port
 
 
 @dataclass
@@ -31,14 +31,10 @@ class Bound:
         return (getattr(host, "host", ""), getattr(host, "port", 0))
 
 
-def format_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 def address_text(host: Any) -> str:
     """A listening address as Go prints it: ``HOST:PORT``, or a unix socket's path."""
     if hasattr(host, "port"):
-        return format_address(host.host, host.port)
+        return join_host_port(host.host, host.port)
     name = host.name
     return os.fsdecode(name) if isinstance(name, bytes) else str(name)
 

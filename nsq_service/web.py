@@ -41,6 +41,7 @@ from nsq_service.log import LogGate, Logger
 from nsq_service.memstats import GCPauses, mem_stats
 from nsq_service.options import ConfigError, field_by_cfg_name
 from nsq_wire import gojson
+from nsq_wire.gofmt import join_host_port
 
 BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
 NSQ_CONTENT_TYPE = b"nsq; version=1.0"
@@ -461,7 +462,7 @@ def _peer(request: Request) -> str:
     peer = request.getClientAddress()
     host = getattr(peer, "host", "")
     port = getattr(peer, "port", "")
-    return f"{host}:{port}" if host else str(peer)
+    return join_host_port(host, port) if host else str(peer)
 
 
 class BoundedRequest(Request):
@@ -650,7 +651,7 @@ class HTTPChannel(http.HTTPChannel):
     def _peer(self) -> str:
         peer = self.transport.getPeer() if self.transport is not None else None
         host = getattr(peer, "host", "")
-        return f"{host}:{getattr(peer, 'port', '')}" if host else str(peer)
+        return join_host_port(host, getattr(peer, "port", "")) if host else str(peer)
 
     def _bad_request(self, reason: str) -> None:
         self.site.logger.info("HTTP: 400 Bad Request to {addr} - {reason}", addr=self._peer(), reason=reason)

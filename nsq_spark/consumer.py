@@ -17,10 +17,8 @@ delivers them again.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import random
-import struct
 import threading
 import time
 import uuid
@@ -28,26 +26,19 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.error import HTTPError
-from urllib.parse import quote
 from urllib.request import Request, urlopen
 
-from nsq_spark.conn import (
-    CLOSE_WAIT,
-    FRAME_TYPE_ERROR,
-    FRAME_TYPE_MESSAGE,
-    HEARTBEAT,
-    Connection,
-    ConnectOptions,
-    NSQError,
-)
+from nsq_client.blocking import Connection, ConnectOptions
+from nsq_wire import commands, lookupd
+from nsq_wire.errors import NSQError
+from nsq_wire.frames import CLOSE_WAIT, FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, HEARTBEAT
+from nsq_wire.gofmt import join_host_port
+from nsq_wire.message import decode
 
 log = logging.getLogger("nsq_spark.consumer")
 
 DEFAULT_MAX_RDY = 2500  # nsqd's --max-rdy-count default
 MAX_CONNECTIONS_PER_NSQD = 16
-
-
-_MESSAGE_HEADER = struct.Struct(">qH16s")
 
 
 @dataclass(slots=True)
@@ -217,13 +208,13 @@ class HoldingConsumer:
                 if frame_type == FRAME_TYPE_MESSAGE:
                     messages.append(data)
                 elif frame_type == FRAME_TYPE_ERROR:
-                    text = data.decode("utf-8", "replace")
-                    if text.startswith(("E_FIN_FAILED", "E_TOUCH_FAILED", "E_REQ_FAILED")):
-                        log.warning("%s: %s", state.address, text)  # e.g. a message that had timed out
+                    error = NSQError.from_frame(data, state.address)
+                    if error.code in ("E_FIN_FAILED", "E_TOUCH_FAILED", "E_REQ_FAILED"):
+                        log.warning("%s: %s", state.address, error.text)  # e.g. a message that had timed out
                         continue
-                    raise NSQError(text, state.address)
+                    raise error
                 elif data == HEARTBEAT:
-                    conn.send(b"NOP\n")
+                    conn.send(commands.NOP)
                 elif data == CLOSE_WAIT:
                     state.close_wait.set()
                     return
@@ -232,14 +223,13 @@ class HoldingConsumer:
 
     def _received(self, state: _ConnState, conn: Connection, frames: list[bytes]) -> None:
         state.failures = 0  # this connection works: reconnect at once if it drops
-        unpack = _MESSAGE_HEADER.unpack_from
-        decoded = [(*unpack(data), data[26:]) for data in frames]
+        decoded = [decode(data) for data in frames]
         with self.cond:
             self.last_activity = self.clock()
             cutoff = self.cutoff_ns
             seq = self.next_seq
             held = self.held
-            for timestamp, attempts, msg_id, body in decoded:
+            for msg_id, body, timestamp, attempts in decoded:
                 if cutoff is not None and timestamp > cutoff:
                     # published after availableNow began: not this run's; give it back
                     conn.req(msg_id, 0)
@@ -308,29 +298,20 @@ class HoldingConsumer:
         """The topic's nsqd addresses the lookupds list, and the lookupds that failed."""
         found: list[str] = []
         problems: list[str] = []
-        for lookupd in self.config.lookupd_addresses:
-            base = lookupd if "://" in lookupd else f"http://{lookupd}"
-            url = f"{base.rstrip('/')}/lookup?topic={quote(self.config.topic)}"
+        for address in self.config.lookupd_addresses:
             try:
-                req = Request(url, headers={"Accept": "application/vnd.nsq; version=1.0"})
+                req = Request(lookupd.lookup_url(address, self.config.topic), headers={"Accept": lookupd.ACCEPT})
                 with urlopen(req, timeout=5) as resp:
-                    data = json.loads(resp.read())
+                    found.extend(join_host_port(host, port) for host, port in lookupd.producers(resp.read()))
             except HTTPError as e:
                 if e.code == 404:  # the topic is on no node yet
-                    log.info("lookupd %s: no nsqd has topic %s yet", lookupd, self.config.topic)
+                    log.info("lookupd %s: no nsqd has topic %s yet", address, self.config.topic)
                 else:
-                    problems.append(f"lookupd {lookupd}: {e}")
-                    log.warning("lookupd %s: %s", lookupd, e)
-                continue
+                    problems.append(f"lookupd {address}: {e}")
+                    log.warning("lookupd %s: %s", address, e)
             except Exception as e:
-                problems.append(f"lookupd {lookupd}: {e}")
-                log.warning("lookupd %s: %s", lookupd, e)
-                continue
-            data = data.get("data", data)  # pre-1.0 lookupd wrapped it
-            for p in data.get("producers") or []:
-                host = p.get("broadcast_address") or p.get("address")
-                if host and p.get("tcp_port"):
-                    found.append(f"[{host}]:{p['tcp_port']}" if ":" in host else f"{host}:{p['tcp_port']}")
+                problems.append(f"lookupd {address}: {e}")
+                log.warning("lookupd %s: %s", address, e)
         return sorted(set(found)), problems
 
     def _toucher(self) -> None:
@@ -460,7 +441,7 @@ class HoldingConsumer:
         for s in states:
             if s.conn is not None:
                 try:
-                    s.conn.send(b"RDY 0\nCLS\n")
+                    s.conn.send(commands.rdy(0) + commands.CLS)
                 except (OSError, NSQError):
                     s.close_wait.set()
             else:

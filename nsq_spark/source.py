@@ -60,8 +60,11 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from nsq_spark.conn import Connection, ConnectOptions, NSQError, TLSConfig
+from nsq_client.blocking import Connection, ConnectOptions, TLSConfig
 from nsq_spark.consumer import ConsumerConfig, HoldingConsumer
+from nsq_wire import lookupd
+from nsq_wire.errors import NSQError
+from nsq_wire.gofmt import join_host_port
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
 
 log = logging.getLogger("nsq_spark")
@@ -432,24 +435,16 @@ def _nsqd_for_task(options: NSQOptions) -> str:
 
 
 def _lookupd_nodes(lookupds: list[str]) -> list[str]:
-    import json
     from urllib.request import Request, urlopen
 
     found: set[str] = set()
-    for lookupd in lookupds:
-        base = lookupd if "://" in lookupd else f"http://{lookupd}"
+    for address in lookupds:
         try:
-            req = Request(f"{base.rstrip('/')}/nodes", headers={"Accept": "application/vnd.nsq; version=1.0"})
+            req = Request(lookupd.nodes_url(address), headers={"Accept": lookupd.ACCEPT})
             with urlopen(req, timeout=5) as resp:
-                data = json.loads(resp.read())
+                found.update(join_host_port(host, port) for host, port in lookupd.producers(resp.read()))
         except Exception as e:
-            log.warning("lookupd %s: %s", lookupd, e)
-            continue
-        data = data.get("data", data)
-        for p in data.get("producers") or []:
-            host = p.get("broadcast_address")
-            if host and p.get("tcp_port"):
-                found.add(f"{host}:{p['tcp_port']}")
+            log.warning("lookupd %s: %s", address, e)
     return sorted(found)
 
 

@@ -1,4 +1,4 @@
-"""Go's formats: %q quoting, base-10 parsing with Go's wrap, durations, errno texts."""
+"""Go's formats: %q quoting, host:port, base-10 parsing with Go's wrap, durations, errno texts."""
 
 from __future__ import annotations
 
@@ -64,6 +64,11 @@ def _quote_rune(ch: str) -> str:
     if r < 0x10000:
         return "\\u%04x" % r
     return "\\U%08x" % r
+
+
+def join_host_port(host: str, port: int | str) -> str:
+    """``host:port``, an IPv6 host in brackets (Go's net.JoinHostPort)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def parse_base10(value: bytes) -> int:

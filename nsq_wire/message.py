@@ -1,9 +1,71 @@
-"""The message header both in a message frame and in a disk-queue record."""
+"""A message as nsqd sends and stores it: ``[8-byte ns timestamp][2-byte attempts][16-byte ID][body]``.
+
+The same bytes are a message frame's data and a disk-queue record, as in Go
+nsqd. This module alone knows the layout: nsqd's Message takes its
+``encode``/``frame`` methods from here, the clients decode with :func:`decode`,
+the disk queue's recovery finds records with the offsets.
+"""
 
 from __future__ import annotations
+
+import struct
+from typing import Protocol
+
+from nsq_wire.frames import FRAME_TYPE_MESSAGE
 
 MSG_ID_LENGTH = 16
 
 
-# timestamp (8) + attempts (2) + id (16)
-MESSAGE_HEADER_LENGTH = 26
+# the timestamp (8 bytes) and attempts (2) come first
+ID_OFFSET = 10
+
+
+MESSAGE_HEADER_LENGTH = ID_OFFSET + MSG_ID_LENGTH
+
+
+# the timestamp alone, signed nanoseconds
+TIMESTAMP = struct.Struct(">q")
+
+
+_HEADER = struct.Struct(">qH16s")
+# Go writes uint64/uint16: negative timestamps and attempts past 65535 wrap
+_ENCODE_HEADER = struct.Struct(">QH")
+# frame size, frame type, then the header up to the ID
+_FRAME_HEADER = struct.Struct(">iiQH")
+_U64 = 0xFFFF_FFFF_FFFF_FFFF
+
+
+class Fields(Protocol):
+    id: bytes
+    body: bytes
+    timestamp: int
+    attempts: int
+
+
+def encode(m: Fields) -> bytes:
+    """The message frame's data, and the disk-queue record."""
+    return _ENCODE_HEADER.pack(m.timestamp & _U64, m.attempts & 0xFFFF) + m.id + m.body
+
+
+def frame(m: Fields) -> bytes:
+    """The whole message frame: size, type, then :func:`encode`'s bytes."""
+    return (
+        _FRAME_HEADER.pack(
+            len(m.body) + MESSAGE_HEADER_LENGTH + 4, FRAME_TYPE_MESSAGE, m.timestamp & _U64, m.attempts & 0xFFFF
+        )
+        + m.id
+        + m.body
+    )
+
+
+def decode(data: bytes) -> tuple[bytes, bytes, int, int]:
+    """``(id, body, timestamp, attempts)`` of a message frame's data or a record."""
+    if len(data) < MESSAGE_HEADER_LENGTH:
+        raise ValueError(f"invalid message buffer size ({len(data)})")
+    timestamp, attempts, msg_id = _HEADER.unpack_from(data)
+    return msg_id, data[MESSAGE_HEADER_LENGTH:], timestamp, attempts
+
+
+def message_id(data: bytes) -> bytes:
+    """The ID of a message frame's data, without decoding the rest."""
+    return data[ID_OFFSET:MESSAGE_HEADER_LENGTH]

@@ -22,7 +22,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 from twisted.internet import defer
 
 from nsq_wire import gojson
-from nsq_wire.gofmt import go_quote
+from nsq_wire.gofmt import go_quote, join_host_port
 
 PERMISSIONS = ("subscribe", "publish")
 
@@ -109,15 +109,17 @@ def parse_auth_response(body: bytes, now: float) -> AuthState:
 
 
 class AuthClient:
-    """Queries the auth servers of ``--auth-http-address``."""
+    """Queries the auth servers of ``--auth-http-address`` with ``http_client``
+    (treq's HTTPClient or alike; by default one on nsqd's reactor, with the
+    ``--http-client-*`` timeouts, verifying HTTPS with ``--tls-root-ca-file``)."""
 
-    def __init__(self, nsqd: Any) -> None:
+    def __init__(self, nsqd: Any, http_client: Any = None) -> None:
         self.nsqd = nsqd
-        self._http: Any = None
+        self._http = http_client
 
     def _client(self) -> Any:
         if self._http is None:
-            import treq
+            from treq.client import HTTPClient
             from twisted.internet import ssl
             from twisted.web.client import Agent, BrowserLikePolicyForHTTPS, HTTPConnectionPool
 
@@ -132,7 +134,7 @@ class AuthClient:
                 connectTimeout=opts.http_client_connect_timeout,
                 pool=HTTPConnectionPool(self.nsqd.reactor, persistent=False),
             )
-            self._http = treq.client.HTTPClient(agent)
+            self._http = HTTPClient(agent)
         return self._http
 
     @defer.inlineCallbacks
@@ -165,6 +167,7 @@ class AuthClient:
         client = self._client()
         headers: Any = {b"Accept": [b"application/vnd.nsq; version=1.0"]}
         timeout = opts.http_client_request_timeout
+        reactor = self.nsqd.reactor
         while True:
             if post:
                 # Go marshals url.Values: every value is a list
@@ -176,9 +179,12 @@ class AuthClient:
                     data=gojson.dumps(values),
                     headers={**headers, b"Content-Type": [b"application/json"]},
                     timeout=timeout,
+                    reactor=reactor,
                 )
             else:
-                resp = yield client.get(f"{endpoint}?{urlencode(params)}", headers=headers, timeout=timeout)
+                resp = yield client.get(
+                    f"{endpoint}?{urlencode(params)}", headers=headers, timeout=timeout, reactor=reactor
+                )
             content = yield resp.content()
             if resp.code == 403 and not endpoint.startswith("https"):
                 # a TLS-required nsq-style server names its HTTPS port
@@ -194,7 +200,7 @@ def _https_endpoint(endpoint: str, body: bytes) -> str:
     port = json.loads(body).get("https_port")
     parts = urlsplit(endpoint)
     host = parts.hostname or ""
-    return urlunsplit(("https", f"{host}:{port}", parts.path, parts.query, ""))
+    return urlunsplit(("https", join_host_port(host, port), parts.path, parts.query, ""))
 
 
 def _describe(e: BaseException) -> str:

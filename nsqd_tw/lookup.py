@@ -13,19 +13,20 @@ so what is published before consumers connect is not lost.
 from __future__ import annotations
 
 import json
-import struct
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 from twisted.application import service
 from twisted.application.internet import ClientService, backoffPolicy
 from twisted.internet import defer, endpoints, protocol
+from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
 
 from nsq_service.options import hostname
-from nsq_wire.frames import MAGIC_V1
+from nsq_wire import lookupd, v1
+from nsq_wire.gofmt import join_host_port
 from nsq_wire.names import is_ephemeral
 from nsq_wire.version import VERSION
 
@@ -34,21 +35,10 @@ if TYPE_CHECKING:
     from nsqd_tw.core.nsqd import NSQD
     from nsqd_tw.core.topic import Topic
 
-_SIZE = struct.Struct(">i")
 PING_INTERVAL = 15.0
 COMMAND_TIMEOUT = 5.0
 
-
-def identify_command(body: bytes) -> bytes:
-    return b"IDENTIFY\n" + _SIZE.pack(len(body)) + body
-
-
-def register_command(topic: str, channel: str = "", unregister: bool = False) -> bytes:
-    verb = b"UNREGISTER" if unregister else b"REGISTER"
-    parts = [verb, topic.encode()]
-    if channel:
-        parts.append(channel.encode())
-    return b" ".join(parts) + b"\n"
+EndpointFactory = Callable[[str, int], IStreamClientEndpoint]
 
 
 class LookupdError(Exception):
@@ -99,12 +89,12 @@ class LookupPeerProtocol(protocol.Protocol):
 
     def __init__(self, peer: LookupPeer) -> None:
         self.peer = peer
-        self._buf = b""
+        self._reader = v1.ResponseReader(peer.max_body_size)
         self._pending: deque[tuple[defer.Deferred[bytes], Any]] = deque()
         self.closed = False
 
     def connectionMade(self) -> None:
-        self.transport.write(MAGIC_V1)
+        self.transport.write(v1.MAGIC_V1)
         self.peer.connected(self)
 
     def command(self, data: bytes) -> defer.Deferred[bytes]:
@@ -124,21 +114,21 @@ class LookupPeerProtocol(protocol.Protocol):
         self.transport.abortConnection()
 
     def dataReceived(self, data: bytes) -> None:
-        self._buf += data
-        while len(self._buf) >= 4:
-            (size,) = _SIZE.unpack_from(self._buf)
-            if size < 0 or size > self.peer.max_body_size:
+        self._reader.feed(data)
+        while True:
+            try:
+                payload = self._reader.next()
+            except v1.ResponseTooLarge as e:
                 self.peer.log.error(
                     "LOOKUPD({addr}): response body size ({size}) is greater than limit ({limit})",
                     addr=self.peer.address,
-                    size=size,
+                    size=e.size,
                     limit=self.peer.max_body_size,
                 )
                 self.transport.abortConnection()
                 return
-            if len(self._buf) < 4 + size:
+            if payload is None:
                 return
-            payload, self._buf = self._buf[4 : 4 + size], self._buf[4 + size :]
             if not self._pending:
                 continue
             d, timer = self._pending.popleft()
@@ -169,9 +159,10 @@ class _PeerFactory(protocol.Factory):
 
 
 class LookupPeer(service.Service):
-    """A reconnecting connection to one nsqlookupd (Go's lookupPeer)."""
+    """A reconnecting connection to one nsqlookupd (Go's lookupPeer), through
+    the endpoints ``endpoint_factory(host, port)`` makes."""
 
-    def __init__(self, lookup: LookupService, address: str) -> None:
+    def __init__(self, lookup: LookupService, address: str, endpoint_factory: EndpointFactory) -> None:
         self.lookup = lookup
         self.log = lookup.log
         self.nsqd = lookup.nsqd
@@ -182,7 +173,7 @@ class LookupPeer(service.Service):
         self.proto: LookupPeerProtocol | None = None
         host, port = split_host_port(address)
         # an empty host is the local system, as for Go's Dial
-        endpoint = endpoints.HostnameEndpoint(self.reactor, host or "localhost", port, timeout=1)
+        endpoint = endpoint_factory(host or "localhost", port)
         self.client = ClientService(
             endpoint, _PeerFactory(self), retryPolicy=backoffPolicy(initialDelay=0.2, maxDelay=15.0), clock=self.reactor
         )
@@ -206,7 +197,7 @@ class LookupPeer(service.Service):
         addr = self.info.get("broadcast_address")
         if not addr:
             return None
-        return f"{addr}:{self.info.get('http_port')}"
+        return join_host_port(addr, str(self.info.get("http_port")))
 
     def connected(self, proto: LookupPeerProtocol) -> None:
         self.log.info("LOOKUP connected to {addr}", addr=self.address)
@@ -223,7 +214,7 @@ class LookupPeer(service.Service):
             "tcp_port": opts.broadcast_tcp_port,
             "version": VERSION,
         }
-        cmd = identify_command(json.dumps(ci, separators=(",", ":")).encode())
+        cmd = v1.identify(json.dumps(ci, separators=(",", ":")).encode())
         try:
             resp = yield proto.command(cmd)
         except Exception as e:
@@ -249,9 +240,9 @@ class LookupPeer(service.Service):
         commands = []
         for topic in self.nsqd.topics.values():
             if not topic.channels:
-                commands.append(register_command(topic.name))
+                commands.append(v1.register(topic.name))
             for channel in topic.channels.values():
-                commands.append(register_command(topic.name, channel.name))
+                commands.append(v1.register(topic.name, channel.name))
         for cmd in commands:
             self.log.info("LOOKUPD({addr}): {cmd}", addr=self.address, cmd=cmd.decode().strip())
             try:
@@ -278,14 +269,22 @@ class LookupPeer(service.Service):
 
 
 class LookupService(service.MultiService):
-    """Every lookupd peer, the change notifications and the 15 s PINGs."""
+    """Every lookupd peer, the change notifications and the 15 s PINGs.
+
+    ``endpoint_factory(host, port)`` connects to the lookupds (HostnameEndpoints
+    by default); ``http_client`` (treq's HTTPClient or alike) asks them for a
+    new topic's channels (by default one on nsqd's reactor, with the
+    ``--http-client-*`` timeouts).
+    """
 
     name = "lookup"
 
-    def __init__(self, nsqd: NSQD) -> None:
+    def __init__(self, nsqd: NSQD, endpoint_factory: EndpointFactory | None = None, http_client: Any = None) -> None:
         super().__init__()
         self.nsqd = nsqd
         self.log = nsqd.log_gate.logger("nsqd_tw.lookup", self)
+        self.endpoint_factory = endpoint_factory or self._endpoint
+        self._http = http_client
         self._ping = LoopingCall(self.ping)
         self._ping.clock = nsqd.reactor
         nsqd.observe_changes(self.changed)
@@ -310,6 +309,23 @@ class LookupService(service.MultiService):
         self.log.info("LOOKUP: closing")
         return super().stopService()
 
+    def _endpoint(self, host: str, port: int) -> IStreamClientEndpoint:
+        return endpoints.HostnameEndpoint(self.nsqd.reactor, host, port, timeout=1)
+
+    def _http_client(self) -> Any:
+        if self._http is None:
+            from treq.client import HTTPClient
+            from twisted.web.client import Agent, HTTPConnectionPool
+
+            reactor = self.nsqd.reactor
+            agent = Agent(
+                reactor,
+                connectTimeout=self.nsqd.opts.http_client_connect_timeout,
+                pool=HTTPConnectionPool(reactor, persistent=False),
+            )
+            self._http = HTTPClient(agent)
+        return self._http
+
     def _sync_peers(self) -> None:
         wanted = list(self.nsqd.opts.lookupd_tcp_addresses)
         for peer in self.peers:
@@ -320,7 +336,7 @@ class LookupService(service.MultiService):
         for address in wanted:
             if address not in have:  # a repeated address is one peer, as in Go
                 have.add(address)
-                LookupPeer(self, address).setServiceParent(self)
+                LookupPeer(self, address, self.endpoint_factory).setServiceParent(self)
 
     def options_changed(self, name: str) -> None:
         if name == "lookupd_tcp_addresses" and self.running:
@@ -329,15 +345,17 @@ class LookupService(service.MultiService):
     def ping(self) -> None:
         for peer in self.peers:
             self.log.debug("LOOKUPD({addr}): sending heartbeat", addr=peer.address)
-            peer.command(b"PING\n")
+            peer.command(v1.PING)
 
     def changed(self, what: str, obj: Topic | Channel) -> None:
         if what.startswith("topic"):
-            branch, cmd = "topic", register_command(obj.name, unregister=what == "topic_deleted")
+            verb = v1.unregister if what == "topic_deleted" else v1.register
+            branch, cmd = "topic", verb(obj.name)
         else:
             channel: Any = obj
             branch = "channel"
-            cmd = register_command(channel.topic_name, channel.name, unregister=what == "channel_deleted")
+            verb = v1.unregister if what == "channel_deleted" else v1.register
+            cmd = verb(channel.topic_name, channel.name)
         for peer in self.peers:
             self.log.info("LOOKUPD({addr}): {branch} {cmd}", addr=peer.address, branch=branch, cmd=cmd.decode().strip())
             peer.command(cmd)
@@ -365,30 +383,19 @@ class LookupService(service.MultiService):
 
     @defer.inlineCallbacks
     def _query_channels(self, topic: str, addresses: list[str]) -> Any:
-        import treq
-        from twisted.web.client import Agent, HTTPConnectionPool
-
-        opts = self.nsqd.opts
-        agent = Agent(
-            self.nsqd.reactor,
-            connectTimeout=opts.http_client_connect_timeout,
-            pool=HTTPConnectionPool(self.nsqd.reactor, persistent=False),
-        )
-        client = treq.client.HTTPClient(agent)
+        client = self._http_client()
+        timeout = self.nsqd.opts.http_client_request_timeout
 
         @defer.inlineCallbacks
         def one(address: str) -> Any:
-            url = f"http://{address}/channels?topic={quote(topic, safe='')}"
+            url = lookupd.channels_url(address, topic)
             self.log.info("CI: querying nsqlookupd {url}", url=url)
-            headers: Any = {b"Accept": b"application/vnd.nsq; version=1.0"}
-            resp = yield client.get(url, headers=headers, timeout=opts.http_client_request_timeout)
+            headers = {b"Accept": [lookupd.ACCEPT.encode()]}
+            resp = yield client.get(url, headers=headers, timeout=timeout, reactor=self.nsqd.reactor)
             body = yield resp.content()
             if resp.code != 200:
                 raise LookupdError(f"got response {resp.code} {resp.phrase.decode()} {body!r}")
-            data = json.loads(body)
-            if "data" in data and isinstance(data["data"], dict):  # pre-1.0 lookupd shape
-                data = data["data"]
-            return [c for c in data.get("channels") or [] if isinstance(c, str)]
+            return lookupd.channels(body)
 
         results = yield defer.DeferredList([one(a) for a in addresses], consumeErrors=True)
         channels: set[str] = set()

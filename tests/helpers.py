@@ -6,12 +6,17 @@ import json
 import struct
 from typing import Any
 
+from twisted.internet import defer
 from twisted.internet.address import IPv4Address
+from twisted.internet.error import ConnectionRefusedError
+from twisted.internet.interfaces import IProtocolFactory, IStreamClientEndpoint
 from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
+from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.test import iosim
+from zope.interface import implementer
 
-from nsq_wire.commands import encode_command, encode_mpub
-from nsq_wire.frames import FRAME_TYPE_MESSAGE, MAGIC_V2, unpack_frames
+from nsq_wire.commands import encode_command, mpub
+from nsq_wire.frames import FRAME_TYPE_MESSAGE, MAGIC_V2, FrameReader
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.nsqd import NSQD, memory_backend_factory
 from nsqd_tw.options import NSQDOptions
@@ -20,20 +25,79 @@ from nsqd_tw.tcp.protocol import V2Factory
 START_TIME = 1_700_000_000.0
 
 
-def make_nsqd(backend_factory: Any = memory_backend_factory, **kwargs: Any) -> NSQD:
-    """An NSQD on a Clock that starts at a realistic time, with memory backends
-    unless told otherwise (``backend_factory=None`` for disk queues, with
-    ``data_path`` set; fsyncs then run inline)."""
+def make_nsqd(backend_factory: Any = memory_backend_factory, clock: Any = None, **kwargs: Any) -> NSQD:
+    """An NSQD on a Clock (or ``clock``) at a realistic time, with memory
+    backends unless told otherwise (``backend_factory=None`` for disk queues,
+    with ``data_path`` set; fsyncs then run inline)."""
     kwargs.setdefault("node_id", 1)
-    clock = Clock()
-    clock.advance(START_TIME)
+    if clock is None:
+        clock = Clock()
+    if clock.seconds() < START_TIME:
+        clock.advance(START_TIME - clock.seconds())
     return NSQD(NSQDOptions(**kwargs), clock, backend_factory, run_blocking=run_inline)
 
 
 def run_inline(fn: Any) -> Any:
-    from twisted.internet import defer
-
     return defer.maybeDeferred(fn)
+
+
+class MemoryNetwork:
+    """TCP connections in memory (:mod:`twisted.test.iosim`) on a
+    MemoryReactorClock, for code that takes an endpoint: :meth:`endpoint`
+    connects to a server factory; :meth:`settle` moves the bytes and runs what
+    is due until nothing moves; :meth:`advance` lets time pass."""
+
+    def __init__(self, reactor: Any = None) -> None:
+        if reactor is None:  # else the tests' reactor, pumped by :meth:`settle` on a LoopingCall
+            reactor = MemoryReactorClock()
+            reactor.advance(START_TIME)
+        self.reactor = reactor
+        self.pumps: list[iosim.IOPump] = []
+        self._port = 40000
+
+    def endpoint(self, server_factory: IProtocolFactory | None) -> IStreamClientEndpoint:
+        """Connects to ``server_factory``; None refuses the connection."""
+        return _MemoryEndpoint(self, server_factory)
+
+    def connect(self, server_factory: IProtocolFactory | None, client_factory: IProtocolFactory) -> Any:
+        if server_factory is None:
+            raise ConnectionRefusedError()
+        self._port += 1
+        server_addr = IPv4Address("TCP", "127.0.0.1", 4150)
+        client_addr = IPv4Address("TCP", "127.0.0.1", self._port)
+        server = server_factory.buildProtocol(client_addr)
+        client = client_factory.buildProtocol(server_addr)
+        assert server is not None and client is not None
+        server_io = iosim.FakeTransport(server, isServer=True, hostAddress=server_addr, peerAddress=client_addr)
+        client_io = iosim.FakeTransport(client, isServer=False, hostAddress=client_addr, peerAddress=server_addr)
+        self.pumps.append(iosim.connect(server, server_io, client, client_io, greet=False, clock=self.reactor))
+        return client
+
+    def settle(self) -> None:
+        clock = isinstance(self.reactor, MemoryReactorClock)
+        for _ in range(1000):
+            if clock:
+                self.reactor.advance(0)
+            if not any([pump.flush(advanceClock=False) for pump in self.pumps]):
+                return
+        raise AssertionError("the network never settled")
+
+    def advance(self, seconds: float, step: float = 0.05) -> None:
+        """Let ``seconds`` pass in ``step``s, settling after each."""
+        end = self.reactor.seconds() + seconds
+        while self.reactor.seconds() < end:
+            self.reactor.advance(min(step, end - self.reactor.seconds()))
+            self.settle()
+
+
+@implementer(IStreamClientEndpoint)
+class _MemoryEndpoint:
+    def __init__(self, network: MemoryNetwork, server_factory: IProtocolFactory | None) -> None:
+        self.network = network
+        self.server_factory = server_factory
+
+    def connect(self, factory: IProtocolFactory) -> defer.Deferred[Any]:
+        return defer.maybeDeferred(self.network.connect, self.server_factory, factory)
 
 
 class FakeClient:
@@ -48,7 +112,7 @@ class FakeClient:
         self.proto = V2Factory(nsqd).buildProtocol(None)
         self.transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", FakeClient._port))
         self.proto.makeConnection(self.transport)
-        self._rest = b""
+        self._reader = FrameReader()
         if magic:
             self.send(MAGIC_V2)
 
@@ -61,10 +125,9 @@ class FakeClient:
     def frames(self) -> list[tuple[int, bytes]]:
         """Every frame written since the last call (after the end-of-turn flush)."""
         self.clock.advance(0)
-        data = self._rest + self.transport.value()
+        self._reader.feed(self.transport.value())
         self.transport.clear()
-        frames, self._rest = unpack_frames(data)
-        return frames
+        return self._reader.frames()
 
     def frame(self) -> tuple[int, bytes]:
         frames = self.frames()
@@ -101,7 +164,7 @@ class FakeClient:
         return self.frame()
 
     def mpub(self, topic: str, bodies: list[bytes]) -> tuple[int, bytes]:
-        self.send(encode_mpub(topic, bodies))
+        self.send(mpub(topic, bodies))
         return self.frame()
 
     def fin(self, msg_id: bytes) -> None:

@@ -16,6 +16,7 @@ from twisted.internet.protocol import DatagramProtocol
 from twisted.internet.task import LoopingCall
 
 from nsq_service.memstats import GCPauses, mem_stats
+from nsq_wire.gofmt import join_host_port
 from nsqd_tw.core.nsqd import NSQD
 from nsqd_tw.http.stats import get_stats
 
@@ -30,7 +31,7 @@ def statsd_prefix(nsqd: NSQD) -> str:
     prefix = opts.statsd_prefix
     if not prefix:
         return ""
-    host = host_key(f"{opts.broadcast_address}:{opts.broadcast_http_port}")
+    host = host_key(join_host_port(opts.broadcast_address, opts.broadcast_http_port))
     prefix = prefix.replace("%s", host)
     if not prefix.endswith("."):
         prefix += "."

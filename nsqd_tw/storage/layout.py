@@ -25,11 +25,13 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from nsq_wire.message import ID_OFFSET, MSG_ID_LENGTH, TIMESTAMP
+
 RECORD_SIZE = struct.Struct(">i")
 _META_RE = re.compile(rb"^(-?\d+)\n(-?\d+),(-?\d+)\n(-?\d+),(-?\d+)\n?")
 _ID_RE = re.compile(rb"[0-9a-f]{16}")
-# a record's message header: 8-byte timestamp, 2-byte attempts, then the ID
-_ID_OFFSET = 4 + 8 + 2
+# where a record's message ID starts (after the record's 4-byte size)
+_ID_OFFSET = 4 + ID_OFFSET
 _MIN_TS = 1_300_000_000 * 10**9  # 2011, before Go's ID epoch
 
 Write = tuple[int, int, bytes, int]
@@ -239,13 +241,13 @@ class QueueFiles:
         return None
 
     def _plausible(self, fd: int, at: int, end: int, now_ns: int) -> bool:
-        head = os.pread(fd, _ID_OFFSET + 16, at)
-        if len(head) < _ID_OFFSET + 16:
+        head = os.pread(fd, _ID_OFFSET + MSG_ID_LENGTH, at)
+        if len(head) < _ID_OFFSET + MSG_ID_LENGTH:
             return False
         (size,) = RECORD_SIZE.unpack_from(head)
         if size < self.min_msg_size or size > self.max_msg_size or at + 4 + size > end:
             return False
-        (ts,) = struct.unpack_from(">q", head, 4)
+        (ts,) = TIMESTAMP.unpack_from(head, 4)
         return _MIN_TS <= ts <= now_ns and _ID_RE.fullmatch(head[_ID_OFFSET:]) is not None
 
     def _plausible_next(self, fd: int, at: int, end: int, now_ns: int) -> bool:

@@ -23,6 +23,7 @@ from zope.interface import implementer
 from nsq_wire.compression import CompressionError, DeflateCodec, SnappyCodec
 from nsq_wire.errors import ClientError, FatalClientError
 from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, MAGIC_V2, pack_frame
+from nsq_wire.gofmt import join_host_port
 from nsq_wire.parser import BODY_COMMANDS, Command, ProtocolViolation, V2Parser
 from nsqd_tw.options import TLS_NOT_REQUIRED
 from nsqd_tw.tcp.client import ClientV2
@@ -100,7 +101,7 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
         peer: Any = self.transport.getPeer()
         host = getattr(peer, "host", None)
         if host is not None:
-            client.remote_address = f"[{host}]:{peer.port}" if ":" in host else f"{host}:{peer.port}"
+            client.remote_address = join_host_port(host, peer.port)
             client.client_id = client.hostname = host
         else:
             client.remote_address = str(getattr(peer, "name", "") or "@")
@@ -334,7 +335,7 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
         self.log.error(
             "PROTOCOL(V2): [{client}] messagePump error - write tcp {local}->{remote}: i/o timeout",
             client=self.client,
-            local=f"{getattr(host, 'host', '')}:{getattr(host, 'port', '')}",
+            local=join_host_port(getattr(host, "host", ""), getattr(host, "port", "")),
             remote=self.client.remote_address,
         )
         self.abort()

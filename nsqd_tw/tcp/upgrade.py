@@ -16,6 +16,7 @@ from twisted.internet import defer, error
 from nsq_wire.compression import CompressionError, DeflateCodec, SnappyCodec
 from nsq_wire.errors import FatalClientError
 from nsq_wire.frames import FRAME_TYPE_RESPONSE, OK
+from nsq_wire.gofmt import join_host_port
 from nsqd_tw.tcp.identify import Features
 from nsqd_tw.tcp.output import cancel
 from nsqd_tw.tls import ssl_error
@@ -173,7 +174,7 @@ class Upgrade:
         self._timer = None
         conn = self.conn
         host = conn.transport.getHost()
-        local = f"{getattr(host, 'host', '')}:{getattr(host, 'port', '')}"
+        local = join_host_port(getattr(host, "host", ""), getattr(host, "port", ""))
         text = f"read tcp {local}->{conn.client.remote_address}: i/o timeout"
         if self._state == _AWAIT_HELLO:
             # nothing TLS was said yet: the error goes back in plain text, as Go's

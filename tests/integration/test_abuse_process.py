@@ -21,7 +21,7 @@ from twisted.internet.threads import deferToThread
 from twisted.trial import unittest
 
 from nsq_client.twisted_client import Consumer
-from nsq_wire.commands import encode_command, encode_mpub
+from nsq_wire.commands import encode_command, mpub
 from tests.integration.procs import ServerProcess
 
 LOOPBACK = ("-tcp-address", "127.0.0.1:0", "-http-address", "127.0.0.1:0")
@@ -124,7 +124,7 @@ class SlowConsumerTests(AbuseTestCase):
         body = b"m" * 100_000
         p = v2(proc.port())
         for _ in range(10):
-            p.sendall(encode_mpub("slow", [body] * 40))
+            p.sendall(mpub("slow", [body] * 40))
             self.assertEqual(read_frame(p), (0, b"OK"))
         p.close()
 

@@ -16,7 +16,7 @@ from twisted.internet.threads import deferToThread
 from twisted.trial import unittest
 
 from nsq_client.twisted_client import Consumer, connect
-from nsq_wire.commands import encode_mpub
+from nsq_wire.commands import mpub
 from tests.integration import crashtest
 from tests.integration.procs import ServerProcess, command
 
@@ -265,7 +265,7 @@ def _take(port: int, topic: str, channel: str, n: int) -> list[bytes]:
 
 def _send_mpub(port: int, topic: str, bodies: list[bytes]) -> bytes:
     s = socket.create_connection(("127.0.0.1", port), timeout=10)
-    s.sendall(b"  V2" + encode_mpub(topic, bodies))
+    s.sendall(b"  V2" + mpub(topic, bodies))
     buf = b""
     while len(buf) < 4 or len(buf) < 4 + struct.unpack(">i", buf[:4])[0]:
         chunk = s.recv(65536)

@@ -14,9 +14,10 @@ from twisted.trial import unittest
 from lookupd_tw.http_api import LookupdHTTPAPI
 from lookupd_tw.nsqlookupd import REMOVALS_PER_TURN, NSQLookupd
 from lookupd_tw.options import NSQLookupdOptions
-from lookupd_tw.protocol_v1 import COMMANDS_PER_TURN, MAX_LINE, LookupFactory, LookupProtocolV1, V1Parser, frame
+from lookupd_tw.protocol_v1 import COMMANDS_PER_TURN, MAX_LINE, LookupFactory, LookupProtocolV1, V1Parser
 from lookupd_tw.registration_db import Registration
 from nsq_wire.errors import FatalClientError
+from nsq_wire.v1 import pack_response
 
 IDENTIFY_BODY = json.dumps(
     {"version": "1.3.0", "tcp_port": 4150, "http_port": 4151, "hostname": "h", "broadcast_address": "127.0.0.1"}
@@ -449,7 +450,7 @@ class SlowReaderTests(unittest.TestCase):
         # another peer does not notice
         other = yield endpoints.connectProtocol(endpoints.TCP4ClientEndpoint(reactor, *address), AccumulatingProtocol())
         other.transport.write(b"  V1PING\n")
-        yield until(lambda: other.data == frame(b"OK"), "the other peer's PING answered")
+        yield until(lambda: other.data == pack_response(b"OK"), "the other peer's PING answered")
         other.transport.loseConnection()
 
         # once the attacker reads, every PING is answered

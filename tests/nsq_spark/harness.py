@@ -13,7 +13,7 @@ import time
 from typing import Any
 from urllib.request import urlopen
 
-from nsq_spark.conn import Connection, ConnectOptions, TLSConfig
+from nsq_client.blocking import Connection, ConnectOptions, TLSConfig
 from tests.integration.procs import ServerProcess
 
 _SPARK: Any = None
@@ -102,7 +102,9 @@ def settled(proc: ServerProcess, topic: str, channel: str, timeout: float = 10.0
 
 def consume_all(address: str, topic: str, channel: str, count: int, timeout: float = 30.0) -> list[bytes]:
     """Read ``count`` messages with a plain connection, FINing each."""
-    from nsq_spark.conn import FRAME_TYPE_MESSAGE, HEARTBEAT, decode_message
+    from nsq_wire import commands
+    from nsq_wire.frames import FRAME_TYPE_MESSAGE, HEARTBEAT
+    from nsq_wire.message import decode
 
     conn = Connection(address, ConnectOptions(tls=TLSConfig())).open()
     conn.sock.settimeout(timeout)
@@ -113,11 +115,11 @@ def consume_all(address: str, topic: str, channel: str, count: int, timeout: flo
         while len(bodies) < count:
             frame_type, data = conn.read_frame()
             if frame_type == FRAME_TYPE_MESSAGE:
-                msg = decode_message(data)
-                bodies.append(msg.body)
-                conn.fin([msg.id])
+                msg_id, body, _, _ = decode(data)
+                bodies.append(body)
+                conn.fin([msg_id])
             elif data == HEARTBEAT:
-                conn.send(b"NOP\n")
+                conn.send(commands.NOP)
     finally:
         conn.close()
     return bodies

@@ -14,7 +14,7 @@ import time
 
 from twisted.trial import unittest
 
-from nsq_spark.conn import ConnectOptions, TLSConfig
+from nsq_client.blocking import ConnectOptions, TLSConfig
 from nsq_spark.consumer import ConsumerConfig, HoldingConsumer, NoNodeError
 from tests.integration.procs import ServerProcess
 from tests.nsq_spark.harness import spark

@@ -255,7 +255,7 @@ class SecureSourceTests(unittest.TestCase):
             cwd=base,
         )
         self.addCleanup(nsqd.kill)
-        from nsq_spark.conn import TLSConfig
+        from nsq_client.blocking import TLSConfig
 
         tls = TLSConfig(enabled=True, root_ca_file=certs.ca)
         publish(tcp(nsqd), "spark_secure", bodies("secure", 300), tls=tls, snappy=True, auth_secret="s3cret")

@@ -15,7 +15,7 @@ import struct
 from twisted.trial import unittest
 
 from nsq_wire.compression import SnappyCodec
-from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, unpack_frames
+from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, FrameReader
 from tests.helpers import FakeClient, make_nsqd
 
 OK = (FRAME_TYPE_RESPONSE, b"OK")
@@ -171,10 +171,12 @@ class BadInputTests(BoundsTestCase):
         c.send(b"\x00\x05\x00\x00abcde")  # pipelined: a snappy chunk with a bad checksum
         self.clock.advance(0)
         raw = c.transport.value()
-        (size,) = struct.unpack(">i", raw[:4])
-        self.assertEqual(unpack_frames(raw[: 4 + size])[0][0][0], FRAME_TYPE_RESPONSE)  # IDENTIFY's, in clear
-        decoded = b"".join(SnappyCodec().decode(raw[4 + size :]))
-        frames, _ = unpack_frames(decoded)
+        reader = FrameReader()
+        reader.feed(raw)
+        identified = reader.next()
+        self.assertEqual(identified and identified[0], FRAME_TYPE_RESPONSE)  # IDENTIFY's, in clear
+        reader.feed(b"".join(SnappyCodec().decode(reader.rest())))
+        frames = reader.frames()
         self.assertEqual(frames[0], OK)
         self.assertEqual(frames[1][0], FRAME_TYPE_ERROR)
         self.assertTrue(frames[1][1].startswith(b"E_BAD_BODY failed to read command - "), frames[1])

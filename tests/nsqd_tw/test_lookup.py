@@ -1,18 +1,24 @@
-"""nsqd's lookup loop against nsqlookupd over loopback."""
+"""nsqd's lookup loop: in memory against a recording nsqlookupd, and once against the real one over 127.0.0.1."""
 
 from __future__ import annotations
 
 import json
 import struct
+from typing import Any
 
 import treq
+from treq.testing import StubTreq
 from twisted.internet import defer, protocol, reactor
+from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.task import deferLater
 from twisted.trial import unittest
+from twisted.web.resource import Resource
 
 from lookupd_tw.options import NSQLookupdOptions
 from lookupd_tw.tap import makeService as make_lookupd
-from tests.helpers import InProcessNSQD
+from nsqd_tw.core.nsqd import NSQD
+from nsqd_tw.lookup import LookupService
+from tests.helpers import InProcessNSQD, MemoryNetwork, make_nsqd
 
 GO_IDENTIFY = b'{"broadcast_address":"127.0.0.1","hostname":"vm","http_port":24171,"tcp_port":24170,"version":"1.3.0"}'
 
@@ -59,58 +65,73 @@ class RecordingLookupd(protocol.Protocol):
 
 
 class LookupTests(unittest.TestCase):
-    timeout = 30
+    """nsqd's lookup peers in memory: the endpoints LookupService takes connect
+    to RecordingLookupds through twisted.test.iosim."""
 
-    def fake_lookupd(self):
+    def setUp(self) -> None:
+        self.net = MemoryNetwork()
+        self.lookupds: dict[int, protocol.Factory] = {}
+        self.channels: dict[str, list[str]] = {}  # what the lookupds' /channels answers
+        self.asked: list[bytes] = []
+
+    def fake_lookupd(self, port: int = 4160) -> protocol.Factory:
         factory = protocol.Factory.forProtocol(RecordingLookupd)
         factory.sessions = []
         factory.waiting = []
-        port = reactor.listenTCP(0, factory, interface="127.0.0.1")
-        self.addCleanup(port.stopListening)
-        return factory, port.getHost().port
+        self.lookupds[port] = factory
+        return factory
 
-    @defer.inlineCallbacks
-    def connected(self, factory, n: int = 1):
-        while not factory.sessions:
-            yield deferLater(reactor, 0.01, lambda: None)
-        session = factory.sessions[-1]
-        yield session.wait_for(n)
-        return session
+    def endpoint(self, host: str, port: int) -> IStreamClientEndpoint:
+        return self.net.endpoint(self.lookupds.get(port))  # none there: refused
 
-    def nsqd(self, *lookupds: int, **kw) -> InProcessNSQD:
-        server = InProcessNSQD(
-            lookupd_tcp_addresses=[f"127.0.0.1:{p}" for p in lookupds], broadcast_address="127.0.0.1", **kw
-        ).start()
-        self.addCleanup(server.stop)
-        return server
+    def nsqd(self, *lookupds: int, **kw) -> NSQD:
+        nsqd = make_nsqd(
+            clock=self.net.reactor,
+            lookupd_tcp_addresses=[f"127.0.0.1:{p}" for p in lookupds],
+            broadcast_address="127.0.0.1",
+            broadcast_tcp_port=4150,
+            broadcast_http_port=4151,
+            **kw,
+        )
+        test = self
 
-    @defer.inlineCallbacks
-    def post(self, server: InProcessNSQD, path: str):
-        resp = yield treq.post(f"http://127.0.0.1:{server.http_port}{path}", b"", persistent=False)
-        yield resp.content()
-        return resp.code
+        class Channels(Resource):
+            isLeaf = True
 
-    @defer.inlineCallbacks
+            def render_GET(self, request: Any) -> bytes:
+                test.asked.append(request.uri)
+                topic = request.args[b"topic"][0].decode()
+                return json.dumps({"channels": test.channels.get(topic, [])}).encode()
+
+        self.lookup = LookupService(nsqd, self.endpoint, StubTreq(Channels()))
+        self.lookup.startService()
+        self.addCleanup(self.stop)
+        self.net.settle()
+        return nsqd
+
+    def stop(self) -> None:
+        d = self.lookup.stopService()
+        self.net.settle()  # the connections close
+        self.successResultOf(d)
+
     def test_same_commands_as_go_nsqd(self):
-        factory, port = self.fake_lookupd()
-        server = self.nsqd(port)
-        session = yield self.connected(factory)
+        factory = self.fake_lookupd()
+        nsqd = self.nsqd(4160)
+        (session,) = factory.sessions
         body = json.loads(session.identify_body)
         self.assertEqual(list(body), ["broadcast_address", "hostname", "http_port", "tcp_port", "version"])
         self.assertEqual(
             (body["broadcast_address"], body["tcp_port"], body["http_port"], body["version"]),
-            ("127.0.0.1", server.tcp_port, server.http_port, "1.3.0"),
+            ("127.0.0.1", 4150, 4151, "1.3.0"),
         )
-        # the calls made to Go nsqd when its session was recorded
-        for path in (
-            "/topic/create?topic=gt",
-            "/channel/create?topic=gt&channel=gc",
-            "/channel/create?topic=gt&channel=ge%23ephemeral",
-            "/channel/delete?topic=gt&channel=gc",
-            "/topic/delete?topic=gt",
-        ):
-            yield self.post(server, path)
-        yield session.wait_for(7)
+        # what the HTTP API's /topic/create, /channel/create... (the calls made
+        # to Go nsqd when its session was recorded) do
+        topic = nsqd.get_topic("gt")
+        topic.get_channel("gc")
+        topic.get_channel("ge#ephemeral")
+        topic.delete_existing_channel("gc")
+        nsqd.delete_existing_topic("gt")
+        self.net.settle()
         self.assertEqual(
             session.commands,
             [
@@ -124,60 +145,68 @@ class LookupTests(unittest.TestCase):
             ],
         )
 
-    @defer.inlineCallbacks
+    def test_pings_every_15_seconds(self):
+        factory = self.fake_lookupd()
+        self.nsqd(4160)
+        self.net.advance(31, step=1.0)
+        self.assertEqual(factory.sessions[0].commands, [b"IDENTIFY", b"PING", b"PING"])
+
     def test_reconnect_registers_everything_again(self):
-        factory, port = self.fake_lookupd()
-        server = self.nsqd(port)
-        first = yield self.connected(factory)
-        yield self.post(server, "/topic/create?topic=a")
-        yield self.post(server, "/channel/create?topic=a&channel=c")
-        yield self.post(server, "/topic/create?topic=b")
-        yield first.wait_for(4)
+        factory = self.fake_lookupd()
+        nsqd = self.nsqd(4160)
+        nsqd.get_topic("a").get_channel("c")
+        nsqd.get_topic("b")
+        self.net.settle()
+        first = factory.sessions[0]
+        self.assertEqual(len(first.commands), 4)
         first.transport.loseConnection()
-        while len(factory.sessions) < 2:
-            yield deferLater(reactor, 0.05, lambda: None)
-        second = yield self.connected(factory, 3)
-        self.assertEqual(second.commands, [b"IDENTIFY", b"REGISTER a c", b"REGISTER b"])
+        self.net.advance(2.0)  # the retry after the backoff (0.2 s and up to 1 s of jitter)
+        self.assertEqual(len(factory.sessions), 2)
+        self.assertEqual(factory.sessions[1].commands, [b"IDENTIFY", b"REGISTER a c", b"REGISTER b"])
 
-    @defer.inlineCallbacks
     def test_peers_change_live(self):
-        factory, port = self.fake_lookupd()
-        server = self.nsqd()
-        resp = yield treq.put(
-            f"http://127.0.0.1:{server.http_port}/config/nsqlookupd_tcp_addresses",
-            json.dumps([f"127.0.0.1:{port}"]).encode(),
-            persistent=False,
-        )
-        self.assertEqual((yield resp.content()), json.dumps([f"127.0.0.1:{port}"]).replace(" ", "").encode())
-        session = yield self.connected(factory)
+        factory = self.fake_lookupd()
+        nsqd = self.nsqd()
+        self.assertEqual(factory.sessions, [])
+        # what PUT /config/nsqlookupd_tcp_addresses does once the value is valid
+        nsqd.opts.lookupd_tcp_addresses = ["127.0.0.1:4160"]
+        nsqd.options_changed("lookupd_tcp_addresses")
+        self.net.settle()
+        (session,) = factory.sessions
         self.assertEqual(session.commands, [b"IDENTIFY"])
-        yield treq.put(f"http://127.0.0.1:{server.http_port}/config/nsqlookupd_tcp_addresses", b"[]", persistent=False)
-        while session.transport.connected:
-            yield deferLater(reactor, 0.02, lambda: None)
+        nsqd.opts.lookupd_tcp_addresses = []
+        nsqd.options_changed("lookupd_tcp_addresses")
+        self.net.settle()
+        self.assertTrue(session.transport.disconnected)
 
-    @defer.inlineCallbacks
-    def put_lookupds(self, server: InProcessNSQD, addresses: list[str]):
-        resp = yield treq.put(
-            f"http://127.0.0.1:{server.http_port}/config/nsqlookupd_tcp_addresses",
-            json.dumps(addresses).encode(),
-            persistent=False,
-        )
-        content = yield resp.content()
-        return resp.code, content
+    def test_a_repeated_address_is_one_peer(self):
+        factory = self.fake_lookupd()
+        self.nsqd(4160, 4160)  # as in Go
+        self.assertEqual(len(self.lookup.peers), 1)
+        self.assertEqual([s.commands for s in factory.sessions], [[b"IDENTIFY"]])
 
-    @defer.inlineCallbacks
-    def test_junk_address_refuses_the_whole_value(self):
-        factory, port = self.fake_lookupd()
-        server = self.nsqd()
-        code, content = yield self.put_lookupds(server, ["junk", f"127.0.0.1:{port}"])
-        self.assertEqual((code, content), (400, b'{"message":"INVALID_VALUE"}'))
-        self.assertEqual(server.nsqd.opts.lookupd_tcp_addresses, [])
-        # a repeated address is one peer, as in Go
-        code, _ = yield self.put_lookupds(server, [f"127.0.0.1:{port}", f"127.0.0.1:{port}"])
-        self.assertEqual(code, 200)
-        session = yield self.connected(factory)
-        self.assertEqual(session.commands, [b"IDENTIFY"])
-        self.assertEqual(len(factory.sessions), 1)
+    def test_channels_are_created_from_lookupd(self):
+        self.fake_lookupd()
+        self.channels["pre"] = ["archive", "tail#ephemeral"]
+        nsqd = self.nsqd(4160)
+        topic = nsqd.get_topic("pre")
+        self.net.settle()
+        self.assertEqual(self.asked, [b"/channels?topic=pre"])
+        self.assertTrue(topic.started)
+        self.assertEqual(list(topic.channels), ["archive"], "ephemeral channels are not pre-created")
+
+
+class LookupdIntegrationTests(unittest.TestCase):
+    """nsqd and nsqlookupd over 127.0.0.1 once: HostnameEndpoint and treq on the reactor's network."""
+
+    timeout = 30
+
+    def nsqd(self, *lookupds: int, **kw) -> InProcessNSQD:
+        server = InProcessNSQD(
+            lookupd_tcp_addresses=[f"127.0.0.1:{p}" for p in lookupds], broadcast_address="127.0.0.1", **kw
+        ).start()
+        self.addCleanup(server.stop)
+        return server
 
     @defer.inlineCallbacks
     def test_channels_are_created_from_lookupd_before_messages_flow(self):

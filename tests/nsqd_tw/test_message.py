@@ -1,6 +1,6 @@
 from twisted.trial import unittest
 
-from nsq_wire.frames import FRAME_TYPE_MESSAGE, unpack_frames
+from nsq_wire.frames import FRAME_TYPE_MESSAGE, FrameReader
 from nsqd_tw.core.message import Message
 
 
@@ -24,9 +24,10 @@ class MessageTests(unittest.TestCase):
 
     def test_frame(self) -> None:
         m = Message(b"0123456789abcdef", b"hello", 42, attempts=1)
-        frames, rest = unpack_frames(m.frame())
-        self.assertEqual(rest, b"")
-        self.assertEqual(frames, [(FRAME_TYPE_MESSAGE, m.encode())])
+        reader = FrameReader()
+        reader.feed(m.frame())
+        self.assertEqual(reader.frames(), [(FRAME_TYPE_MESSAGE, m.encode())])
+        self.assertEqual(reader.rest(), b"")
 
     def test_copy_is_independent(self) -> None:
         m = Message(b"0123456789abcdef", b"x", 1)

@@ -1,9 +1,10 @@
-"""TLS upgrades, client certificates, snappy, deflate and AUTH over 127.0.0.1.
+"""TLS upgrades, client certificates, snappy, deflate and AUTH.
 
-nsqd runs in the test's reactor (the real service hierarchy on port 0); the
-client is nsq_client.twisted_client, which negotiates like the official libraries, or
-raw bytes where a misbehaving client is the point. AUTH is answered by a
-small Klein auth server started by each test.
+nsqd runs in the test's reactor (the real service hierarchy on 127.0.0.1, port
+0); the client is nsq_client.twisted_client, which negotiates like the official
+libraries, or raw bytes where a misbehaving client is the point. AUTH is
+answered by a small Klein auth server: in memory (iosim to nsqd, StubTreq to
+the auth server) unless TLS or HTTP itself is what is tested.
 """
 
 from __future__ import annotations
@@ -12,22 +13,28 @@ import json
 import os
 import tempfile
 from typing import Any
+from urllib.parse import urlsplit
 
 import treq
 from klein import Klein
 from OpenSSL import SSL
-from twisted.internet import defer, endpoints, protocol, reactor, ssl
-from twisted.internet.error import ConnectionDone, ConnectionLost
+from treq.testing import StubTreq
+from twisted.internet import defer, endpoints, protocol, reactor, ssl, task
+from twisted.internet.error import ConnectionDone, ConnectionLost, ConnectionRefusedError
 from twisted.internet.task import deferLater
 from twisted.trial import unittest
 from twisted.web.server import Site
 
-from nsq_client.twisted_client import NSQClientProtocol, NSQError, connect
+from nsq_client.twisted_client import NSQClientProtocol, connect
 from nsq_wire.commands import encode_command
+from nsq_wire.errors import NSQError
+from nsqd_tw.auth import AuthClient
+from nsqd_tw.http.stats import get_stats
 from nsqd_tw.options import TLS_REQUIRED, TLS_REQUIRED_EXCEPT_HTTP
 from nsqd_tw.tcp import upgrade
+from nsqd_tw.tcp.protocol import V2Factory
 from tests.certs import Files, make_certs
-from tests.helpers import InProcessNSQD
+from tests.helpers import InProcessNSQD, MemoryNetwork, make_nsqd
 
 _CERTS: Files | None = None
 # how a refused TLS handshake reaches a client: the TLS alert, or the close
@@ -401,25 +408,79 @@ class AuthServer:
         return f"127.0.0.1:{self.port.getHost().port}"
 
 
-def unused_address() -> str:
-    import socket
+class AuthServers:
+    """The HTTP client nsqd's AuthClient is given: StubTreq on each auth
+    server's Klein app by ``host:port``; a request to any other is refused."""
 
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return f"127.0.0.1:{port}"
+    def __init__(self) -> None:
+        self.stubs: dict[str, StubTreq] = {}
+
+    def add(self, auth: AuthServer) -> str:
+        address = f"auth{len(self.stubs)}:80"
+        self.stubs[address] = StubTreq(auth.app.resource())
+        return address
+
+    def stop(self, address: str) -> None:
+        del self.stubs[address]
+
+    def flush(self) -> None:
+        for stub in list(self.stubs.values()):
+            stub.flush()
+
+    def get(self, url: str, **kwargs: Any) -> Any:
+        return self.request("GET", url, **kwargs)
+
+    def post(self, url: str, **kwargs: Any) -> Any:
+        return self.request("POST", url, **kwargs)
+
+    def request(self, method: str, url: str, **kwargs: Any) -> Any:
+        stub = self.stubs.get(urlsplit(url).netloc)
+        if stub is None:
+            return defer.fail(ConnectionRefusedError())
+        return stub.request(method, url, **kwargs)
 
 
-class AuthTests(NSQDTestCase):
-    def start_auth(self, tls: bool = False) -> tuple[AuthServer, str]:
+class MemoryNSQD:
+    """An nsqd (core and TCP protocol) on the tests' reactor, for a MemoryNetwork's endpoints."""
+
+    def __init__(self, servers: AuthServers, **kwargs: Any) -> None:
+        self.nsqd = make_nsqd(clock=reactor, **kwargs)
+        self.factory = V2Factory(self.nsqd, auth=AuthClient(self.nsqd, http_client=servers))
+
+
+class AuthTests(unittest.TestCase):
+    """AUTH in memory: the client reaches nsqd through iosim, nsqd's AuthClient
+    the auth servers through StubTreq; the reactor moves the bytes."""
+
+    timeout = 30
+
+    def setUp(self) -> None:
+        self.net = MemoryNetwork(reactor)
+        self.servers = AuthServers()
+
+        def pump() -> None:
+            self.servers.flush()
+            self.net.settle()
+
+        pumping = task.LoopingCall(pump)
+        pumping.start(0.002)
+        self.addCleanup(pumping.stop)
+
+    def start_auth(self) -> tuple[AuthServer, str]:
         auth = AuthServer()
-        address = auth.listen(tls)
-        self.addCleanup(auth.port.stopListening)
-        return auth, address
+        return auth, self.servers.add(auth)
+
+    def start_nsqd(self, **kwargs: Any) -> MemoryNSQD:
+        return MemoryNSQD(self.servers, **kwargs)
 
     @defer.inlineCallbacks
-    def auth_failure(self, server: InProcessNSQD, secret: bytes = b"s3cret", **kwargs: Any) -> Any:
+    def connect(self, server: MemoryNSQD, **kwargs: Any) -> Any:
+        conn = yield connect(reactor, "", 0, endpoint=self.net.endpoint(server.factory), **kwargs)
+        self.addCleanup(conn.close)
+        return conn
+
+    @defer.inlineCallbacks
+    def auth_failure(self, server: MemoryNSQD, secret: bytes = b"s3cret", **kwargs: Any) -> Any:
         conn = yield self.connect(server, **kwargs)
         with self.assertRaises(NSQError) as e:
             yield conn.auth(secret)
@@ -446,7 +507,7 @@ class AuthTests(NSQDTestCase):
         self.assertEqual(
             query, {"method": "GET", "common_name": "", "remote_ip": "127.0.0.1", "secret": "s3cret", "tls": "false"}
         )
-        stats = yield get_json(f"http://127.0.0.1:{server.http_port}/stats?format=json&topic=events")
+        stats = get_stats(server.nsqd, "events")
         clients = stats["topics"][0]["channels"][0]["clients"]
         self.assertEqual(len(clients), 1)
         self.assertTrue(clients[0]["authed"])
@@ -518,23 +579,9 @@ class AuthTests(NSQDTestCase):
         self.assertEqual((yield bystander.pub("pub-bystander", b"x")), b"OK")
         self.assertEqual((yield slow), "E_AUTH_FAILED AUTH failed")
         # down
-        yield auth.port.stopListening()
+        self.servers.stop(address)
         self.assertEqual((yield self.auth_failure(server)), "E_AUTH_FAILED AUTH failed")
         self.assertEqual((yield bystander.pub("pub-bystander", b"x")), b"OK")
-
-    @defer.inlineCallbacks
-    def test_huge_secret(self):
-        auth, address = self.start_auth()
-        server = self.start_nsqd(auth_http_addresses=[address])
-        self.assertEqual((yield self.auth_failure(server, secret=b"s" * 1_000_000)), "E_AUTH_FAILED AUTH failed")
-        self.assertEqual(auth.queries, [])
-        # by POST the auth server sees it and may answer as it likes
-        server2 = self.start_nsqd(auth_http_addresses=[address], auth_http_request_method="post")
-        auth.response = {"ttl": 60, "authorizations": []}
-        self.assertEqual(
-            (yield self.auth_failure(server2, secret=b"s" * 1_000_000)), "E_UNAUTHORIZED AUTH no authorizations found"
-        )
-        self.assertEqual(len(auth.queries[0]["secret"]), 1_000_000)
 
     @defer.inlineCallbacks
     def test_post_method(self):
@@ -550,7 +597,7 @@ class AuthTests(NSQDTestCase):
     @defer.inlineCallbacks
     def test_servers_are_tried_in_turn(self):
         auth, address = self.start_auth()
-        server = self.start_nsqd(auth_http_addresses=[unused_address(), address, unused_address()])
+        server = self.start_nsqd(auth_http_addresses=["auth-down:80", address, "auth-down:81"])
         for _ in range(4):
             conn = yield self.connect(server, auth_secret=b"s3cret")
             self.assertEqual((yield conn.pub("pub-a", b"x")), b"OK")
@@ -603,6 +650,38 @@ class AuthTests(NSQDTestCase):
         auth_reply, pub_reply = yield defer.gatherResults(replies)
         self.assertIn(b'"identity":"alice"', auth_reply)
         self.assertEqual(pub_reply, b"OK")
+
+
+class AuthRealSocketTests(NSQDTestCase):
+    """AUTH where the sockets matter: TLS to nsqd or to the auth server, a request line too long for HTTP."""
+
+    def start_auth(self, tls: bool = False) -> tuple[AuthServer, str]:
+        auth = AuthServer()
+        address = auth.listen(tls)
+        self.addCleanup(auth.port.stopListening)
+        return auth, address
+
+    @defer.inlineCallbacks
+    def auth_failure(self, server: InProcessNSQD, secret: bytes = b"s3cret", **kwargs: Any) -> Any:
+        conn = yield self.connect(server, **kwargs)
+        with self.assertRaises(NSQError) as e:
+            yield conn.auth(secret)
+        yield conn.closed_d
+        return str(e.exception)
+
+    @defer.inlineCallbacks
+    def test_huge_secret(self):
+        auth, address = self.start_auth()
+        server = self.start_nsqd(auth_http_addresses=[address])
+        self.assertEqual((yield self.auth_failure(server, secret=b"s" * 1_000_000)), "E_AUTH_FAILED AUTH failed")
+        self.assertEqual(auth.queries, [])
+        # by POST the auth server sees it and may answer as it likes
+        server2 = self.start_nsqd(auth_http_addresses=[address], auth_http_request_method="post")
+        auth.response = {"ttl": 60, "authorizations": []}
+        self.assertEqual(
+            (yield self.auth_failure(server2, secret=b"s" * 1_000_000)), "E_UNAUTHORIZED AUTH no authorizations found"
+        )
+        self.assertEqual(len(auth.queries[0]["secret"]), 1_000_000)
 
     @defer.inlineCallbacks
     def test_tls_client_certificate_reaches_the_auth_server(self):

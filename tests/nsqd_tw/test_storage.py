@@ -8,7 +8,7 @@ import os
 from twisted.trial import unittest
 
 from nsq_service.options import StartError
-from nsq_wire.commands import encode_mpub
+from nsq_wire.commands import mpub
 from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
 from nsqd_tw.core.nsqd import NSQD
 from nsqd_tw.storage import records
@@ -314,7 +314,7 @@ class FaultTests(StorageTestCase):
         self.assertEqual(p.mpub("t", [b"1", b"2"]), (FRAME_TYPE_RESPONSE, b"OK"))
         self.fail_writes_to("t:b")
         p2 = FakeClient(n)
-        p2.send(encode_mpub("t", [b"x", b"y", b"z"]))
+        p2.send(mpub("t", [b"x", b"y", b"z"]))
         self.assertEqual(p2.frames()[0][1][:29], b"E_MPUB_FAILED MPUB failed [Er")
         self.patch(records.os, "pwrite", _pwrite)
         self.assertEqual(topic.channels["a"].depth(), 2)
@@ -329,7 +329,7 @@ class FaultTests(StorageTestCase):
         self.assertEqual(p.mpub("t", [b"1", b"2", b"3"]), (FRAME_TYPE_RESPONSE, b"OK"))
         self.fail_writes_to("t:c")
         p2 = FakeClient(n)
-        p2.send(encode_mpub("t", [b"w", b"x", b"y", b"z"]))
+        p2.send(mpub("t", [b"w", b"x", b"y", b"z"]))
         self.assertEqual(p2.frames()[0][0], FRAME_TYPE_ERROR)
         self.patch(records.os, "pwrite", _pwrite)
         self.assertEqual(self.drained(n, "t", "c"), [b"1", b"2", b"3"])
@@ -339,7 +339,7 @@ class FaultTests(StorageTestCase):
         n.get_topic("t")
         self.fail_writes_to("t")
         p = FakeClient(n)
-        p.send(encode_mpub("t", [b"w", b"x", b"y"]))
+        p.send(mpub("t", [b"w", b"x", b"y"]))
         self.assertEqual(p.frames()[0][0], FRAME_TYPE_ERROR)
         self.patch(records.os, "pwrite", _pwrite)
         self.assertEqual(n.topics["t"].depth(), 0)
@@ -403,10 +403,10 @@ class DiskBudgetTests(StorageTestCase):
         self.assertEqual(p.pub("t", b"%0100d" % 7), (FRAME_TYPE_ERROR, f"E_PUB_FAILED PUB failed {text}".encode()))
         self.assertEqual(n.get_health(), f"NOK - {text}")
         p2 = FakeClient(n)
-        p2.send(encode_mpub("t", [b"m", b"n"]))
+        p2.send(mpub("t", [b"m", b"n"]))
         self.assertEqual(p2.frames(), [(FRAME_TYPE_RESPONSE, b"OK")], "what still fits goes in")
         p3 = FakeClient(n)
-        p3.send(encode_mpub("t", [b"%0100d" % i for i in range(3)]))
+        p3.send(mpub("t", [b"%0100d" % i for i in range(3)]))
         self.assertEqual(p3.frames()[0][1][:36], b"E_MPUB_FAILED MPUB failed disk budge")
 
         c = FakeConsumer(1, rdy=100)

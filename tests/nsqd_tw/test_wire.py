@@ -2,10 +2,11 @@ import struct
 
 from twisted.trial import unittest
 
-from nsq_wire.commands import encode_command, encode_mpub
-from nsq_wire.errors import ClientError, FatalClientError
-from nsq_wire.frames import FRAME_TYPE_RESPONSE, pack_frame, unpack_frames
-from nsq_wire.gofmt import go_quote, parse_base10, to_int64
+from nsq_wire import commands, lookupd, message, v1
+from nsq_wire.commands import encode_command, mpub
+from nsq_wire.errors import ClientError, FatalClientError, NSQError
+from nsq_wire.frames import FRAME_TYPE_RESPONSE, FrameReader, pack_frame
+from nsq_wire.gofmt import go_quote, join_host_port, parse_base10, to_int64
 from nsq_wire.names import is_valid_name
 from nsq_wire.parser import MAX_LINE_LENGTH, Command, ProtocolViolation, V2Parser
 
@@ -24,11 +25,91 @@ class FrameTests(unittest.TestCase):
     def test_pack_frame(self) -> None:
         self.assertEqual(pack_frame(FRAME_TYPE_RESPONSE, b"OK"), b"\x00\x00\x00\x06\x00\x00\x00\x00OK")
 
-    def test_unpack_frames_keeps_partial(self) -> None:
+    def test_reader_keeps_a_partial_frame(self) -> None:
         data = pack_frame(0, b"OK") + pack_frame(1, b"E_INVALID x")
-        frames, rest = unpack_frames(data[:-3])
-        self.assertEqual(frames, [(0, b"OK")])
-        self.assertEqual(rest, data[10:-3])
+        reader = FrameReader()
+        reader.feed(data[:-3])
+        self.assertEqual(reader.frames(), [(0, b"OK")])
+        self.assertEqual(reader.next(), None)
+        reader.feed(data[-3:])
+        self.assertEqual(reader.next(), (1, b"E_INVALID x"))
+        self.assertEqual(reader.next(), None)
+
+    def test_reader_one_at_a_time_then_the_rest(self) -> None:
+        reader = FrameReader()
+        reader.feed(pack_frame(0, b"OK") + b"\x01\x02")  # then bytes of another kind (a TLS record)
+        self.assertEqual(reader.next(), (0, b"OK"))
+        self.assertEqual(reader.rest(), b"\x01\x02")
+        self.assertEqual(reader.frames(), [])
+
+    def test_reader_refuses_a_size_below_four(self) -> None:
+        for take in (FrameReader.next, FrameReader.frames):
+            reader = FrameReader()
+            reader.feed(b"\x00\x00\x00\x03\x00\x00\x00\x00")
+            e = self.assertRaises(NSQError, take, reader)
+            self.assertEqual(str(e), "invalid frame size 3")
+
+
+class ClientCodecTests(unittest.TestCase):
+    def test_message_decode(self) -> None:
+        data = (-1 & 0xFFFF_FFFF_FFFF_FFFF).to_bytes(8, "big") + b"\x00\x02" + b"0123456789abcdef" + b"body"
+        self.assertEqual(message.decode(data), (b"0123456789abcdef", b"body", -1, 2))
+        self.assertEqual(message.message_id(data), b"0123456789abcdef")
+        e = self.assertRaises(ValueError, message.decode, data[:25])
+        self.assertEqual(str(e), "invalid message buffer size (25)")
+
+    def test_commands(self) -> None:
+        self.assertEqual(commands.sub("t", "c"), b"SUB t c\n")
+        self.assertEqual(commands.rdy(5), b"RDY 5\n")
+        self.assertEqual(commands.fin(b"x" * 16), b"FIN " + b"x" * 16 + b"\n")
+        self.assertEqual(commands.req(b"x" * 16, 10), b"REQ " + b"x" * 16 + b" 10\n")
+        self.assertEqual(commands.touch(b"x" * 16), b"TOUCH " + b"x" * 16 + b"\n")
+        self.assertEqual(commands.pub("t", b"ab"), b"PUB t\n\x00\x00\x00\x02ab")
+        self.assertEqual(commands.dpub("t", 7, b"ab"), b"DPUB t 7\n\x00\x00\x00\x02ab")
+        self.assertEqual(commands.auth(b"s"), b"AUTH\n\x00\x00\x00\x01s")
+        self.assertEqual(commands.identify({"a": 1}), b'IDENTIFY\n\x00\x00\x00\x08{"a": 1}')
+        fields = commands.identify_defaults("ua/1", "me")
+        self.assertEqual(
+            (fields["client_id"], fields["user_agent"], fields["feature_negotiation"]), ("me", "ua/1", True)
+        )
+
+    def test_error(self) -> None:
+        e = NSQError.from_frame(b"E_INVALID bad \xff", "h:1")
+        self.assertEqual(
+            (e.code, e.text, e.address, str(e)),
+            ("E_INVALID", "E_INVALID bad \ufffd", "h:1", "h:1: E_INVALID bad \ufffd"),
+        )
+
+    def test_v1(self) -> None:
+        self.assertEqual(v1.identify(b"{}"), b"IDENTIFY\n\x00\x00\x00\x02{}")
+        self.assertEqual(v1.register("t"), b"REGISTER t\n")
+        self.assertEqual(v1.unregister("t", "c"), b"UNREGISTER t c\n")
+        reader = v1.ResponseReader(max_size=10)
+        reader.feed(v1.pack_response(b"OK") + b"\x00\x00")
+        self.assertEqual(reader.next(), b"OK")
+        self.assertEqual(reader.next(), None)
+        reader.feed(b"\x00\x0b")
+        e = self.assertRaises(v1.ResponseTooLarge, reader.next)
+        self.assertEqual(e.size, 11)
+
+    def test_lookupd_urls(self) -> None:
+        self.assertEqual(lookupd.lookup_url("h:4161", "a b&c"), "http://h:4161/lookup?topic=a%20b%26c")
+        self.assertEqual(lookupd.channels_url("https://h/", "t"), "https://h/channels?topic=t")
+        self.assertEqual(lookupd.nodes_url("[::1]:4161"), "http://[::1]:4161/nodes")
+
+    def test_lookupd_answers(self) -> None:
+        body = (
+            b'{"channels":["c",1],"producers":[{"broadcast_address":"::1","tcp_port":4150},'
+            b'{"address":"h","tcp_port":1},{"broadcast_address":"x"}]}'
+        )
+        self.assertEqual(lookupd.producers(body), [("::1", 4150), ("h", 1)])
+        self.assertEqual(lookupd.channels(body), ["c"])
+        self.assertEqual(lookupd.channels(b'{"status_code":200,"data":{"channels":["d"]}}'), ["d"])
+        self.assertRaises(ValueError, lookupd.producers, b"[]")
+
+    def test_join_host_port(self) -> None:
+        self.assertEqual(join_host_port("::1", 4150), "[::1]:4150")
+        self.assertEqual(join_host_port("127.0.0.1", "80"), "127.0.0.1:80")
 
 
 class NameTests(unittest.TestCase):
@@ -90,7 +171,7 @@ class ParserTests(unittest.TestCase):
             self.assertEqual(cmds[0].body, b"hello world")
 
     def test_byte_at_a_time(self) -> None:
-        data = encode_mpub("t", [b"a", b"bc", b"def"]) + encode_command(b"DPUB", "t", "10", body=b"x")
+        data = mpub("t", [b"a", b"bc", b"def"]) + encode_command(b"DPUB", "t", "10", body=b"x")
         p = self.parser()
         cmds = []
         for i in range(len(data)):

@@ -1,4 +1,4 @@
-"""A blocking NSQ V2 connection for Spark's driver and executors.
+"""A blocking NSQ V2 connection, without Twisted (Spark's driver and executors use it).
 
 Spark runs data source code in plain Python worker processes, where a thread
 per connection is simpler than a reactor. This client negotiates like the
@@ -14,36 +14,16 @@ from __future__ import annotations
 import json
 import socket
 import ssl
-import struct
 import threading
 from dataclasses import dataclass
 from typing import Any
 
-from nsq_wire.commands import encode_command, encode_mpub
+from nsq_wire import commands
 from nsq_wire.compression import DeflateCodec, SnappyCodec
-from nsq_wire.frames import (
-    CLOSE_WAIT,
-    FRAME_TYPE_ERROR,
-    FRAME_TYPE_MESSAGE,
-    FRAME_TYPE_RESPONSE,
-    HEARTBEAT,
-    MAGIC_V2,
-    OK,
-)
+from nsq_wire.errors import NSQError
+from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, HEARTBEAT, MAGIC_V2, OK, FrameReader
 
-_FRAME = struct.Struct(">ii")
-_MESSAGE = struct.Struct(">qH16s")
 USER_AGENT = "nsq_spark/1.0"
-
-
-class NSQError(Exception):
-    """An error frame from nsqd (``E_INVALID ...``) or a broken exchange."""
-
-    def __init__(self, text: str, address: str = "") -> None:
-        super().__init__(f"{address}: {text}" if address else text)
-        self.text = text
-        self.code = text.split(" ", 1)[0]
-        self.address = address
 
 
 @dataclass
@@ -79,14 +59,6 @@ class ConnectOptions:
     client_id: str = ""
 
 
-@dataclass
-class Message:
-    id: bytes
-    body: bytes
-    timestamp: int  # ns since the epoch, as nsqd stamped it
-    attempts: int
-
-
 def split_address(address: str) -> tuple[str, int]:
     host, sep, port = address.strip().rpartition(":")
     if not sep or not port.isdigit():
@@ -104,7 +76,7 @@ class Connection:
         self.codec: SnappyCodec | DeflateCodec | None = None
         self.identify_response: dict[str, Any] = {}
         self.auth_response: dict[str, Any] | None = None
-        self._buf = bytearray()
+        self._reader = FrameReader()
         self._wlock = threading.Lock()
         self.closed = False
 
@@ -116,11 +88,8 @@ class Connection:
         sock = socket.create_connection((host, port), timeout=opts.connect_timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
-        identify: dict[str, Any] = {
-            "client_id": opts.client_id or socket.gethostname().split(".")[0],
-            "hostname": socket.gethostname(),
-            "user_agent": USER_AGENT,
-            "feature_negotiation": True,
+        identify = {
+            **commands.identify_defaults(USER_AGENT, opts.client_id),
             "tls_v1": opts.tls.enabled,
             "snappy": opts.snappy,
             "deflate": opts.deflate,
@@ -130,15 +99,14 @@ class Connection:
             identify["msg_timeout"] = opts.msg_timeout_ms
         if opts.heartbeat_interval_ms:
             identify["heartbeat_interval"] = opts.heartbeat_interval_ms
-        sock.sendall(MAGIC_V2 + encode_command(b"IDENTIFY", body=json.dumps(identify).encode()))
+        sock.sendall(MAGIC_V2 + commands.identify(identify))
         resp = self.read_response()
         info = json.loads(resp) if resp.startswith(b"{") else {}
         self.identify_response = info
         if opts.tls.enabled and not info.get("tls_v1"):
             raise NSQError("TLS was asked for but nsqd has no certificate (tls_v1 false)", self.address)
         if info.get("tls_v1"):
-            rest = bytes(self._buf)
-            if rest:
+            if self._reader.rest():
                 raise NSQError("unexpected bytes before the TLS handshake", self.address)
             self.sock = opts.tls.context().wrap_socket(sock, server_hostname=host)
             self._expect_ok()
@@ -149,15 +117,16 @@ class Connection:
         if info.get("auth_required"):
             if opts.auth_secret is None:
                 raise NSQError("nsqd requires AUTH: set the authSecret option", self.address)
-            self.send(encode_command(b"AUTH", body=opts.auth_secret.encode()))
+            self.send(commands.auth(opts.auth_secret.encode()))
             self.auth_response = json.loads(self.read_response())
         self.sock.settimeout(None)
         return self
 
     def _set_codec(self, codec: SnappyCodec | DeflateCodec) -> None:
         self.codec = codec
-        rest = bytes(self._buf)
-        self._buf = bytearray(b"".join(codec.decode(rest))) if rest else bytearray()
+        rest = self._reader.rest()
+        if rest:
+            self._reader.feed(b"".join(codec.decode(rest)))
         self._expect_ok()
 
     def _expect_ok(self) -> None:
@@ -180,41 +149,18 @@ class Connection:
         if not chunk:
             raise NSQError("connection closed by nsqd", self.address)
         if self.codec is not None:
-            for part in self.codec.decode(chunk):
-                self._buf += part
-        else:
-            self._buf += chunk
+            chunk = b"".join(self.codec.decode(chunk))
+        self._reader.feed(chunk)
 
     def read_frame(self) -> tuple[int, bytes]:
-        buf = self._buf
-        while True:
-            if len(buf) >= 8:
-                size, frame_type = _FRAME.unpack_from(buf)
-                if len(buf) >= size + 4:
-                    data = bytes(buf[8 : size + 4])
-                    del buf[: size + 4]
-                    return frame_type, data
+        while (frame := self._reader.next()) is None:
             self._fill()
-            buf = self._buf
+        return frame
 
     def read_frames(self) -> list[tuple[int, bytes]]:
         """Every complete frame buffered, after at least one (a consumer's bulk read)."""
-        frames: list[tuple[int, bytes]] = []
-        while not frames:
-            buf = self._buf
-            pos = 0
-            end = len(buf)
-            unpack = _FRAME.unpack_from
-            while end - pos >= 8:
-                size, frame_type = unpack(buf, pos)
-                if end - pos - 4 < size:
-                    break
-                frames.append((frame_type, bytes(buf[pos + 8 : pos + 4 + size])))
-                pos += 4 + size
-            if pos:
-                del buf[:pos]
-            if not frames:
-                self._fill()
+        while not (frames := self._reader.frames()):
+            self._fill()
         return frames
 
     def read_response(self) -> bytes:
@@ -223,11 +169,11 @@ class Connection:
             frame_type, data = self.read_frame()
             if frame_type == FRAME_TYPE_RESPONSE:
                 if data == HEARTBEAT:
-                    self.send(b"NOP\n")
+                    self.send(commands.NOP)
                     continue
                 return data
             if frame_type == FRAME_TYPE_ERROR:
-                raise NSQError(data.decode("utf-8", "replace"), self.address)
+                raise NSQError.from_frame(data, self.address)
             raise NSQError("a message arrived on a connection that is not subscribed", self.address)
 
     def close(self) -> None:
@@ -246,7 +192,7 @@ class Connection:
         """MPUB each batch, keeping up to ``window`` in flight; all must be OK."""
         pending = 0
         for bodies in batches:
-            self.send(encode_mpub(topic, bodies) if len(bodies) > 1 else encode_command(b"PUB", topic, body=bodies[0]))
+            self.send(commands.mpub(topic, bodies) if len(bodies) > 1 else commands.pub(topic, bodies[0]))
             pending += 1
             if pending >= window:
                 self._publish_ok()
@@ -263,40 +209,19 @@ class Connection:
     # -- consuming ---------------------------------------------------------------------
 
     def subscribe(self, topic: str, channel: str) -> None:
-        self.send(encode_command(b"SUB", topic, channel))
+        self.send(commands.sub(topic, channel))
         self._expect_ok()
 
     def rdy(self, count: int) -> None:
-        self.send(b"RDY %d\n" % count)
+        self.send(commands.rdy(count))
 
     def fin(self, ids: list[bytes]) -> None:
         if ids:
-            self.send(b"".join(b"FIN " + i + b"\n" for i in ids))
+            self.send(b"".join(map(commands.fin, ids)))
 
     def touch(self, ids: list[bytes]) -> None:
         if ids:
-            self.send(b"".join(b"TOUCH " + i + b"\n" for i in ids))
+            self.send(b"".join(map(commands.touch, ids)))
 
     def req(self, msg_id: bytes, delay_ms: int = 0) -> None:
-        self.send(b"REQ " + msg_id + b" %d\n" % delay_ms)
-
-
-def decode_message(data: bytes) -> Message:
-    timestamp, attempts, msg_id = _MESSAGE.unpack_from(data)
-    return Message(msg_id, data[26:], timestamp, attempts)
-
-
-__all__ = [
-    "CLOSE_WAIT",
-    "FRAME_TYPE_ERROR",
-    "FRAME_TYPE_MESSAGE",
-    "FRAME_TYPE_RESPONSE",
-    "HEARTBEAT",
-    "ConnectOptions",
-    "Connection",
-    "Message",
-    "NSQError",
-    "TLSConfig",
-    "decode_message",
-    "split_address",
-]
+        self.send(commands.req(msg_id, delay_ms))
