@@ -8,7 +8,7 @@ from typing import Any
 from twisted.logger import globalLogBeginner
 
 from nsq_service.log import GoLogObserver, go_log_line
-from nsq_service.options import ConfigError, install_stop_signals, start_error_text
+from nsq_service.options import ConfigError, ignore_stop_signals, install_stop_signals, start_error_text
 
 
 def fatal(prefix: str, text: str) -> int:
@@ -44,4 +44,5 @@ def run_server(
         return fatal(opts.log_prefix, start_error_text(e, instantiate_error))
     reactor.addSystemEventTrigger("before", "shutdown", top.stopService)
     reactor.run()
+    ignore_stop_signals()
     return 0

@@ -44,25 +44,40 @@ def install_stop_signals(reactor: Any) -> None:
     A signal that comes before the reactor runs queues the stop for when it
     does; SIGINT is caught even when the process inherited it ignored (started
     with ``&``), as Go's signal.Notify does; signals after the first are ignored
-    (Go's nsqd, too). The reactor installs its own handlers when it starts:
-    ours go back in place once it runs.
+    (Go's nsqd, too). The reactor installs handlers of its own when it starts
+    (they call ``reactor.sigTerm``...): those are ours too, and ours go back in
+    place once it runs. :func:`ignore_stop_signals` covers the process's exit.
     """
     import signal
 
     stopping: list[int] = []
+    sig_int, sig_term = reactor.sigInt, reactor.sigTerm
 
     def handler(signum: int, frame: Any) -> None:
         if stopping:
             return
         stopping.append(signum)
-        (reactor.sigInt if signum == signal.SIGINT else reactor.sigTerm)(signum, frame)
+        (sig_int if signum == signal.SIGINT else sig_term)(signum, frame)
 
     def install() -> None:
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
 
+    reactor.sigInt = reactor.sigTerm = handler
     install()
     reactor.callWhenRunning(install)
+
+
+def ignore_stop_signals() -> None:
+    """Signals that arrive once the reactor has stopped change nothing.
+
+    Python gives a signal it handled in Python back its default action (death)
+    as the interpreter finalizes, where an ignored one stays ignored.
+    """
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def split_address(address: str) -> tuple[str, int] | None:

@@ -196,6 +196,27 @@ class EarlySignalTests(unittest.TestCase):
             self.assertFalse([line for line in proc.lines if "FATAL" in line or "Traceback" in line], proc.lines)
             self.assertTrue(any("NSQ: bye" in line for line in proc.lines), proc.lines)
 
+    def test_signals_until_the_very_end_are_ignored(self) -> None:
+        """A signal that arrives while the process exits (scripts/run forwards
+        Ctrl-C as SIGTERM; a terminal sends SIGINT too) must not kill it: Python
+        restores the default action of its handled signals as it finalizes."""
+        for name, extra in (("nsqd", ["--data-path"]), ("nsqlookupd", [])):
+            for _ in range(3):
+                args = [*LOOPBACK, *extra]
+                if extra:
+                    path = self.mktemp()
+                    os.makedirs(path)
+                    args.append(path)
+                proc = ServerProcess(name, *args).start()
+                self.addCleanup(proc.kill)
+                proc.signal(signal.SIGINT)
+                assert proc.proc is not None
+                while proc.proc.poll() is None:
+                    proc.signal(signal.SIGTERM)
+                    time.sleep(0.0002)
+                self.assertEqual(proc.wait(), 0, (name, proc.lines))
+                self.assertFalse([line for line in proc.lines if "Traceback" in line], proc.lines)
+
     def test_a_second_signal_under_twistd(self) -> None:
         path = self.mktemp()
         os.makedirs(path)
