@@ -13,7 +13,7 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import LogLevel, globalLogPublisher
 from twisted.trial import unittest
 
-from nsq_service import web
+from nsq_service import http_channel
 from nsq_service.listen import Bound
 from nsqd_tw.http.api import make_site
 from tests.helpers import make_nsqd
@@ -184,7 +184,7 @@ class LargeBodyTests(SiteTestCase):
         self.assertEqual(response(c.take())[0], 413)
         # the client gets time to read the answer before unread data resets the connection
         self.assertFalse(c.closed)
-        self.clock.advance(web.LINGER)
+        self.clock.advance(http_channel.LINGER)
         self.assertTrue(c.closed)
 
 
@@ -292,7 +292,7 @@ class DeadlineTests(SiteTestCase):
             b"HTTP/1.1 408 Request Timeout\r\nContent-Type: text/plain; charset=utf-8\r\n"
             b"Connection: close\r\n\r\n408 Request Timeout",
         )
-        self.clock.advance(web.LINGER)
+        self.clock.advance(http_channel.LINGER)
         self.assertTrue(c.closed)
         self.assertEqual(self.depth("t"), 0)
 
