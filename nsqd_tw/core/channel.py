@@ -98,7 +98,8 @@ class Channel(MessageQueue):
         in_memory = 0
         deferred_ids: list[bytes] = []
         now = None
-        for msg in msgs:
+        memory, mem_size, mem_bytes = self.memory, self._mem_size, self._mem_bytes
+        for msg in msgs:  # _room_for and _hold inlined below: once per message published
             if msg.deferred:
                 if now is None:
                     now = self.ctx.now()
@@ -107,12 +108,13 @@ class Channel(MessageQueue):
                 elif msg.id not in self.deferred:
                     self.deferred.push(msg, now + msg.deferred)
                     deferred_ids.append(msg.id)
-            elif self._room_for(msg) or (
+            elif (len(memory) < mem_size and (not mem_bytes or self.memory_bytes + len(msg.body) <= mem_bytes)) or (
                 # Go hands an ephemeral message straight to a waiting consumer even
                 # when its memory queue is full (or 0), and drops it otherwise
-                self.ephemeral and len(self.memory) < self._spare_capacity()
+                self.ephemeral and len(memory) < self._spare_capacity()
             ):
-                self._hold(msg)
+                memory.append(msg)
+                self.memory_bytes += len(msg.body)
                 in_memory += 1
             elif not self.ephemeral:
                 to_backend.append(msg)

@@ -68,9 +68,11 @@ class Topic(MessageQueue):
         If the write fails, none of them is kept."""
         to_backend = []
         in_memory = 0
-        for msg in msgs:
-            if self._room_for(msg):
-                self._hold(msg)
+        memory, mem_size, mem_bytes = self.memory, self._mem_size, self._mem_bytes
+        for msg in msgs:  # _room_for and _hold, inlined: once per message published
+            if len(memory) < mem_size and (not mem_bytes or self.memory_bytes + len(msg.body) <= mem_bytes):
+                memory.append(msg)
+                self.memory_bytes += len(msg.body)
                 in_memory += 1
             elif not self.ephemeral:  # an ephemeral topic drops what memory can't hold, as in Go
                 to_backend.append(msg)
