@@ -205,6 +205,7 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
         parser = self.parser
         assert parser is not None
         client = self.client
+        handlers = self._handlers
         tls_required = self.nsqd.opts.tls_required != TLS_NOT_REQUIRED
         try:
             while not self._halted and not client.blocked:
@@ -228,7 +229,7 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
                     continue
                 if self._read_timeout is not None:
                     self.resetTimeout()  # Go sets the read deadline once per command
-                handler = self._handlers.get(name)
+                handler = handlers.get(name)
                 if handler is None:
                     raise FatalClientError("E_INVALID", f"invalid command {text(name)}")
                 try:

@@ -119,19 +119,17 @@ class V2Protocol(CommandConnection):
             raise FatalClientError("E_INVALID", f"DPUB timeout {timeout_ms} out of range 0-{max_ns // 1_000_000}")
         return duration_ns / 1e9
 
-    def _message_id(self, params: list[bytes]) -> bytes:
+    def _consuming(self, verb: str, params: list[bytes], need: int) -> bytes:
+        """FIN, REQ and TOUCH: a subscribed (or closing) client, enough params, a valid ID."""
+        state = self.client.state
+        if state != STATE_SUBSCRIBED and state != STATE_CLOSING:
+            raise FatalClientError("E_INVALID", f"cannot {verb} in current state")
+        if len(params) < need:
+            raise FatalClientError("E_INVALID", f"{verb} insufficient number of params")
         msg_id = params[1]
         if len(msg_id) != MSG_ID_LENGTH:
             raise FatalClientError("E_INVALID", "invalid message ID")
         return msg_id
-
-    def _consuming(self, verb: str, params: list[bytes], need: int) -> bytes:
-        """FIN, REQ and TOUCH: a subscribed (or closing) client, enough params, a valid ID."""
-        if self.client.state != STATE_SUBSCRIBED and self.client.state != STATE_CLOSING:
-            raise FatalClientError("E_INVALID", f"cannot {verb} in current state")
-        if len(params) < need:
-            raise FatalClientError("E_INVALID", f"{verb} insufficient number of params")
-        return self._message_id(params)
 
     # -- the commands ------------------------------------------------------------------
 
