@@ -448,7 +448,19 @@ class MemoryNSQD:
         self.factory = V2Factory(self.nsqd, auth=AuthClient(self.nsqd, http_client=servers))
 
 
-class AuthTests(unittest.TestCase):
+class AuthFailure:
+    """``auth_failure``: the error text of an AUTH that nsqd refuses (it then closes)."""
+
+    @defer.inlineCallbacks
+    def auth_failure(self, server: Any, secret: bytes = b"s3cret", **kwargs: Any) -> Any:
+        conn = yield self.connect(server, **kwargs)  # type: ignore[attr-defined]
+        with self.assertRaises(NSQError) as e:  # type: ignore[attr-defined]
+            yield conn.auth(secret)
+        yield conn.closed_d
+        return str(e.exception)
+
+
+class AuthTests(AuthFailure, unittest.TestCase):
     """AUTH in memory: the client reaches nsqd through iosim, nsqd's AuthClient
     the auth servers through StubTreq; the reactor moves the bytes."""
 
@@ -478,14 +490,6 @@ class AuthTests(unittest.TestCase):
         conn = yield connect(reactor, "", 0, endpoint=self.net.endpoint(server.factory), **kwargs)
         self.addCleanup(conn.close)
         return conn
-
-    @defer.inlineCallbacks
-    def auth_failure(self, server: MemoryNSQD, secret: bytes = b"s3cret", **kwargs: Any) -> Any:
-        conn = yield self.connect(server, **kwargs)
-        with self.assertRaises(NSQError) as e:
-            yield conn.auth(secret)
-        yield conn.closed_d
-        return str(e.exception)
 
     @defer.inlineCallbacks
     def test_authorized_publish_and_subscribe(self):
@@ -652,7 +656,7 @@ class AuthTests(unittest.TestCase):
         self.assertEqual(pub_reply, b"OK")
 
 
-class AuthRealSocketTests(NSQDTestCase):
+class AuthRealSocketTests(AuthFailure, NSQDTestCase):
     """AUTH where the sockets matter: TLS to nsqd or to the auth server, a request line too long for HTTP."""
 
     def start_auth(self, tls: bool = False) -> tuple[AuthServer, str]:
@@ -660,14 +664,6 @@ class AuthRealSocketTests(NSQDTestCase):
         address = auth.listen(tls)
         self.addCleanup(auth.port.stopListening)
         return auth, address
-
-    @defer.inlineCallbacks
-    def auth_failure(self, server: InProcessNSQD, secret: bytes = b"s3cret", **kwargs: Any) -> Any:
-        conn = yield self.connect(server, **kwargs)
-        with self.assertRaises(NSQError) as e:
-            yield conn.auth(secret)
-        yield conn.closed_d
-        return str(e.exception)
 
     @defer.inlineCallbacks
     def test_huge_secret(self):
