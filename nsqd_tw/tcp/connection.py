@@ -87,9 +87,27 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
         self._read_holds = 0  # reasons not to read the socket now (AUTH, backed-up output)
         self._read_timeout: float | None = nsqd.opts.client_timeout
         self._kick = False  # the client may have gained capacity: its channel dispatches
+        # a run of ``batch_verb`` commands held to be handled as one (V2: PUBs to one
+        # topic); ended by :meth:`end_batch` before any other command and when the
+        # loop stops, so answers and effects keep the commands' order
+        self._batch: Any = None
         # filled by the subclass: the checks of a body command's line, the handlers
         self._headers: dict[bytes, Callable[[Command], Pause | None]] = {}
         self._handlers: dict[bytes, Callable[[Command], Any]] = {}
+
+    batch_verb = b""
+
+    def end_batch(self) -> None:
+        """Handle the held run of commands and answer each (the subclass's)."""
+        self._batch = None
+
+    def _settle_batch(self) -> FatalClientError | None:
+        """End the held run before an error is answered; its own fatal error wins."""
+        try:
+            self.end_batch()
+        except FatalClientError as e:
+            return e
+        return None
 
     def callLater(self, period: float, func: Callable[[], Any]) -> Any:
         """TimeoutMixin's clock: the server's reactor."""
@@ -207,12 +225,15 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
         client = self.client
         handlers = self._handlers
         tls_required = self.nsqd.opts.tls_required != TLS_NOT_REQUIRED
+        batch_verb = self.batch_verb
         try:
             while not self._halted and not client.blocked:
                 cmd = parser.next()
                 if cmd is None:
                     break
                 name = cmd.name
+                if name != batch_verb and self._batch is not None:
+                    self.end_batch()
                 # checked once per command: at its line for one with a body
                 if (
                     tls_required
@@ -246,13 +267,21 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
                     self._pause(response, name)
                     break
                 self._answer(response, name)
+            if self._batch is not None:
+                self.end_batch()
         except FatalClientError as e:
+            e = self._settle_batch() or e
             self.log.error("[{client}] - {err}", client=client, err=e)
             self.responses.respond(FRAME_TYPE_ERROR, e.wire(), fatal=True)
         except ProtocolViolation as e:
-            self.log.error("client({client}) - {err}", client=client, err=e)
-            self._close()
+            if (err := self._settle_batch()) is not None:
+                self.log.error("[{client}] - {err}", client=client, err=err)
+                self.responses.respond(FRAME_TYPE_ERROR, err.wire(), fatal=True)
+            else:
+                self.log.error("client({client}) - {err}", client=client, err=e)
+                self._close()
         except Exception:
+            self._settle_batch()
             self.log.failure("[{client}] - internal error, closing connection", client=client)
             self._close()
         if self._kick:

@@ -18,7 +18,7 @@ from twisted.internet import defer, protocol
 
 from nsq_wire import gojson
 from nsq_wire.errors import ClientError, FatalClientError
-from nsq_wire.frames import CLOSE_WAIT, OK
+from nsq_wire.frames import CLOSE_WAIT, FRAME_TYPE_RESPONSE, OK
 from nsq_wire.gofmt import go_quote, ms_to_duration_ns, parse_base10, to_int64
 from nsq_wire.message import MSG_ID_LENGTH
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
@@ -284,9 +284,53 @@ class V2Protocol(CommandConnection):
     def NOP(self, cmd: Command) -> None:
         return None
 
-    def PUB(self, cmd: Command) -> bytes | defer.Deferred[None] | Pause:
-        assert cmd.body is not None
-        return self._publish("PUB", self._topic, [cmd.body], 0.0, authorized=False)
+    # Consecutive PUBs to one topic (a client's pipelined publishes, read together)
+    # are stored as one batch, as MPUB is, and each gets its OK in turn: one pass
+    # through the topic and its channels, one backend write for what overflows.
+    batch_verb = b"PUB"
+
+    def PUB(self, cmd: Command) -> bytes | defer.Deferred[None] | Pause | None:
+        body = cmd.body
+        assert body is not None
+        topic = self._topic
+        batch: _PubBatch | None = self._batch
+        if batch is not None and batch.topic != topic:
+            self.end_batch()
+            batch = None
+        wait = self.client.check_auth("PUB", topic, "", self.nsqd.now())
+        if wait is not None:
+            self.end_batch()
+            bodies = [body]
+            return Pause(wait.addCallback(lambda _: self._put("PUB", topic, bodies, 0.0)), pause_reading=True)
+        if batch is None:
+            self._batch = batch = _PubBatch(topic)
+        batch.bodies.append(body)
+        return None  # answered by end_batch
+
+    def end_batch(self) -> None:
+        batch: _PubBatch | None = self._batch
+        if batch is None:
+            return
+        self._batch = None
+        topic, bodies = batch.topic, batch.bodies
+        if len(bodies) == 1:
+            self._answer(self._put("PUB", topic, bodies, 0.0), b"PUB")
+            return
+        try:
+            committed = self.nsqd.publish_to(self.nsqd.get_topic(topic), bodies, 0.0)
+        except Exception:
+            # refused whole (a batch is all or nothing): one by one, so that each
+            # PUB before the one refused is stored and answered OK, as Go would
+            for body in bodies:
+                self._answer(self._put("PUB", topic, [body], 0.0), b"PUB")
+            return
+        self.client.published(topic, len(bodies))
+        if committed is None:
+            respond = self.responses.respond
+            for _ in bodies:
+                respond(FRAME_TYPE_RESPONSE, OK)
+        else:
+            self.responses.later(committed, "PUB", len(bodies))
 
     def MPUB(self, cmd: Command) -> bytes | defer.Deferred[None] | Pause:
         assert cmd.bodies is not None
@@ -314,6 +358,14 @@ class V2Protocol(CommandConnection):
             raise FatalClientError(f"E_{verb}_FAILED", f"{verb} failed {e}") from None
         self.client.published(topic, len(bodies))
         return OK if committed is None else committed
+
+
+class _PubBatch:
+    __slots__ = ("bodies", "topic")
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.bodies: list[bytes] = []
 
 
 class V2Factory(protocol.ServerFactory):

@@ -47,18 +47,19 @@ class Responses:
         if fatal:
             self._close()
 
-    def later(self, d: defer.Deferred[Any], verb: str) -> None:
-        """OK once ``d`` fires; its failure is ``E_<VERB>_FAILED <verb> failed <error>``, fatal."""
-        slot: list[Any] = [FRAME_TYPE_RESPONSE, OK, False, False]
-        self._pending.append(slot)
+    def later(self, d: defer.Deferred[Any], verb: str, count: int = 1) -> None:
+        """``count`` OKs once ``d`` fires; its failure is ``E_<VERB>_FAILED <verb> failed <error>``, fatal."""
+        slots: list[list[Any]] = [[FRAME_TYPE_RESPONSE, OK, False, False] for _ in range(count)]
+        self._pending.extend(slots)
 
         def ok(_: Any) -> None:
-            slot[3] = True
+            for slot in slots:
+                slot[3] = True
             self._drain()
 
         def failed(f: Failure) -> None:
             err = FatalClientError(f"E_{verb}_FAILED", f"{verb} failed {f.value}")
-            slot[:] = [FRAME_TYPE_ERROR, err.wire(), True, True]
+            slots[0][:] = [FRAME_TYPE_ERROR, err.wire(), True, True]  # the first is fatal: the rest never go
             self._fatal(err)
             self._drain()
 

@@ -5,6 +5,7 @@ import struct
 
 from twisted.trial import unittest
 
+from nsq_wire.commands import encode_command, mpub
 from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
 from nsq_wire.parser import MAX_LINE_LENGTH
 from nsqd_tw.core.message import Message
@@ -265,6 +266,34 @@ class PubTests(ProtocolTestCase):
             c = self.client()
             c.send(data)
             self.assertFatal(c, text)
+
+    def test_pipelined_pubs_each_get_their_ok_in_order(self) -> None:
+        """PUBs read together are stored together; nothing of that shows but fewer syscalls."""
+        c = self.consumer(rdy=100)
+        p = self.client()
+        wire = b"".join(encode_command(b"PUB", "t", body=b"%d" % i) for i in range(5))
+        wire += mpub("t", [b"m1", b"m2"]) + encode_command(b"PUB", "u", body=b"u0")
+        wire += encode_command(b"PUB", "t", body=b"5") + b"NOP\n" + encode_command(b"PUB", "t", body=b"6")
+        p.send(wire)
+        self.assertEqual(p.frames(), [OK] * 9)
+        self.assertEqual([m.body for m in c.messages()], [b"0", b"1", b"2", b"3", b"4", b"m1", b"m2", b"5", b"6"])
+        self.assertEqual(p.proto.client.pub_counts, {"t": 9, "u": 1})
+        self.assertEqual(self.nsqd.topics["u"].message_count, 1)
+
+    def test_pubs_before_a_fatal_error_are_stored_and_answered(self) -> None:
+        c = self.consumer(rdy=100)
+        p = self.client()
+        p.send(encode_command(b"PUB", "t", body=b"a") + encode_command(b"PUB", "t", body=b"b") + b"PUB a*b\n")
+        self.assertEqual(p.frames(), [OK, OK, err('E_BAD_TOPIC PUB topic name "a*b" is not valid')])
+        self.assertTrue(p.disconnected)
+        self.assertEqual([m.body for m in c.messages()], [b"a", b"b"])
+        p = self.client()
+        p.send(encode_command(b"PUB", "t", body=b"c") + b"PUB t\n" + struct.pack(">I", 0))
+        self.assertEqual(p.frames(), [OK, err("E_BAD_MESSAGE PUB invalid message body size 0")])
+        p = self.client()
+        p.send(encode_command(b"PUB", "t", body=b"d") + b"GARBAGE\n")
+        self.assertEqual(p.frames(), [OK, err("E_INVALID invalid command GARBAGE")])
+        self.assertEqual([m.body for m in c.messages()], [b"c", b"d"])
 
     def test_publish_in_any_state(self) -> None:
         c = self.consumer("other", "c")

@@ -8,10 +8,10 @@ import os
 from twisted.trial import unittest
 
 from nsq_service.options import StartError
-from nsq_wire.commands import mpub
+from nsq_wire.commands import encode_command, mpub
 from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
 from nsqd_tw.core.nsqd import NSQD
-from nsqd_tw.storage import records
+from nsqd_tw.storage import records, syncer
 from tests.helpers import FakeClient, make_nsqd
 from tests.nsqd_tw.test_channel import FakeConsumer
 
@@ -419,6 +419,23 @@ class DiskBudgetTests(StorageTestCase):
         self.assertEqual(p4.pub("t", b"room again"), (FRAME_TYPE_RESPONSE, b"OK"))
         self.assertEqual(n.get_health(), "OK")
 
+    def test_pipelined_pubs_are_refused_one_by_one(self) -> None:
+        """PUBs read together and stored as one batch: the batch does not fit, yet every
+        PUB before the budget runs out is stored and answered OK, as one by one."""
+        n = self.start(mem_queue_size=0, max_disk_bytes=1000)
+        n.get_topic("t").get_channel("c")
+        p = FakeClient(n)
+        p.send(b"".join(encode_command(b"PUB", "t", body=b"%0100d" % i) for i in range(9)))
+        text = "disk budget full: 910 of 1000 bytes (--max-disk-bytes) queued, 130 more asked"
+        ok = (FRAME_TYPE_RESPONSE, b"OK")
+        self.assertEqual(p.frames(), [ok] * 7 + [(FRAME_TYPE_ERROR, f"E_PUB_FAILED PUB failed {text}".encode())])
+        self.assertTrue(p.disconnected)
+        c = FakeConsumer(1, rdy=100)
+        ch = n.topics["t"].channels["c"]
+        ch.add_client(c)
+        ch.kick()
+        self.assertEqual([m.body for m in c.got], [b"%0100d" % i for i in range(7)])
+
     def test_durable_mode_counts_until_finished(self) -> None:
         n = self.start(mem_queue_size=0, sync_every=1, max_disk_bytes=300)
         ch = n.get_topic("t").get_channel("c")
@@ -483,6 +500,22 @@ class HTTPStorageTests(StorageTestCase):
         n.reactor.advance(0)
         api.flush()
         self.assertEqual(self.successResultOf(d).code, 200)
+
+    def test_durable_pipelined_pubs_answer_after_the_sync(self) -> None:
+        n = self.start(mem_queue_size=0, sync_every=1)
+        n.get_topic("t").get_channel("c")
+        p = FakeClient(n)
+        p.send(b"".join(encode_command(b"PUB", "t", body=b"%d" % i) for i in range(3)) + b"NOP\n")
+        self.assertEqual(p.frames(), [(FRAME_TYPE_RESPONSE, b"OK")] * 3)
+        self.assertEqual(n.topics["t"].channels["c"].depth(), 3)
+
+        def broken(fd: int) -> None:
+            raise OSError(5, "Input/output error")
+
+        self.patch(syncer.os, "fsync", broken)
+        p.send(b"".join(encode_command(b"PUB", "t", body=b"%d" % i) for i in range(3)))
+        self.assertEqual(p.frames(), [(FRAME_TYPE_ERROR, b"E_PUB_FAILED PUB failed [Errno 5] Input/output error")])
+        self.assertTrue(p.disconnected)
 
     def test_pub_fails_with_503_when_the_disk_does(self) -> None:
         n = self.start(mem_queue_size=0)
