@@ -10,14 +10,14 @@ scheduling come from the ``ctx`` (the NSQD) it was made with.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from nsq_wire.names import is_ephemeral
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.pqueue import TimeoutQueue
 from nsqd_tw.core.quantile import Quantile
-from nsqd_tw.core.queue import Context, MessageQueue
+from nsqd_tw.core.queue import Context, Item, MessageQueue
 
 
 class ChannelError(Exception):
@@ -82,11 +82,18 @@ class Channel(MessageQueue):
         self.stage(msgs, keep_on_failure)
         self._dispatch()
 
-    def stage(self, msgs: list[Message] | tuple[Message, ...], keep_on_failure: bool = False) -> Callable[[], None]:
-        """Queue messages copied from the topic (deferred ones by their delay)
-        without delivering them, and return a function that takes them back.
+    def stage(
+        self,
+        msgs: Sequence[Message],
+        keep_on_failure: bool = False,
+        records: Sequence[bytes | None] | None = None,
+    ) -> Callable[[], None]:
+        """Queue messages from the topic (deferred ones by their delay) without
+        delivering them, and return a function that takes them back.
 
-        Memory first, then the backend, in one write for the batch. If that
+        ``records`` are the messages' records (None for a deferred one), made
+        once by the topic for all its channels. Memory first, then the backend,
+        in one write for the batch. If that
         write fails the error is raised and nothing of the batch stays queued,
         unless ``keep_on_failure`` (they came from a backlog nobody else holds),
         when they stay in memory. A topic stages a publish in every channel
@@ -94,13 +101,17 @@ class Channel(MessageQueue):
         """
         if self.exiting:
             raise ChannelError("exiting")
-        to_backend: list[Message] = []
+        if records is None:
+            records = [None if m.deferred else m.encode() for m in msgs]
+        to_backend: list[Item] = []
         in_memory = 0
         deferred_ids: list[bytes] = []
         now = None
         memory, mem_size, mem_bytes = self.memory, self._mem_size, self._mem_bytes
-        for msg in msgs:  # _room_for and _hold inlined below: once per message published
-            if msg.deferred:
+        for msg, record in zip(
+            msgs, records, strict=True
+        ):  # _room_for and _hold inlined below: once per message published
+            if record is None:
                 if now is None:
                     now = self.ctx.now()
                 if self.backend.acked:
@@ -113,11 +124,11 @@ class Channel(MessageQueue):
                 # when its memory queue is full (or 0), and drops it otherwise
                 self.ephemeral and len(memory) < self._spare_capacity()
             ):
-                memory.append(msg)
+                memory.append(record)
                 self.memory_bytes += len(msg.body)
                 in_memory += 1
             elif not self.ephemeral:
-                to_backend.append(msg)
+                to_backend.append(record)
         mark = None
         if to_backend:
             try:
@@ -127,7 +138,7 @@ class Channel(MessageQueue):
                     self._take_back(in_memory, deferred_ids, None, [])
                     raise
                 for m in to_backend:
-                    if m.deferred:
+                    if not isinstance(m, bytes):
                         self.deferred.push(m, self.ctx.now() + m.deferred)
                     else:
                         self._hold(m)
@@ -141,7 +152,7 @@ class Channel(MessageQueue):
 
         return take_back
 
-    def _take_back(self, in_memory: int, deferred_ids: list[bytes], mark: object, written: list[Message]) -> None:
+    def _take_back(self, in_memory: int, deferred_ids: list[bytes], mark: object, written: list[Item]) -> None:
         self._unhold(in_memory)
         for msg_id in deferred_ids:
             self.deferred.remove(msg_id)

@@ -2,7 +2,10 @@
 
 A message stays in memory while it holds fewer than ``--mem-queue-size``
 messages and (beyond Go) at most ``--mem-queue-bytes`` bytes of bodies; the rest
-goes to the backend, a batch in one write. A failed write turns nsqd's health
+goes to the backend, a batch in one write. In memory a message as published is
+kept as its record (the bytes the backend would store): one object per message,
+shared by every channel of its topic; one coming back (REQ, timeout) stays a
+:class:`Message`, which also carries its attempts and durable-mode record. A failed write turns nsqd's health
 to the error and is taken back whole; the next good one turns it back. Read
 back, memory and backend take turns, like Go's select over both channels.
 """
@@ -10,11 +13,20 @@ back, memory and backend take turns, like Go's select over both channels.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from typing import Any, Protocol
 
+from nsq_wire.message import MESSAGE_HEADER_LENGTH
 from nsqd_tw.core.message import Message
 from nsqd_tw.options import NSQDOptions
 from nsqd_tw.storage.backend import IBackendQueue
+
+# what memory and a backend write take: a record, or a Message (one coming back, or deferred)
+Item = bytes | Message
+
+
+def body_size(item: Item) -> int:
+    return len(item) - MESSAGE_HEADER_LENGTH if isinstance(item, bytes) else len(item.body)
 
 
 class Context(Protocol):
@@ -53,13 +65,17 @@ class MessageQueue:
         opts = ctx.opts
         self._mem_size = opts.mem_queue_size if in_memory else 0
         self._mem_bytes = opts.mem_queue_bytes  # 0: no budget in bytes
-        self.memory: deque[Message] = deque()
+        self.memory: deque[Item] = deque()
         self.memory_bytes = 0  # the bodies' bytes in self.memory
         self.backend = ctx.new_backend(backend_name, ephemeral)
         self._take_backend = False
 
     def depth(self) -> int:
         return len(self.memory) + self.backend.depth()
+
+    def queued(self) -> list[Message]:
+        """What memory holds, as messages (for inspection: tests and tools)."""
+        return [Message.decode(m) if isinstance(m, bytes) else m for m in self.memory]
 
     # -- memory ----------------------------------------------------------------------
 
@@ -68,51 +84,51 @@ class MessageQueue:
             not self._mem_bytes or self.memory_bytes + len(msg.body) <= self._mem_bytes
         )
 
-    def _hold(self, msg: Message) -> None:
-        self.memory.append(msg)
-        self.memory_bytes += len(msg.body)
+    def _hold(self, item: Item) -> None:
+        self.memory.append(item)
+        self.memory_bytes += body_size(item)
 
     def _unhold(self, n: int) -> None:
         """Take back the last ``n`` messages put in memory."""
         for _ in range(n):
-            self.memory_bytes -= len(self.memory.pop().body)
+            self.memory_bytes -= body_size(self.memory.pop())
 
-    def _clear_memory(self) -> list[Message]:
-        msgs = list(self.memory)
+    def _clear_memory(self) -> list[Item]:
+        items = list(self.memory)
         self.memory.clear()
         self.memory_bytes = 0
-        return msgs
+        return items
 
     # -- the backend -------------------------------------------------------------------
 
-    def _write(self, msgs: list[Message]) -> object:
-        """Write messages to the backend, deferred ones with their deliver-at time;
-        return the backend's mark for taking them back (:meth:`_unwrite`)."""
+    def _write(self, items: Sequence[Item]) -> object:
+        """Write records and messages to the backend, deferred ones with their
+        deliver-at time; return the backend's mark for taking them back (:meth:`_unwrite`)."""
         ctx = self.ctx
         try:
-            mark = self.backend.put_many([m.encode() for m in msgs])
+            mark = self.backend.put_many([m if isinstance(m, bytes) else m.encode() for m in items])
         except Exception as e:
             ctx.set_health(e)
             ctx.log.error(self.write_error, name=self.name, err=e)
             raise
         if ctx.health_error is not None:
             ctx.set_health(None)
-        self._remember_delays(msgs)
+        self._remember_delays(items)
         return mark
 
-    def _remember_delays(self, msgs: list[Message]) -> None:
+    def _remember_delays(self, items: Sequence[Item]) -> None:
         # a record has no room for the DPUB delay: the backend keeps it aside
         now_ns = None
-        for m in msgs:
-            if m.deferred:
+        for m in items:
+            if not isinstance(m, bytes) and m.deferred:
                 if now_ns is None:
                     now_ns = self.ctx.now_ns()
                 self.backend.set_deferred(m.id, now_ns + int(m.deferred * 1e9))
 
-    def _unwrite(self, mark: object, msgs: list[Message]) -> None:
+    def _unwrite(self, mark: object, items: Sequence[Item]) -> None:
         self.backend.unput(mark)
-        for m in msgs:
-            if m.deferred:
+        for m in items:
+            if not isinstance(m, bytes) and m.deferred:
                 self.backend.take_deferred(m.id)
 
     def _next(self) -> tuple[Message | None, int | None]:
@@ -132,28 +148,32 @@ class MessageQueue:
                 msg.ref = ref
                 return msg, backend.take_deferred(msg.id)
         if self.memory:
-            msg = self.memory.popleft()
-            self.memory_bytes -= len(msg.body)
-            return msg, None
+            held = self.memory.popleft()
+            if isinstance(held, bytes):
+                self.memory_bytes -= len(held) - MESSAGE_HEADER_LENGTH
+                return Message.decode(held), None
+            self.memory_bytes -= len(held.body)
+            return held, None
         return None, None
 
-    def _save(self, msgs: list[Message], deferred: list[Message]) -> None:
+    def _save(self, items: Sequence[Item], deferred: Sequence[Message]) -> None:
         """On close: write what is held to the backend, with the DPUB delays of
-        ``msgs`` and the deliver-at times of ``deferred``; records these were read from (durable mode) are then done,
+        ``items`` and the deliver-at times of ``deferred``; records these were read from (durable mode) are then done,
         so a clean restart reads each message once."""
-        if not msgs and not deferred:
+        if not items and not deferred:
             return
+        all_items: list[Item] = [*items, *deferred]
         try:
-            self.backend.put_many([m.encode() for m in msgs + deferred])
+            self.backend.put_many([m if isinstance(m, bytes) else m.encode() for m in all_items])
         except Exception as e:
             self.ctx.log.error(self.save_error, err=e)
             return
-        self._remember_delays(msgs)
-        for m in deferred:
-            self.backend.set_deferred(m.id, int(m.pri * 1e9))
-        for m in msgs + deferred:
-            if m.ref is not None:
-                self.backend.done(m.ref)
+        self._remember_delays(items)
+        for d in deferred:
+            self.backend.set_deferred(d.id, int(d.pri * 1e9))
+        for item in all_items:
+            if not isinstance(item, bytes) and item.ref is not None:
+                self.backend.done(item.ref)
 
     def _empty(self) -> None:
         self._clear_memory()

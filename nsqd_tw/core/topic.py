@@ -14,7 +14,7 @@ from nsq_wire.names import is_ephemeral
 from nsqd_tw.core.channel import Channel, ChannelError
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.quantile import Quantile
-from nsqd_tw.core.queue import Context, MessageQueue
+from nsqd_tw.core.queue import Context, Item, MessageQueue
 
 PUMP_BATCH = 512
 
@@ -66,12 +66,12 @@ class Topic(MessageQueue):
     def _keep(self, msgs: list[Message]) -> None:
         """Keep messages until they can flow: memory first, then one backend write.
         If the write fails, none of them is kept."""
-        to_backend = []
+        to_backend: list[Item] = []
         in_memory = 0
         memory, mem_size, mem_bytes = self.memory, self._mem_size, self._mem_bytes
         for msg in msgs:  # _room_for and _hold, inlined: once per message published
             if len(memory) < mem_size and (not mem_bytes or self.memory_bytes + len(msg.body) <= mem_bytes):
-                memory.append(msg)
+                memory.append(msg if msg.deferred else msg.encode())
                 self.memory_bytes += len(msg.body)
                 in_memory += 1
             elif not self.ephemeral:  # an ephemeral topic drops what memory can't hold, as in Go
@@ -84,7 +84,8 @@ class Topic(MessageQueue):
                 raise
 
     def _deliver(self, msgs: list[Message], from_backlog: bool = False) -> None:
-        """Copy messages to every channel (the first channel gets the originals).
+        """Hand messages to every channel: their records, made once and shared
+        (a deferred message is copied for each channel but the first).
 
         A publish is staged in every channel before any of it is delivered: if
         one channel cannot store it, it is taken back from the others and the
@@ -92,12 +93,13 @@ class Topic(MessageQueue):
         backlog (``from_backlog``) is never taken back: each channel keeps it.
         """
         channels = list(self.channels.values())
-        batches = [msgs] + [[m.copy() for m in msgs] for _ in channels[1:]]
+        records = [None if m.deferred else m.encode() for m in msgs]
         staged: list[Callable[[], None]] = []
         failure: Exception | None = None
-        for channel, batch in zip(channels, batches, strict=True):
+        for i, channel in enumerate(channels):
+            batch = msgs if i == 0 or all(records) else [m.copy() if m.deferred else m for m in msgs]
             try:
-                staged.append(channel.stage(batch, keep_on_failure=from_backlog))
+                staged.append(channel.stage(batch, from_backlog, records))
             except ChannelError as e:
                 self.ctx.log.error(
                     "TOPIC({name}) ERROR: failed to put msgs to channel({channel}) - {err}",

@@ -164,7 +164,7 @@ class PublishTests(HTTPTestCase):
         ch = self.nsqd.get_topic("t").get_channel("c")
         resp, content = yield self.call("POST", "/mpub?topic=t", b"one\n\ntwo\nthree")
         self.assertEqual((resp.code, content), (200, b"OK"))
-        self.assertEqual([m.body for m in ch.memory], [b"one", b"two", b"three"])
+        self.assertEqual([m.body for m in ch.queued()], [b"one", b"two", b"three"])
 
     @defer.inlineCallbacks
     def test_mpub_binary(self):
@@ -172,7 +172,7 @@ class PublishTests(HTTPTestCase):
         body = struct.pack(">I", 2) + struct.pack(">I", 3) + b"abc" + struct.pack(">I", 1) + b"d"
         resp, _ = yield self.call("POST", "/mpub?topic=t&binary=true", body)
         self.assertEqual(resp.code, 200)
-        self.assertEqual([m.body for m in ch.memory], [b"abc", b"d"])
+        self.assertEqual([m.body for m in ch.queued()], [b"abc", b"d"])
 
     @defer.inlineCallbacks
     def test_mpub_errors(self):
