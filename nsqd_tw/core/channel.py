@@ -108,9 +108,8 @@ class Channel(MessageQueue):
         deferred_ids: list[bytes] = []
         now = None
         memory, mem_size, mem_bytes = self.memory, self._mem_size, self._mem_bytes
-        for msg, record in zip(
-            msgs, records, strict=True
-        ):  # _room_for and _hold inlined below: once per message published
+        # _room_for and _hold inlined below: once per message published
+        for msg, record in zip(msgs, records, strict=True):
             if record is None:
                 if now is None:
                     now = self.ctx.now()
