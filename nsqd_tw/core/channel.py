@@ -261,12 +261,12 @@ class Channel(MessageQueue):
     # -- in-flight and deferred -----------------------------------------
 
     def _pop_in_flight(self, client_id: int, msg_id: bytes) -> Message:
-        msg = self.in_flight.get(msg_id)
+        msg = self.in_flight.remove(msg_id)
         if msg is None:
             raise ChannelError("ID not in flight")
         if msg.client_id != client_id:
+            self.in_flight.push(msg, msg.pri)  # not this client's: it stays as it was
             raise ChannelError("client does not own message")
-        self.in_flight.remove(msg_id)
         return msg
 
     def finish_message(self, client_id: int, msg_id: bytes) -> Message:

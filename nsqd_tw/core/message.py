@@ -9,20 +9,20 @@ class Message:
     """A message as one channel (or a topic) holds it.
 
     ``deferred`` is the DPUB delay in seconds. ``client_id``, ``delivery_ts``,
-    ``pri`` and ``seq`` belong to the in-flight and deferred bookkeeping;
+    ``pri`` and ``bucket`` belong to the in-flight and deferred bookkeeping;
     ``ref`` is the backend's token for the record it was read from (durable mode).
     """
 
     __slots__ = (
         "attempts",
         "body",
+        "bucket",
         "client_id",
         "deferred",
         "delivery_ts",
         "id",
         "pri",
         "ref",
-        "seq",
         "timestamp",
     )
 
@@ -35,7 +35,7 @@ class Message:
         self.client_id = 0
         self.delivery_ts = 0.0
         self.pri = 0.0
-        self.seq = 0
+        self.bucket: dict[bytes, Message] | None = None
         self.ref: object | None = None
 
     def copy(self) -> Message:

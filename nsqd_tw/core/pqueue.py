@@ -3,6 +3,8 @@
 Messages are grouped in buckets of ``resolution`` seconds of due time (a
 timing wheel): a bucket is a dict, so FIN, REQ and TOUCH remove a message in
 O(1) with no stale entries left behind, and pushing one is two dict inserts.
+A queued message points at its bucket; every way out of the queue drops that
+pointer, so no reference cycle outlives the queueing.
 A heap holds the keys of the buckets, not the messages. :meth:`pop_due`
 empties every bucket wholly due and takes from the bucket holding ``now``
 only what is due, so messages come out exactly when they are due (give or
@@ -23,6 +25,9 @@ class TimeoutQueue:
         self._index: dict[bytes, Message] = {}
         self._buckets: dict[int, dict[bytes, Message]] = {}
         self._keys: list[int] = []
+        # the bucket of the last due time pushed: a dispatch pushes many at one time
+        self._last_due: float | None = None
+        self._last_bucket: dict[bytes, Message] = {}
 
     def __len__(self) -> int:
         return len(self._index)
@@ -39,21 +44,26 @@ class TimeoutQueue:
     def push(self, msg: Message, due: float) -> None:
         """Queue ``msg`` until ``due``; the caller checks the ID is not queued."""
         msg.pri = due
-        # ``seq`` remembers the bucket, so removal needs no search
-        key = msg.seq = int(due // self.resolution)
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            bucket = self._buckets[key] = {}
-            heapq.heappush(self._keys, key)
+        if due == self._last_due:
+            bucket = self._last_bucket
+        else:
+            key = int(due // self.resolution)
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                bucket = self._buckets[key] = {}
+                heapq.heappush(self._keys, key)
+            self._last_due, self._last_bucket = due, bucket
         bucket[msg.id] = msg
+        msg.bucket = bucket  # so removal needs no search
         self._index[msg.id] = msg
 
     def remove(self, msg_id: bytes) -> Message | None:
         msg = self._index.pop(msg_id, None)
         if msg is not None:
-            bucket = self._buckets.get(msg.seq)
+            bucket = msg.bucket
             if bucket is not None:
-                bucket.pop(msg_id, None)
+                bucket.pop(msg_id, None)  # (a bucket already released is not looked at again)
+                msg.bucket = None
         return msg
 
     def pop_due(self, now: float) -> Iterator[Message]:
@@ -63,6 +73,8 @@ class TimeoutQueue:
         index = self._index
         limit = int(now // self.resolution)
         due: list[Message] = []
+        if keys and keys[0] <= limit:
+            self._last_due = None  # that bucket may be released
         while keys and keys[0] <= limit:
             key = keys[0]
             bucket = buckets[key]
@@ -81,6 +93,7 @@ class TimeoutQueue:
             break
         for m in due:
             del index[m.id]
+            m.bucket = None
         return iter(due)
 
     def next_due(self) -> float | None:
@@ -92,7 +105,10 @@ class TimeoutQueue:
 
     def clear(self) -> list[Message]:
         msgs = list(self._index.values())
+        for m in msgs:
+            m.bucket = None
         self._index.clear()
         self._buckets.clear()
+        self._last_due = None
         self._keys.clear()
         return msgs

@@ -226,6 +226,7 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
         handlers = self._handlers
         tls_required = self.nsqd.opts.tls_required != TLS_NOT_REQUIRED
         batch_verb = self.batch_verb
+        read_one = False  # a whole command was read: the read deadline moves on
         try:
             while not self._halted and not client.blocked:
                 cmd = parser.next()
@@ -248,8 +249,7 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
                         self._pause(wait, name)
                         break
                     continue
-                if self._read_timeout is not None:
-                    self.resetTimeout()  # Go sets the read deadline once per command
+                read_one = True
                 handler = handlers.get(name)
                 if handler is None:
                     raise FatalClientError("E_INVALID", f"invalid command {text(name)}")
@@ -284,6 +284,10 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
             self._settle_batch()
             self.log.failure("[{client}] - internal error, closing connection", client=client)
             self._close()
+        if read_one and self._read_timeout is not None:
+            # Go sets the read deadline before each command; the commands of one
+            # read were all read now, so once per read is the same deadline
+            self.resetTimeout()
         if self._kick:
             self._kick = False
             if client.channel is not None:

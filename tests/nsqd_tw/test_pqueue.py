@@ -63,3 +63,33 @@ class TimeoutQueueTests(unittest.TestCase):
         self.assertEqual(len(q.clear()), 1)
         self.assertEqual(list(q.pop_due(2.0)), [])
         self.assertIsNone(q.next_due())
+
+    def test_no_reference_cycle_outlives_the_queueing(self) -> None:
+        """A queued message points at its bucket (a dict that holds it); each way
+        out of the queue drops that, so the collector has nothing to find."""
+        import gc
+
+        q = TimeoutQueue()
+        removed, due, cleared = msg(1), msg(2), msg(3)
+        for m, at in ((removed, 1.0), (due, 1.0), (cleared, 2.0)):
+            q.push(m, at)
+        q.remove(removed.id)
+        self.assertEqual(list(q.pop_due(1.5)), [due])  # a bucket released whole
+        self.assertEqual(q.clear(), [cleared])
+        gc.collect()
+        gc.disable()
+        self.addCleanup(gc.enable)
+        del q, removed, due, cleared, m
+        self.assertEqual(gc.collect(), 0)
+
+    def test_a_due_time_pushed_again_after_its_bucket_went(self) -> None:
+        q = TimeoutQueue()
+        a, b, c = msg(1), msg(2), msg(3)
+        q.push(a, 1.0)
+        self.assertEqual(list(q.pop_due(1.5)), [a])
+        q.push(b, 1.0)  # the same due time: its old bucket was released
+        self.assertEqual(list(q.pop_due(1.5)), [b])
+        q.push(c, 1.0)
+        q.clear()
+        q.push(c, 1.0)
+        self.assertEqual(list(q.pop_due(1.5)), [c])
