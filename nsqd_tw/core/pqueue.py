@@ -48,10 +48,12 @@ class TimeoutQueue:
             bucket = self._last_bucket
         else:
             key = int(due // self.resolution)
-            bucket = self._buckets.get(key)
-            if bucket is None:
+            found = self._buckets.get(key)
+            if found is None:
                 bucket = self._buckets[key] = {}
                 heapq.heappush(self._keys, key)
+            else:
+                bucket = found
             self._last_due, self._last_bucket = due, bucket
         bucket[msg.id] = msg
         msg.bucket = bucket  # so removal needs no search
