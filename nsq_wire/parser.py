@@ -153,9 +153,20 @@ class V2Parser:
         while True:
             state = self._state
             if state == _LINE:
-                line = self._read_line()
-                if line is None:
-                    return None
+                # _read_line's common case inline: the whole line is in the buffer
+                buf = self._buf
+                pos = self._pos
+                idx = buf.find(b"\n", pos)
+                if 0 <= idx < pos + MAX_LINE_LENGTH:
+                    line = buf[pos:idx]
+                    self._pos = idx + 1
+                    if line[-1:] == b"\r":
+                        line = line[:-1]
+                else:
+                    read = self._read_line()
+                    if read is None:
+                        return None
+                    line = read
                 params = line.split(b" ")
                 name = params[0]
                 if name not in BODY_COMMANDS:

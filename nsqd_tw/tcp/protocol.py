@@ -229,8 +229,12 @@ class V2Protocol(CommandConnection):
             self._kick = True
 
     def FIN(self, cmd: Command) -> None:
-        msg_id = self._consuming("FIN", cmd.params, 2)
+        params = cmd.params
         client = self.client
+        state = client.state
+        if (state != STATE_SUBSCRIBED and state != STATE_CLOSING) or len(params) < 2 or len(params[1]) != MSG_ID_LENGTH:
+            self._consuming("FIN", params, 2)  # raises the error (the checks inline: once per message)
+        msg_id = params[1]
         assert client.channel is not None
         try:
             client.channel.finish_message(client.id, msg_id)
