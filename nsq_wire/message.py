@@ -47,6 +47,12 @@ def encode(m: Fields) -> bytes:
     return _ENCODE_HEADER.pack(m.timestamp & _U64, m.attempts & 0xFFFF) + m.id + m.body
 
 
+def records(ids: list[bytes], bodies: list[bytes], timestamp: int) -> list[bytes]:
+    """The records of messages published together: one timestamp, no attempts yet."""
+    header = _ENCODE_HEADER.pack(timestamp & _U64, 0)
+    return [header + i + b for i, b in zip(ids, bodies, strict=True)]
+
+
 def frame(m: Fields) -> bytes:
     """The whole message frame: size, type, then :func:`encode`'s bytes."""
     return (

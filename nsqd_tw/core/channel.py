@@ -13,11 +13,12 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from nsq_wire.message import MESSAGE_HEADER_LENGTH
 from nsq_wire.names import is_ephemeral
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.pqueue import TimeoutQueue
 from nsqd_tw.core.quantile import Quantile
-from nsqd_tw.core.queue import Context, Item, MessageQueue
+from nsqd_tw.core.queue import Context, Item, MessageQueue, as_items
 
 
 class ChannelError(Exception):
@@ -77,23 +78,16 @@ class Channel(MessageQueue):
     def put_message(self, msg: Message) -> None:
         self.put_messages((msg,))
 
-    def put_messages(self, msgs: list[Message] | tuple[Message, ...], keep_on_failure: bool = False) -> None:
+    def put_messages(self, msgs: Sequence[Message], keep_on_failure: bool = False) -> None:
         """Queue messages and deliver what consumers have room for."""
-        self.stage(msgs, keep_on_failure)
+        self.stage(as_items(msgs), keep_on_failure)
         self._dispatch()
 
-    def stage(
-        self,
-        msgs: Sequence[Message],
-        keep_on_failure: bool = False,
-        records: Sequence[bytes | None] | None = None,
-    ) -> Callable[[], None]:
-        """Queue messages from the topic (deferred ones by their delay) without
-        delivering them, and return a function that takes them back.
+    def stage(self, items: Sequence[Item], keep_on_failure: bool = False) -> Callable[[], None]:
+        """Queue what the topic publishes (records, and deferred messages by their
+        delay) without delivering it, and return a function that takes it back.
 
-        ``records`` are the messages' records (None for a deferred one), made
-        once by the topic for all its channels. Memory first, then the backend,
-        in one write for the batch. If that
+        Memory first, then the backend, in one write for the batch. If that
         write fails the error is raised and nothing of the batch stays queued,
         unless ``keep_on_failure`` (they came from a backlog nobody else holds),
         when they stay in memory. A topic stages a publish in every channel
@@ -101,33 +95,32 @@ class Channel(MessageQueue):
         """
         if self.exiting:
             raise ChannelError("exiting")
-        if records is None:
-            records = [None if m.deferred else m.encode() for m in msgs]
         to_backend: list[Item] = []
         in_memory = 0
         deferred_ids: list[bytes] = []
         now = None
         memory, mem_size, mem_bytes = self.memory, self._mem_size, self._mem_bytes
-        # _room_for and _hold inlined below: once per message published
-        for msg, record in zip(msgs, records, strict=True):
-            if record is None:
+        for item in items:  # _room_for and _hold inlined below: once per message published
+            if not isinstance(item, bytes):  # deferred
                 if now is None:
                     now = self.ctx.now()
                 if self.backend.acked:
-                    to_backend.append(msg)  # durable: on disk, with its deliver-at time
-                elif msg.id not in self.deferred:
-                    self.deferred.push(msg, now + msg.deferred)
-                    deferred_ids.append(msg.id)
-            elif (len(memory) < mem_size and (not mem_bytes or self.memory_bytes + len(msg.body) <= mem_bytes)) or (
+                    to_backend.append(item)  # durable: on disk, with its deliver-at time
+                elif item.id not in self.deferred:
+                    self.deferred.push(item, now + item.deferred)
+                    deferred_ids.append(item.id)
+                continue
+            size = len(item) - MESSAGE_HEADER_LENGTH
+            if (len(memory) < mem_size and (not mem_bytes or self.memory_bytes + size <= mem_bytes)) or (
                 # Go hands an ephemeral message straight to a waiting consumer even
                 # when its memory queue is full (or 0), and drops it otherwise
                 self.ephemeral and len(memory) < self._spare_capacity()
             ):
-                memory.append(record)
-                self.memory_bytes += len(msg.body)
+                memory.append(item)
+                self.memory_bytes += size
                 in_memory += 1
             elif not self.ephemeral:
-                to_backend.append(record)
+                to_backend.append(item)
         mark = None
         if to_backend:
             try:
@@ -141,13 +134,13 @@ class Channel(MessageQueue):
                         self.deferred.push(m, self.ctx.now() + m.deferred)
                     else:
                         self._hold(m)
-                self.message_count += len(msgs)
+                self.message_count += len(items)
                 raise
-        self.message_count += len(msgs)
+        self.message_count += len(items)
 
         def take_back() -> None:
             self._take_back(in_memory, deferred_ids, mark, to_backend)
-            self.message_count -= len(msgs)
+            self.message_count -= len(items)
 
         return take_back
 

@@ -18,7 +18,7 @@ from twisted.python.failure import Failure
 
 from nsq_service.log import LogGate
 from nsq_service.options import StartError
-from nsq_wire.message import MESSAGE_HEADER_LENGTH
+from nsq_wire.message import MESSAGE_HEADER_LENGTH, records
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
 from nsq_wire.version import VERSION, version_string
 from nsqd_tw.core.channel import Channel
@@ -33,6 +33,7 @@ from nsqd_tw.core.metadata import (
     encode_metadata,
     read_metadata,
 )
+from nsqd_tw.core.queue import Item
 from nsqd_tw.core.topic import Topic, TopicError
 from nsqd_tw.options import NSQDOptions
 from nsqd_tw.storage.backend import DummyBackendQueue, IBackendQueue, MemoryBackendQueue
@@ -245,11 +246,16 @@ class NSQD(service.Service):
         stored already.
         """
         ts = self.now_ns()
-        msgs = list(map(Message, self.guid.new_ids(len(bodies)), bodies, [ts] * len(bodies)))
+        ids = self.guid.new_ids(len(bodies))
+        items: list[Item]
         if delay:
-            for msg in msgs:
+            deferred = list(map(Message, ids, bodies, [ts] * len(bodies)))
+            for msg in deferred:
                 msg.deferred = delay
-        topic.put_messages(msgs)
+            items = list(deferred)
+        else:
+            items = list(records(ids, bodies, ts))  # queued as they will be stored: no Message yet
+        topic.put_items(items, sum(map(len, bodies)))
         if self.durable and not topic.ephemeral:
             return self.syncer.commit()
         return None

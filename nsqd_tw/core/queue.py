@@ -29,6 +29,11 @@ def body_size(item: Item) -> int:
     return len(item) - MESSAGE_HEADER_LENGTH if isinstance(item, bytes) else len(item.body)
 
 
+def as_items(msgs: Sequence[Message]) -> list[Item]:
+    """Messages as a topic or channel queues them: records, deferred ones as they are."""
+    return [m if m.deferred else m.encode() for m in msgs]
+
+
 class Context(Protocol):
     """What topics and channels need of their nsqd (the NSQD)."""
 

@@ -14,7 +14,7 @@ from nsq_wire.names import is_ephemeral
 from nsqd_tw.core.channel import Channel, ChannelError
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.quantile import Quantile
-from nsqd_tw.core.queue import Context, Item, MessageQueue
+from nsqd_tw.core.queue import Context, Item, MessageQueue, as_items, body_size
 
 PUMP_BATCH = 512
 
@@ -50,32 +50,34 @@ class Topic(MessageQueue):
         self.put_messages([msg])
 
     def put_messages(self, msgs: list[Message]) -> None:
+        self.put_items(as_items(msgs), sum(len(m.body) for m in msgs))
+
+    def put_items(self, items: list[Item], body_bytes: int) -> None:
+        """Publish records (and deferred messages) holding ``body_bytes`` of bodies."""
         if self.exiting:
             raise TopicError("exiting")
         if self._flowing():
-            self._deliver(msgs)
+            self._deliver(items)
         else:
-            self._keep(msgs)
+            self._keep(items)
             self._schedule_pump()
-        self._count(msgs)
+        self.message_count += len(items)
+        self.message_bytes += body_bytes
 
-    def _count(self, msgs: list[Message]) -> None:
-        self.message_count += len(msgs)
-        self.message_bytes += sum(len(m.body) for m in msgs)
-
-    def _keep(self, msgs: list[Message]) -> None:
+    def _keep(self, items: list[Item]) -> None:
         """Keep messages until they can flow: memory first, then one backend write.
         If the write fails, none of them is kept."""
         to_backend: list[Item] = []
         in_memory = 0
         memory, mem_size, mem_bytes = self.memory, self._mem_size, self._mem_bytes
-        for msg in msgs:  # _room_for and _hold, inlined: once per message published
-            if len(memory) < mem_size and (not mem_bytes or self.memory_bytes + len(msg.body) <= mem_bytes):
-                memory.append(msg if msg.deferred else msg.encode())
-                self.memory_bytes += len(msg.body)
+        for item in items:  # _room_for and _hold, inlined: once per message published
+            size = body_size(item)
+            if len(memory) < mem_size and (not mem_bytes or self.memory_bytes + size <= mem_bytes):
+                memory.append(item)
+                self.memory_bytes += size
                 in_memory += 1
             elif not self.ephemeral:  # an ephemeral topic drops what memory can't hold, as in Go
-                to_backend.append(msg)
+                to_backend.append(item)
         if to_backend:
             try:
                 self._write(to_backend)
@@ -83,9 +85,9 @@ class Topic(MessageQueue):
                 self._unhold(in_memory)
                 raise
 
-    def _deliver(self, msgs: list[Message], from_backlog: bool = False) -> None:
-        """Hand messages to every channel: their records, made once and shared
-        (a deferred message is copied for each channel but the first).
+    def _deliver(self, items: list[Item], from_backlog: bool = False) -> None:
+        """Hand a publish to every channel: the records are shared (a deferred
+        message is copied for each channel but the first).
 
         A publish is staged in every channel before any of it is delivered: if
         one channel cannot store it, it is taken back from the others and the
@@ -93,13 +95,13 @@ class Topic(MessageQueue):
         backlog (``from_backlog``) is never taken back: each channel keeps it.
         """
         channels = list(self.channels.values())
-        records = [None if m.deferred else m.encode() for m in msgs]
+        shared = all(isinstance(i, bytes) for i in items) if len(channels) > 1 else True
         staged: list[Callable[[], None]] = []
         failure: Exception | None = None
-        for i, channel in enumerate(channels):
-            batch = msgs if i == 0 or all(records) else [m.copy() if m.deferred else m for m in msgs]
+        for n, channel in enumerate(channels):
+            batch = items if n == 0 or shared else [i if isinstance(i, bytes) else i.copy() for i in items]
             try:
-                staged.append(channel.stage(batch, from_backlog, records))
+                staged.append(channel.stage(batch, from_backlog))
             except ChannelError as e:
                 self.ctx.log.error(
                     "TOPIC({name}) ERROR: failed to put msgs to channel({channel}) - {err}",
@@ -145,7 +147,7 @@ class Topic(MessageQueue):
                 msg.deferred = (at - now_ns) / 1e9
             batch.append(msg)
         if batch:
-            self._deliver(batch, from_backlog=True)
+            self._deliver(as_items(batch), from_backlog=True)
         for ref in refs:
             self.backend.done(ref)
         self._schedule_pump()

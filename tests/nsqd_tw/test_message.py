@@ -1,6 +1,7 @@
 from twisted.trial import unittest
 
 from nsq_wire.frames import FRAME_TYPE_MESSAGE, FrameReader
+from nsq_wire.message import records
 from nsqd_tw.core.message import Message
 
 
@@ -17,6 +18,11 @@ class MessageTests(unittest.TestCase):
         m = Message(b"0123456789abcdef", b"\x00\xffbody", 12345, attempts=65535)
         d = Message.decode(m.encode())
         self.assertEqual((d.id, d.body, d.timestamp, d.attempts), (m.id, m.body, m.timestamp, m.attempts))
+
+    def test_records_of_a_publish_are_what_encode_makes(self) -> None:
+        ids, bodies = [b"0123456789abcdef", b"fedcba9876543210"], [b"one", b""]
+        made = records(ids, bodies, -5)  # a negative timestamp wraps as Go's uint64
+        self.assertEqual(made, [Message(i, b, -5).encode() for i, b in zip(ids, bodies, strict=True)])
 
     def test_decode_too_short(self) -> None:
         e = self.assertRaises(ValueError, Message.decode, b"x" * 25)
