@@ -223,25 +223,33 @@ class V2Parser:
         bodies = cmd.bodies
         max_msg_size = self.max_msg_size
         unpack_from = _INT32.unpack_from
+        append = bodies.append
         while self._mpub_left:
             if self._state == _MPUB_SIZE:
                 buf = self._buf
                 pos = self._pos
                 end = len(buf)
-                # fast path: whole (size, body) pairs already in the buffer
-                while self._mpub_left and end - pos >= 4:
+                # fast path: whole (size, body) pairs already in the buffer, the
+                # counters in locals (written back before an error is raised)
+                left, used, declared = self._mpub_left, self._mpub_used, self._mpub_declared
+                first = left
+                while left and end - pos >= 4:
                     (size,) = unpack_from(buf, pos)
-                    if size <= 0 or size > max_msg_size or self._mpub_used + 4 + size > self._mpub_declared:
-                        self._pos = pos
+                    if size <= 0 or size > max_msg_size or used + 4 + size > declared:
+                        self._pos, self._mpub_used = pos, used
+                        self._mpub_index += first - left
+                        self._mpub_left = left
                         self._check_message_size(size)
                     if end - pos - 4 < size:
                         break
-                    self._mpub_used += 4 + size
-                    bodies.append(buf[pos + 4 : pos + 4 + size])
-                    pos += 4 + size
-                    self._mpub_left -= 1
-                    self._mpub_index += 1
-                self._pos = pos
+                    used += 4 + size
+                    start = pos + 4
+                    pos = start + size
+                    append(buf[start:pos])
+                    left -= 1
+                self._pos, self._mpub_used = pos, used
+                self._mpub_index += first - left
+                self._mpub_left = left
                 if not self._mpub_left:
                     break
                 size = self._read_int32()

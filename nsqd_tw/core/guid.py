@@ -18,6 +18,8 @@ TIMESTAMP_SHIFT = SEQUENCE_BITS + NODE_ID_BITS
 SEQUENCE_MASK = (1 << SEQUENCE_BITS) - 1
 # ( 2012-10-28 16:23:42 UTC ).UnixNano() >> 20
 TWEPOCH = 1288834974288
+# every sequence number as the ID's last 3 hex digits (12 bits)
+_SEQUENCE_HEX = [b"%03x" % s for s in range(SEQUENCE_MASK + 1)]
 
 
 class GUIDFactory:
@@ -64,7 +66,9 @@ class GUIDFactory:
             take = min(room, n)
             base = ((self._last_ts - TWEPOCH) << TIMESTAMP_SHIFT) | node
             start = self._sequence + 1
-            ids.extend(b"%016x" % (base | s) for s in range(start, start + take))
+            # the sequence is the last 3 hex digits: the rest is the same for the batch
+            prefix = b"%013x" % (base >> SEQUENCE_BITS)
+            ids.extend([prefix + s for s in _SEQUENCE_HEX[start : start + take]])
             self._sequence += take
             n -= take
         return ids

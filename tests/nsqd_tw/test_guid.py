@@ -32,3 +32,11 @@ class GUIDTests(unittest.TestCase):
     def test_node_id_range(self) -> None:
         self.assertRaises(ValueError, GUIDFactory, 1024, lambda: 0)
         self.assertRaises(ValueError, GUIDFactory, -1, lambda: 0)
+
+    def test_a_batch_is_the_ids_one_by_one_would_be(self) -> None:
+        now = 1_700_000_000_000_000_000
+        one, batch = GUIDFactory(1023, lambda: now), GUIDFactory(1023, lambda: now)
+        one_by_one = [one.new_id() for _ in range(9000)]  # past two sequence wraps
+        self.assertEqual(batch.new_ids(100) + batch.new_ids(8900), one_by_one)
+        tick = ((now >> 20) - 1288834974288) << 22 | 1023 << 12
+        self.assertEqual(one_by_one[:2], [b"%016x" % tick, b"%016x" % (tick | 1)])
