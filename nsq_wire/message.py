@@ -9,11 +9,14 @@ the disk queue's recovery finds records with the offsets.
 from __future__ import annotations
 
 import struct
-from typing import Protocol
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 from nsq_wire.frames import FRAME_TYPE_MESSAGE
 
 MSG_ID_LENGTH = 16
+
+T = TypeVar("T")
 
 
 # the timestamp (8 bytes) and attempts (2) come first
@@ -70,6 +73,20 @@ def decode(data: bytes) -> tuple[bytes, bytes, int, int]:
         raise ValueError(f"invalid message buffer size ({len(data)})")
     timestamp, attempts, msg_id = _HEADER.unpack_from(data)
     return msg_id, data[MESSAGE_HEADER_LENGTH:], timestamp, attempts
+
+
+def decoder(make: Callable[[bytes, bytes, int, int], T]) -> Callable[[bytes], T]:
+    """:func:`decode` straight into ``make(id, body, timestamp, attempts)`` (nsqd's
+    Message): one call per message instead of three."""
+    unpack_from = _HEADER.unpack_from
+
+    def decode_into(data: bytes) -> T:
+        if len(data) < MESSAGE_HEADER_LENGTH:
+            raise ValueError(f"invalid message buffer size ({len(data)})")
+        timestamp, attempts, msg_id = unpack_from(data)
+        return make(msg_id, data[MESSAGE_HEADER_LENGTH:], timestamp, attempts)
+
+    return decode_into
 
 
 def message_id(data: bytes) -> bytes:

@@ -255,15 +255,21 @@ class Channel(MessageQueue):
 
     def _pop_in_flight(self, client_id: int, msg_id: bytes) -> Message:
         msg = self.in_flight.remove(msg_id)
-        if msg is None:
-            raise ChannelError("ID not in flight")
-        if msg.client_id != client_id:
-            self.in_flight.push(msg, msg.pri)  # not this client's: it stays as it was
-            raise ChannelError("client does not own message")
+        if msg is None or msg.client_id != client_id:
+            raise self._refusal(msg)
         return msg
 
+    def _refusal(self, msg: Message | None) -> ChannelError:
+        """Why a FIN, REQ or TOUCH of ``msg`` (None: not in flight) is refused."""
+        if msg is None:
+            return ChannelError("ID not in flight")
+        self.in_flight.push(msg, msg.pri)  # not this client's: it stays in flight as it was
+        return ChannelError("client does not own message")
+
     def finish_message(self, client_id: int, msg_id: bytes) -> Message:
-        msg = self._pop_in_flight(client_id, msg_id)
+        msg = self.in_flight.remove(msg_id)  # _pop_in_flight inline: once per message
+        if msg is None or msg.client_id != client_id:
+            raise self._refusal(msg)
         if msg.ref is not None:
             self.backend.done(msg.ref)
         if self.e2e is not None:

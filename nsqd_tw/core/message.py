@@ -48,9 +48,11 @@ class Message:
     encode = layout.encode  # the disk-queue record (and message-frame data)
     frame = layout.frame  # the complete message frame sent to a consumer
 
-    @classmethod
-    def decode(cls, data: bytes) -> Message:
-        return cls(*layout.decode(data))
+    # Message.decode(data): a record or a message frame's data as a Message
+    decode: staticmethod[[bytes], Message]
 
     def __repr__(self) -> str:
         return f"Message(id={self.id!r}, attempts={self.attempts}, body={self.body[:32]!r})"
+
+
+Message.decode = staticmethod(layout.decoder(Message))
