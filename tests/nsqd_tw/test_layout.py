@@ -7,7 +7,7 @@ import struct
 
 from twisted.trial import unittest
 
-from nsqd_tw.storage.layout import plan_writes
+from nsqd_tw.storage.layout import QueueFiles, plan_writes
 from tests.nsqd_tw.test_diskqueue import Base, number, record
 
 
@@ -94,3 +94,23 @@ class RecoveryTests(Base):
         self.assertTrue(any("unexpected metadata b'garbage\\n'" in x for x in self.log.lines), self.log.lines)
         self.assertEqual(again.depth(), 3)
         self.assertEqual([number(again.get()) for _ in range(3)], [0, 1, 2])
+
+
+class ExistingFilesTests(unittest.TestCase):
+    def test_only_this_queues_numbered_data_files(self) -> None:
+        d = self.mktemp()
+        os.makedirs(d)
+        names = [
+            "t[1]*.diskqueue.000002.dat",
+            "t[1]*.diskqueue.000000.dat",
+            "t[1]*.diskqueue.meta.dat",
+            "t[1]*.diskqueue.00000².dat",
+            "t[1]*:ch.diskqueue.000005.dat",
+            "t[1]*.diskqueue.000001.diskqueue.000007.dat",
+            "t[1].diskqueue.000009.dat",
+        ]
+        for fn in names:
+            open(os.path.join(d, fn), "wb").close()
+        self.assertEqual(QueueFiles(d, "t[1]*", 0, 100, None).existing(), [0, 2])
+        self.assertEqual(QueueFiles(d, "t[1]*:ch", 0, 100, None).existing(), [5])
+        self.assertEqual(QueueFiles(os.path.join(d, "gone"), "t", 0, 100, None).existing(), [])
