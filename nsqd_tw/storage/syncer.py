@@ -133,7 +133,13 @@ class Syncer:
 
     def _schedule(self) -> None:
         if self._call is None and not self._running and not self.stopping:
-            self._call = self.reactor.callLater(0, self._start)
+            self._call = self.reactor.callLater(0, self._next_turn)
+
+    def _next_turn(self) -> None:
+        # A sync starts a turn later: the answers of this turn (flushed at its end)
+        # go out first, and do not wait for the snapshot of nsqd.dat, which grows
+        # with the number of topics and channels.
+        self._call = self.reactor.callLater(0, self._start)
 
     def _start(self) -> None:
         self._call = None

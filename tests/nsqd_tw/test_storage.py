@@ -501,6 +501,23 @@ class HTTPStorageTests(StorageTestCase):
         api.flush()
         self.assertEqual(self.successResultOf(d).code, 200)
 
+    def test_a_sub_that_creates_is_answered_before_nsqd_dat_is_snapshotted(self) -> None:
+        """The snapshot of the metadata grows with the topics: the OK does not wait for it."""
+        n = self.start()
+        seen: list[bytes] = []
+        snapshot = n.metadata
+
+        def metadata() -> bytes:
+            seen.append(c.transport.value())
+            return snapshot()
+
+        self.patch(n, "metadata", metadata)
+        c = FakeClient(n)
+        c.send(b"SUB new c\n")
+        self.assertEqual(c.frames(), [(FRAME_TYPE_RESPONSE, b"OK")])
+        self.assertEqual(len(seen), 1, "persisted")
+        self.assertTrue(seen[0].endswith(b"OK"), "the OK was written before the snapshot was taken")
+
     def test_durable_pipelined_pubs_answer_after_the_sync(self) -> None:
         n = self.start(mem_queue_size=0, sync_every=1)
         n.get_topic("t").get_channel("c")
