@@ -9,7 +9,7 @@ from lookupd_tw.nsqlookupd import NSQLookupd
 from lookupd_tw.options import DEPRECATED_FLAGS, NSQLookupdOptions
 from nsq_service.limits import raise_fd_limit
 from nsq_service.listen import ListeningService, ServerService
-from nsq_service.options import usage_options
+from nsq_service.serving import usage_options
 from nsq_wire.version import version_string
 
 _BaseOptions = usage_options(

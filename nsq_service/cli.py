@@ -5,10 +5,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from twisted.logger import globalLogBeginner
-
-from nsq_service.log import GoLogObserver, go_log_line
-from nsq_service.options import ConfigError, ignore_stop_signals, install_stop_signals, start_error_text
+from nsq_service.golog import go_log_line
+from nsq_service.options import ConfigError, start_error_text
 
 
 def fatal(prefix: str, text: str) -> int:
@@ -28,7 +26,12 @@ def run_server(
     A failed start prints one FATAL line and returns 1 without stopping
     anything: nothing was handed over yet, and stopping would write files.
     """
+    # Twisted only now: --version, --help and a refused flag never load it
     from twisted.internet import reactor
+    from twisted.logger import globalLogBeginner
+
+    from nsq_service.log import GoLogObserver
+    from nsq_service.serving import ignore_stop_signals, install_stop_signals
 
     install_stop_signals(reactor)
     observer = GoLogObserver(sys.stderr, opts.log_prefix, opts.log_level)

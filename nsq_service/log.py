@@ -14,6 +14,8 @@ from twisted.logger import ILogObserver, LogLevel, formatEvent
 from twisted.logger import Logger as _TwistedLogger
 from zope.interface import implementer
 
+from nsq_service.golog import LEVEL_NUMBERS, go_log_line
+
 GO_LEVELS = {
     LogLevel.debug: (1, "DEBUG"),
     LogLevel.info: (2, "INFO"),
@@ -21,14 +23,7 @@ GO_LEVELS = {
     LogLevel.error: (4, "ERROR"),
     LogLevel.critical: (5, "FATAL"),
 }
-LEVEL_NUMBERS = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}
 OUR_NAMESPACES = ("nsqd_tw", "lookupd_tw", "nsq_service", "nsq_client", "nsqd", "nsqlookupd")
-
-
-def go_log_line(prefix: str, level_name: str, text: str, when: float | None = None) -> str:
-    when = time.time() if when is None else when
-    stamp = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(when)) + ".%06d" % int((when % 1) * 1e6)
-    return f"{prefix}{stamp} {level_name}: {text}\n"
 
 
 @implementer(ILogObserver)

@@ -13,14 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import field
 from typing import Any, NoReturn, TypeVar
 
-from twisted.application.service import ServiceMaker
-from twisted.logger import Logger
-from twisted.python import usage
-
-from nsq_service.log import LEVEL_NUMBERS, go_log_line
+from nsq_service.golog import LEVEL_NUMBERS, go_log_line
 from nsq_wire.gofmt import DurationError, go_duration, parse_duration
-
-_log = Logger(namespace="nsqd_tw.options")  # the config file is read before any server exists
 
 
 class ConfigError(Exception):
@@ -36,48 +30,6 @@ def start_error_text(e: BaseException, instantiate_error: str) -> str:
     """The FATAL text for a failed start: a StartError's own, else Go's
     ``failed to instantiate nsqd - <error>``."""
     return str(e) if isinstance(e, StartError) else f"{instantiate_error} - {e}"
-
-
-def install_stop_signals(reactor: Any) -> None:
-    """SIGTERM and SIGINT stop the reactor cleanly from now on, as Go's nsqd.
-
-    A signal that comes before the reactor runs queues the stop for when it
-    does; SIGINT is caught even when the process inherited it ignored (started
-    with ``&``), as Go's signal.Notify does; signals after the first are ignored
-    (Go's nsqd, too). The reactor installs handlers of its own when it starts
-    (they call ``reactor.sigTerm``...): those are ours too, and ours go back in
-    place once it runs. :func:`ignore_stop_signals` covers the process's exit.
-    """
-    import signal
-
-    stopping: list[int] = []
-    sig_int, sig_term = reactor.sigInt, reactor.sigTerm
-
-    def handler(signum: int, frame: Any) -> None:
-        if stopping:
-            return
-        stopping.append(signum)
-        (sig_int if signum == signal.SIGINT else sig_term)(signum, frame)
-
-    def install() -> None:
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
-
-    reactor.sigInt = reactor.sigTerm = handler
-    install()
-    reactor.callWhenRunning(install)
-
-
-def ignore_stop_signals() -> None:
-    """Signals that arrive once the reactor has stopped change nothing.
-
-    Python gives a signal it handled in Python back its default action (death)
-    as the interpreter finalizes, where an ignored one stays ignored.
-    """
-    import signal
-
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def split_address(address: str) -> tuple[str, int] | None:
@@ -466,9 +418,12 @@ def unknown_config_keys(cls: type, cfg: dict[str, Any], deprecated: dict[str, st
 
 def warn_unknown_keys(path: str, keys: Sequence[str], known: set[str]) -> None:
     """Go ignores a key it does not know without a word; we say so."""
+    from twisted.logger import Logger  # only then: --version and --help import no Twisted
+
+    log = Logger(namespace="nsqd_tw.options")  # the config file is read before any server exists
     for key in keys:
         hint = difflib.get_close_matches(key.replace("-", "_").lower(), sorted(known), n=1)
-        _log.warn(
+        log.warn(
             "config file {path}: unknown key {key} ignored{hint}",
             path=path,
             key=json.dumps(key),
@@ -520,98 +475,3 @@ def exit_fatal(prefix: str, text: str) -> NoReturn:
     sys.stderr.write(go_log_line(prefix, "FATAL", text))
     sys.stderr.flush()
     raise SystemExit(1)
-
-
-def usage_options(
-    cls: type, description: str, prog: str, deprecated: dict[str, str] | None = None
-) -> type[usage.Options]:
-    """A twistd usage.Options class built from the same table.
-
-    Parsing goes through the console command's own parser (:func:`build_argparser`),
-    so ``twistd nsqd ARGS`` accepts every form ``nsqd ARGS`` does and resolves to the
-    same options; it also accepts ``--no-flag`` for a boolean. Whatever that parser
-    does not know is left to usage.Options, so a subclass may add options of its
-    own. Afterwards ``self.resolved`` is the options object and ``self[flag]``
-    its value. Errors end the process the way the console command does: exit 2
-    with the message for a bad flag, exit 1 with a FATAL line for a bad config file.
-    """
-    defaults = cls()
-    fields = flag_fields(cls)
-    parameters: list[list[Any]] = []
-    flags: list[list[Any]] = []
-    for f in fields:
-        flag = f.metadata["flag"]
-        kind: Kind = f.metadata["kind"]
-        shown = kind.show(getattr(defaults, f.name))
-        if kind.is_bool:
-            forms = f"--{flag}[=true|false], --no-{flag}"
-            flags.append([flag, None, f"{f.metadata['help']} [{forms}] (default {shown})"])
-        else:
-            parameters.append([flag, None, None, f.metadata["help"] + (f" (default {shown})" if shown else "")])
-    for flag, help_text in (deprecated or {}).items():
-        flags.append([flag, None, help_text])
-    log_prefix = getattr(defaults, "log_prefix", f"[{prog.split()[-1]}] ")
-
-    def parse_options(self: Any, options: Sequence[str] | None = None) -> None:
-        argv = sys.argv[1:] if options is None else list(options)
-        if "--_shell-completion" in argv:
-            return usage.Options.parseOptions(self, argv)  # type: ignore[no-any-return]
-        # a plugin subclassing these Options runs under its own name: twistd ticker
-        sub = getattr(getattr(self, "parent", None), "subCommand", None)
-        parser = build_argparser(f"twistd {sub}" if sub else self.prog, cls, deprecated, twistd=True)
-        self._namespace, rest = parser.parse_known_args(argv)
-        if self._namespace._help:
-            self.opt_help()
-        if self._namespace.version:
-            self.opt_version()
-        try:
-            usage.Options.parseOptions(self, rest)
-        except usage.UsageError as e:
-            parser.error(str(e))
-
-    def post_options(self: Any) -> None:
-        try:
-            self.resolved = resolve_namespace(cls, self._namespace, deprecated)
-        except ConfigError as e:
-            exit_fatal(log_prefix, str(e))
-        self["config"] = self._namespace.config
-        for f in fields:
-            self[f.metadata["flag"]] = getattr(self.resolved, f.name)
-
-    return type(
-        cls.__name__ + "Usage",
-        (usage.Options,),
-        {
-            "prog": prog,
-            "optParameters": [["config", None, "", "path to config file"], *parameters],
-            "optFlags": flags,
-            "parseOptions": parse_options,
-            "postOptions": post_options,
-            "longdesc": description,
-        },
-    )
-
-
-class TwistdServiceMaker(ServiceMaker):
-    """twistd's ServiceMaker, ending on Go's FATAL line when the options are refused.
-
-    ``makeService`` validates the options as the console command does; the
-    error is its one ``FATAL: failed to instantiate APP - ...`` line and exit 1,
-    not a traceback.
-    """
-
-    def makeService(self, options: Any) -> Any:
-        from twisted.internet import reactor
-
-        # twistd installs its signal handlers only when the reactor runs, after the
-        # listening lines: a supervisor's early SIGTERM must still stop cleanly
-        install_stop_signals(reactor)
-        try:
-            top = super().makeService(options)
-        except ConfigError as e:
-            resolved = getattr(options, "resolved", None)
-            prefix = getattr(resolved, "log_prefix", f"[{self.tapname}] ")
-            exit_fatal(prefix, f"failed to instantiate {self.tapname} - {e}")
-        if hasattr(top, "exit_on_start_failure"):
-            top.exit_on_start_failure = True
-        return top

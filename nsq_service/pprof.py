@@ -3,11 +3,8 @@
 
 from __future__ import annotations
 
-import cProfile
 import gc
 import io
-import marshal
-import pstats
 import sys
 import threading
 import traceback
@@ -105,6 +102,10 @@ def add_debug_routes(router: Router, index: str, nsqd_extras: bool = False) -> N
             request.responseHeaders.setRawHeaders(b"x-go-pprof", [b"1"])
             msg = b"Could not enable CPU profiling: cpu profiling already in use\n"
             return api.finish(request, 500, msg, TEXT_TYPE, nsq=False)
+        import cProfile  # the profiler's modules only when asked for (they cost the start ~20 ms)
+        import marshal
+        import pstats
+
         profiler = cProfile.Profile()
         running = [True]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import platform
+import sys
 
 VERSION = "1.3.0"
 
@@ -10,4 +10,4 @@ VERSION = "1.3.0"
 def version_string(app: str) -> str:
     """Go's version.String: ``nsqd v1.3.0 (built w/python3.11.7)``, as ``--version``,
     the first log line and ``/stats`` print it."""
-    return f"{app} v{VERSION} (built w/python{platform.python_version()})"
+    return f"{app} v{VERSION} (built w/python{sys.version.split()[0]})"

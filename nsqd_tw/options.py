@@ -11,8 +11,6 @@ The machinery (kinds, :func:`build_argparser`, :func:`resolve`,
 
 from __future__ import annotations
 
-import hashlib
-import ssl
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -66,12 +64,8 @@ class _TLSRequired(Kind):
             raise ConfigError(f"failed parsing tls_required {value}") from None
 
 
-TLS_VERSIONS = {
-    "tls1.0": ssl.TLSVersion.TLSv1,
-    "tls1.1": ssl.TLSVersion.TLSv1_1,
-    "tls1.2": ssl.TLSVersion.TLSv1_2,
-    "tls1.3": ssl.TLSVersion.TLSv1_3,
-}
+# the protocol numbers (Go's tls.VersionTLS1x, Python's ssl.TLSVersion): no ssl import for --help
+TLS_VERSIONS = {"tls1.0": 0x0301, "tls1.1": 0x0302, "tls1.2": 0x0303, "tls1.3": 0x0304}
 
 
 class _TLSMinVersion(Kind):
@@ -90,7 +84,7 @@ class _TLSMinVersion(Kind):
             raise ConfigError(f"failed parsing tls_min_version {value}") from None
 
     def to_http(self, value: Any) -> int:
-        return TLS_VERSIONS[value].value  # Go's tls.VersionTLS1x: 0x0301...
+        return TLS_VERSIONS[value]
 
 
 TLS_REQUIRED_KIND = _TLSRequired()
@@ -99,6 +93,8 @@ TLS_MIN_VERSION = _TLSMinVersion()
 
 def default_node_id() -> int:
     """Go's default: crc32(md5(hostname)) % 1024."""
+    import hashlib  # when the default is needed: not for --version
+
     return zlib.crc32(hashlib.md5(hostname().encode()).digest()) % 1024
 
 

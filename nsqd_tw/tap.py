@@ -15,8 +15,8 @@ from twisted.application.internet import TimerService
 from nsq_service.limits import raise_fd_limit
 from nsq_service.listen import Bound, ListeningService, ServerService
 from nsq_service.memstats import GCPauses
-from nsq_service.options import usage_options
 from nsq_service.runtime import tune_gc
+from nsq_service.serving import usage_options
 from nsq_wire.version import version_string
 from nsqd_tw.core.nsqd import NSQD
 from nsqd_tw.options import NSQD_DEPRECATED_FLAGS, NSQDOptions

@@ -175,3 +175,37 @@ def strongly_connected(nodes: list[str], edges: dict[str, set[str]]) -> list[lis
                             break
                     out.append(sorted(comp))
     return out
+
+
+class CommandLineWithoutTwistedTests(unittest.TestCase):
+    """``nsqd --version`` and ``--help`` (and nsqlookupd's) need no reactor: they
+    answer without importing Twisted (or TLS), which alone costs most of a start."""
+
+    def answer(self, module: str, flag: str) -> tuple[int, str, list[str]]:
+        import json
+        import subprocess
+        import sys
+
+        probe = (
+            "import json, sys\n"
+            f"from {module} import main\n"
+            "try:\n"
+            f"    code = main([{flag!r}])\n"
+            "except SystemExit as e:\n"
+            "    code = e.code\n"
+            "heavy = ('twisted', 'zope', 'klein', 'treq', 'OpenSSL', 'ssl')\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in heavy)\n"
+            "sys.stderr.write(json.dumps([code, heavy]))\n"
+        )
+        done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        code, heavy = json.loads(done.stderr.strip().splitlines()[-1])
+        return code, done.stdout, heavy
+
+    def test_version_and_help(self) -> None:
+        for app, module in (("nsqd", "nsqd_tw.cli"), ("nsqlookupd", "lookupd_tw.cli")):
+            code, out, heavy = self.answer(module, "--version")
+            self.assertEqual((code, heavy), (0, []), module)
+            self.assertTrue(out.startswith(f"{app} v"), out)
+            code, out, heavy = self.answer(module, "--help")
+            self.assertEqual((code, heavy), (0, []), module)
+            self.assertIn("-tcp-address", out)

@@ -1,4 +1,4 @@
-from nsq_service.options import TwistdServiceMaker
+from nsq_service.serving import TwistdServiceMaker
 
 nsqlookupd = TwistdServiceMaker(
     "nsq-tw nsqlookupd",
