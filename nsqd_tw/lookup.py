@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from twisted.application import service
-from twisted.application.internet import ClientService, backoffPolicy
 from twisted.internet import defer, endpoints, protocol
 from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.task import LoopingCall
@@ -174,6 +173,9 @@ class LookupPeer(service.Service):
         host, port = split_host_port(address)
         # an empty host is the local system, as for Go's Dial
         endpoint = endpoint_factory(host or "localhost", port)
+        # imported with the first peer: twisted.application.internet costs a start ~30 ms
+        from twisted.application.internet import ClientService, backoffPolicy
+
         self.client = ClientService(
             endpoint, _PeerFactory(self), retryPolicy=backoffPolicy(initialDelay=0.2, maxDelay=15.0), clock=self.reactor
         )

@@ -8,9 +8,12 @@ TCP listener, HTTP, and the queue-scan timer.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
-from twisted.application.internet import TimerService
+from twisted.application.service import Service
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
 
 from nsq_service.limits import raise_fd_limit
 from nsq_service.listen import Bound, ListeningService, ServerService
@@ -33,6 +36,29 @@ class Options(_BaseOptions):  # type: ignore[misc,valid-type]
         """print version string"""
         print(version_string("nsqd"))
         sys.exit(0)
+
+
+class Ticker(Service):
+    """``fn()`` every ``interval`` seconds while running, first at start (what
+    twisted.application.internet.TimerService does, without that module's import)."""
+
+    def __init__(self, interval: float, fn: Callable[[], Any], reactor: Any, name: str) -> None:
+        self.interval = interval
+        self.loop = LoopingCall(fn)
+        self.loop.clock = reactor
+        self.log = Logger(namespace="nsqd_tw.tap")
+        self.setName(name)
+
+    def startService(self) -> None:
+        super().startService()
+        self.loop.start(self.interval, now=True).addErrback(
+            lambda f: self.log.failure("{name} stopped", f, name=self.name)
+        )
+
+    def stopService(self) -> Any:
+        super().stopService()
+        if self.loop.running:
+            self.loop.stop()
 
 
 def makeService(config: Any, reactor: Any = None) -> ServerService:
@@ -88,15 +114,8 @@ def makeService(config: Any, reactor: Any = None) -> ServerService:
         StatsdService(nsqd, gc_pauses).setServiceParent(top)
     LookupService(nsqd).setServiceParent(top)  # after the listeners: it announces their ports
 
-    scan = TimerService(opts.queue_scan_interval, nsqd.queue_scan)
-    scan.clock = reactor
-    scan.setName("queue-scan")
-    scan.setServiceParent(top)
-
-    sync = TimerService(opts.sync_timeout, nsqd.syncer.tick)
-    sync.clock = reactor
-    sync.setName("disk-sync")
-    sync.setServiceParent(top)
+    Ticker(opts.queue_scan_interval, nsqd.queue_scan, reactor, "queue-scan").setServiceParent(top)
+    Ticker(opts.sync_timeout, nsqd.syncer.tick, reactor, "disk-sync").setServiceParent(top)
     top.nsqd = nsqd  # type: ignore[attr-defined]
     top.bound = bound  # type: ignore[attr-defined]
     return top

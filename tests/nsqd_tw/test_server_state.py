@@ -111,3 +111,33 @@ class GCPausesTests(unittest.TestCase):
         self.assertIsInstance(nsqd.getServiceNamed("gc-pauses"), GCPauses)
         lookupd = lookupd_service(NSQLookupdOptions(), MemoryReactorClock())
         self.assertFalse([s for s in lookupd if isinstance(s, GCPauses)])
+
+
+class TickerTests(unittest.TestCase):
+    """The tap's timers (queue scan, disk sync): at start, then every interval, until stopped."""
+
+    def test_runs_at_start_every_interval_and_stops(self) -> None:
+        from twisted.internet.task import Clock
+
+        from nsqd_tw.tap import Ticker
+
+        clock, calls = Clock(), []
+        t = Ticker(0.1, lambda: calls.append(clock.seconds()), clock, "queue-scan")
+        t.startService()
+        clock.pump([0.1, 0.1])
+        t.stopService()
+        clock.pump([0.1, 0.1])
+        self.assertEqual((t.name, len(calls)), ("queue-scan", 3))
+
+    def test_a_failure_is_logged(self) -> None:
+        from twisted.internet.task import Clock
+
+        from nsqd_tw.tap import Ticker
+
+        events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        t = Ticker(0.1, lambda: 1 / 0, Clock(), "disk-sync")
+        t.startService()
+        self.assertIn("disk-sync stopped", [formatEvent(e) for e in events])
+        self.flushLoggedErrors(ZeroDivisionError)
