@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import json
 import socket
 import sys
-import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import field
 from typing import Any, NoReturn, TypeVar
@@ -399,6 +397,8 @@ def build_argparser(
 
 
 def load_config(path: str) -> dict[str, Any]:
+    import tomllib  # only with --config
+
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
@@ -418,6 +418,8 @@ def unknown_config_keys(cls: type, cfg: dict[str, Any], deprecated: dict[str, st
 
 def warn_unknown_keys(path: str, keys: Sequence[str], known: set[str]) -> None:
     """Go ignores a key it does not know without a word; we say so."""
+    import difflib
+
     from twisted.logger import Logger  # only then: --version and --help import no Twisted
 
     log = Logger(namespace="nsqd_tw.options")  # the config file is read before any server exists

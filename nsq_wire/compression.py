@@ -14,8 +14,6 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterator
 
-import snappy
-
 DECODE_SLICE = 1 << 20
 
 # the largest chunk the framing format allows: 64 KiB of input compressed in
@@ -31,6 +29,8 @@ class SnappyCodec:
     name = "snappy"
 
     def __init__(self) -> None:
+        import snappy  # (with cramjam) only once a client negotiates snappy
+
         self._compressor = snappy.StreamCompressor()
         self._decompressor = snappy.StreamDecompressor()
         self._pending = b""

@@ -4,21 +4,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddsketch import DDSketch
+
+def new_sketch() -> Any:
+    # imported when --e2e-processing-latency-percentiles is set, not at every start
+    from ddsketch import DDSketch
+
+    return DDSketch()
 
 
 class Quantile:
     def __init__(self, window: float, percentiles: list[float], now: float) -> None:
         self.move_window = window / 2
         self.percentiles = percentiles
-        self._streams = [DDSketch(), DDSketch()]
+        self._streams = [new_sketch(), new_sketch()]
         self._current = 0
         self._last_move = now
 
     def _advance(self, now: float) -> None:
         while now > self._last_move + self.move_window:
             self._current ^= 1
-            self._streams[self._current] = DDSketch()
+            self._streams[self._current] = new_sketch()
             self._last_move += self.move_window
 
     def insert(self, value_ns: float, now: float) -> None:
@@ -33,7 +38,7 @@ class Quantile:
 
     def result(self, now: float) -> dict[str, Any]:
         self._advance(now)
-        merged = DDSketch()
+        merged = new_sketch()
         for s in self._streams:
             if s.count:
                 merged.merge(s)
