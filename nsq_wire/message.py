@@ -75,18 +75,12 @@ def decode(data: bytes) -> tuple[bytes, bytes, int, int]:
     return msg_id, data[MESSAGE_HEADER_LENGTH:], timestamp, attempts
 
 
-def decoder(make: Callable[[bytes, bytes, int, int], T]) -> Callable[[bytes], T]:
-    """:func:`decode` straight into ``make(id, body, timestamp, attempts)`` (nsqd's
-    Message): one call per message instead of three."""
-    unpack_from = _HEADER.unpack_from
-
-    def decode_into(data: bytes) -> T:
-        if len(data) < MESSAGE_HEADER_LENGTH:
-            raise ValueError(f"invalid message buffer size ({len(data)})")
-        timestamp, attempts, msg_id = unpack_from(data)
-        return make(msg_id, data[MESSAGE_HEADER_LENGTH:], timestamp, attempts)
-
-    return decode_into
+def decode_into(make: Callable[[bytes, bytes, int, int], T], data: bytes) -> T:
+    """:func:`decode` straight into ``make(id, body, timestamp, attempts)`` (nsqd's Message)."""
+    if len(data) < MESSAGE_HEADER_LENGTH:
+        raise ValueError(f"invalid message buffer size ({len(data)})")
+    timestamp, attempts, msg_id = _HEADER.unpack_from(data)
+    return make(msg_id, data[MESSAGE_HEADER_LENGTH:], timestamp, attempts)
 
 
 def message_id(data: bytes) -> bytes:

@@ -48,11 +48,10 @@ class Message:
     encode = layout.encode  # the disk-queue record (and message-frame data)
     frame = layout.frame  # the complete message frame sent to a consumer
 
-    # Message.decode(data): a record or a message frame's data as a Message
-    decode: staticmethod[[bytes], Message]
+    @classmethod
+    def decode(cls, data: bytes) -> Message:
+        """A record, or a message frame's data, as a Message."""
+        return layout.decode_into(cls, data)
 
     def __repr__(self) -> str:
         return f"Message(id={self.id!r}, attempts={self.attempts}, body={self.body[:32]!r})"
-
-
-Message.decode = staticmethod(layout.decoder(Message))
