@@ -1,7 +1,14 @@
-"""End-to-end rows/s of the Spark source and sink (local[*], one nsqd).
+"""End-to-end rows/s of the Spark source and sink (local[*], one nsqd), and of an archive.
 
     python bench/bench_spark.py                       # 200,000 messages of 200 bytes, 3 runs
     python bench/bench_spark.py --messages 500000 --size 1000 --runs 5
+    python bench/bench_spark.py --archive --master 'local[2]' --messages 400000
+
+archive: publish N messages, then run ``nsq-spark-archive --trigger available-now`` as a
+user runs it (its own process, its own SparkSession, JVM start included) and report the
+wall time and rows/s, the time until the first batch landed, the rows/s inside the query
+after that first batch, the peak RSS of the archive's driver (its Python process and its
+JVM), and what ``pyarrow.parquet.read_table`` finds in the output (rows, distinct IDs).
 
 source: publish N messages, then time an availableNow query from
 ``format("nsq")`` to the ``noop`` sink (the time includes FINing them).
@@ -39,6 +46,99 @@ def publish(address: str, topic: str, n: int, size: int) -> None:
         conn.close()
 
 
+def rss_of_tree(pid: int) -> int:
+    """RSS in bytes of a process and its descendants (the archive's Python and its JVM)."""
+    total = 0
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo.extend(int(c) for c in f.read().split())
+        except (OSError, StopIteration):
+            pass
+    return total
+
+
+def archive_run(address: str, data: str, run: int, a: argparse.Namespace) -> dict[str, float]:
+    """One archive of ``a.messages`` messages, as a user runs it."""
+    import re
+    import subprocess
+    import threading
+
+    topic = f"bench_archive_{run}"
+    publish(address, topic, a.messages, a.size)
+    output = os.path.join(data, f"archive-{run}")
+    exe = Path(sys.executable).parent / "nsq-spark-archive"
+    argv = [str(exe), "--nsqd-tcp-address", address, "--topic", topic, "--output", output]
+    argv += ["--master", a.master, "--max-messages-per-batch", str(a.max_messages_per_batch)]
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    peak = [0]
+
+    def sample() -> None:
+        while proc.poll() is None:
+            peak[0] = max(peak[0], rss_of_tree(proc.pid))
+            time.sleep(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    batches: list[tuple[float, int]] = []
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if m := re.search(r"batch \d+: (\d+) messages archived", line):
+            batches.append((time.perf_counter() - started, int(m.group(1))))
+        elif a.verbose or "ERROR" in line:
+            print("  " + line.rstrip(), flush=True)
+    if proc.wait() != 0:
+        raise SystemExit(f"nsq-spark-archive exited {proc.returncode}")
+    wall = time.perf_counter() - started
+    sampler.join()
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(output, columns=["id"])
+    rows = sum(n for _, n in batches)
+    first_at, first_rows = batches[0] if batches else (wall, 0)
+    last_at = batches[-1][0] if batches else wall
+    return {
+        "wall": wall,
+        "rows": rows,
+        "first_batch": first_at,
+        "wall_rows_s": rows / wall,
+        "in_query_rows_s": (rows - first_rows) / (last_at - first_at) if last_at > first_at else 0.0,
+        "peak_rss_mb": peak[0] / 2**20,
+        "parquet_rows": table.num_rows,
+        "parquet_ids": len(set(table.column("id").to_pylist())),
+    }
+
+
+def archive_main(a: argparse.Namespace) -> None:
+    data = tempfile.mkdtemp(prefix="nsq-bench-archive-")
+    proc, address = launch(["--mem-queue-size", str(a.messages * 2), "--data-path", data])
+    results = []
+    try:
+        for run in range(a.runs):
+            r = archive_run(address, data, run, a)
+            results.append(r)
+            print(
+                f"run {run + 1}: {r['rows']:,.0f} rows in {r['wall']:.1f} s: wall {r['wall_rows_s']:,.0f} rows/s, "
+                f"first batch landed at {r['first_batch']:.1f} s, in-query {r['in_query_rows_s']:,.0f} rows/s, "
+                f"peak driver RSS {r['peak_rss_mb']:,.0f} MB; parquet: {r['parquet_rows']:,} rows, "
+                f"{r['parquet_ids']:,} distinct ids",
+                flush=True,
+            )
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    print()
+    for key in ("wall_rows_s", "in_query_rows_s", "first_batch", "peak_rss_mb"):
+        values = [r[key] for r in results]
+        print(f"{key}: median {statistics.median(values):,.1f} ({', '.join(f'{v:,.1f}' for v in values)})")
+    print(f"{a.messages:,} messages of {a.size} bytes, --master {a.master}, batches of {a.max_messages_per_batch:,}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--messages", type=int, default=200_000)
@@ -47,7 +147,11 @@ def main() -> None:
     p.add_argument("--master", default="local[*]")
     p.add_argument("--max-messages-per-batch", type=int, default=50_000)
     p.add_argument("--verbose", action="store_true", help="where the source's micro-batches spend their time")
+    p.add_argument("--archive", action="store_true", help="time nsq-spark-archive as a user runs it (see above)")
     a = p.parse_args()
+    if a.archive:
+        archive_main(a)
+        return
 
     data = tempfile.mkdtemp(prefix="nsq-bench-spark-")
     proc, address = launch(["--mem-queue-size", str(a.messages * 2), "--data-path", data])
