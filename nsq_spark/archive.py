@@ -1,14 +1,22 @@
-"""nsq-spark-archive: land an NSQ topic in Parquet, partitioned by date and hour.
+"""nsq-spark-archive: land an NSQ topic in Parquet, partitioned by date and hour,
+every message exactly once.
 
     nsq-spark-archive --nsqd-tcp-address 127.0.0.1:4150 --topic events --output ./archive
 
 consumes ``events`` on channel ``nsq_to_parquet`` until it is drained (the
-default trigger, ``available-now``) and appends to ``./archive/date=YYYY-MM-DD/
-hour=HH/part-*.parquet`` (the hour of each message's nsqd timestamp, UTC).
-``--trigger 30s`` keeps running, a micro-batch every 30 seconds. The
-checkpoint (``<output>/_checkpoint`` unless ``--checkpoint`` says otherwise)
-makes a restart carry on where the last run stopped: every message is in
-Parquet at least once (the ``id`` column tells duplicates apart).
+default trigger, ``available-now``) and adds ``./archive/date=YYYY-MM-DD/
+hour=HH/part-b<batch>-<n>.parquet`` files (the hour of each message's nsqd
+timestamp, UTC). ``--trigger 30s`` keeps running, a micro-batch every 30
+seconds. The checkpoint (``<output>/_checkpoint`` unless ``--checkpoint`` says
+otherwise) makes a restart carry on where the last run stopped.
+
+Exactly once, for any Parquet reader: the source stages each batch before it
+FINs it (staging files under ``<checkpoint>/nsq-staging``); copies nsqd
+delivers again (a FIN that never arrived) are dropped by Spark's
+``dropDuplicatesWithinWatermark`` on ``(nsqd_address, id)`` within
+``--dedup-window`` of the first copy; and each batch's files are written aside
+(``_incoming/``) and renamed into place only when complete, after removing
+whatever an unfinished attempt of the same batch left.
 
 Runs on ``local[*]`` unless ``--master`` names a cluster; under spark-submit
 the master spark-submit was given is used:
@@ -33,16 +41,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--topic", required=True, help="NSQ topic to archive")
     p.add_argument("--channel", default="nsq_to_parquet", help="channel to consume (default %(default)s)")
     p.add_argument("--nsqd-tcp-address", action="append", default=[], help="nsqd TCP address (repeatable)")
+    p.add_argument(
+        "--nsqd-http-address",
+        action="append",
+        default=[],
+        help="nsqd HTTP address (repeatable): lets the source plan batches from the channel's depth",
+    )
     p.add_argument("--lookupd-http-address", action="append", default=[], help="nsqlookupd HTTP address (repeatable)")
     p.add_argument("--output", required=True, help="directory (or any Hadoop URL) for the Parquet files")
     p.add_argument("--checkpoint", help="streaming checkpoint location (default <output>/_checkpoint)")
+    p.add_argument(
+        "--staging-location",
+        help="where tasks stage messages before FINing them: a directory every executor reaches at the same path "
+        "(default <checkpoint>/nsq-staging)",
+    )
+    p.add_argument(
+        "--dedup-window",
+        default="10 minutes",
+        help="drop a redelivered copy arriving within this long of the first (Spark interval, default %(default)s; "
+        "0 turns deduplication off)",
+    )
     p.add_argument(
         "--trigger",
         default="available-now",
         help="'available-now' (drain the channel, then exit) or an interval such as 30s or '1 minute'",
     )
     p.add_argument("--max-messages-per-batch", type=int, default=10000)
-    p.add_argument("--max-in-flight", type=int, default=0, help="default: --max-messages-per-batch")
+    p.add_argument("--max-in-flight", type=int, default=0, help="RDY of each task connection (default 2500)")
     p.add_argument("--idle-timeout", default="2s", help="available-now: drained after this long without a message")
     p.add_argument(
         "--no-node-timeout",
@@ -60,9 +85,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compression", default="snappy", help="Parquet compression codec (default %(default)s)")
     p.add_argument("--path", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if not args.nsqd_tcp_address and not args.lookupd_http_address:
-        p.error("give --nsqd-tcp-address or --lookupd-http-address")
+    if not args.nsqd_tcp_address and not args.lookupd_http_address and not args.nsqd_http_address:
+        p.error("give --nsqd-tcp-address, --nsqd-http-address or --lookupd-http-address")
     return args
+
+
+def checkpoint_location(args: argparse.Namespace) -> str:
+    return args.checkpoint or f"{args.output.rstrip('/')}/_checkpoint"
 
 
 def source_options(args: argparse.Namespace) -> dict[str, str]:
@@ -70,12 +99,15 @@ def source_options(args: argparse.Namespace) -> dict[str, str]:
         "topic": args.topic,
         "channel": args.channel,
         "maxMessagesPerBatch": str(args.max_messages_per_batch),
-        "maxInFlight": str(args.max_in_flight or args.max_messages_per_batch),
+        "maxInFlight": str(args.max_in_flight or 2500),
         "idleTimeout": args.idle_timeout,
         "noNodeTimeout": args.no_node_timeout,
+        "stagingLocation": args.staging_location or f"{checkpoint_location(args)}/nsq-staging",
     }
     if args.nsqd_tcp_address:
         options["nsqdTcpAddresses"] = ",".join(args.nsqd_tcp_address)
+    if args.nsqd_http_address:
+        options["nsqdHttpAddresses"] = ",".join(args.nsqd_http_address)
     if args.lookupd_http_address:
         options["lookupdHttpAddresses"] = ",".join(args.lookupd_http_address)
     if args.tls:
@@ -108,7 +140,12 @@ def spark_session(master: str | None, app_name: str) -> Any:
         builder = builder.master(master)
     elif not SparkConf().contains("spark.master"):
         builder = builder.master("local[*]")
-    return builder.getOrCreate()
+    spark = builder.getOrCreate()
+    if not SparkConf().contains("spark.sql.shuffle.partitions"):
+        # deduplication shuffles each batch: one state partition per core,
+        # not Spark's 200 (a new checkpoint keeps the number it started with)
+        spark.conf.set("spark.sql.shuffle.partitions", str(spark.sparkContext.defaultParallelism))
+    return spark
 
 
 def archive_query(spark: Any, args: argparse.Namespace) -> Any:
@@ -118,33 +155,78 @@ def archive_query(spark: Any, args: argparse.Namespace) -> Any:
     from nsq_spark import register
 
     register(spark)
-    reader = spark.readStream.format("nsq")
+    reader = spark.readStream.format("nsq").schema(SOURCE_SCHEMA)
     for key, value in source_options(args).items():
         reader = reader.option(key, value)
     messages = reader.load()
+    if _spark_interval(args.dedup_window) != "0 milliseconds":
+        messages = messages.withWatermark("received", _spark_interval(args.dedup_window)).dropDuplicatesWithinWatermark(
+            ["nsqd_address", "id"]
+        )
     utc = F.to_utc_timestamp(F.col("timestamp"), spark.conf.get("spark.sql.session.timeZone"))
     rows = messages.withColumn("date", F.date_format(utc, "yyyy-MM-dd")).withColumn("hour", F.date_format(utc, "HH"))
-    output = args.output.rstrip("/")
     writer = (
-        rows.writeStream.format("parquet")
-        .option("path", output)
-        .option("checkpointLocation", args.checkpoint or f"{output}/_checkpoint")
-        .option("compression", args.compression)
-        .partitionBy("date", "hour")
+        rows.writeStream.foreachBatch(BatchFiles(args.output.rstrip("/"), args.compression))
+        .option("checkpointLocation", checkpoint_location(args))
         .queryName(f"nsq-archive-{args.topic}")
     )
     if args.trigger == "available-now":
         writer = writer.trigger(availableNow=True)
     else:
-        interval = args.trigger if " " in args.trigger else _spark_interval(args.trigger)
-        writer = writer.trigger(processingTime=interval)
+        writer = writer.trigger(processingTime=_spark_interval(args.trigger))
     return writer.start()
 
 
-def _spark_interval(go_duration: str) -> str:
+SOURCE_SCHEMA = (
+    "id STRING, body BINARY, timestamp TIMESTAMP, attempts INT, nsqd_address STRING, topic STRING, channel STRING, "
+    "received TIMESTAMP"
+)
+
+
+class BatchFiles:
+    """``foreachBatch``: a micro-batch's rows as Parquet files that appear
+    whole, once. Spark writes the batch under ``<output>/_incoming/b<id>``
+    (readers skip names starting with ``_``); each finished file is then
+    renamed to ``date=.../hour=.../part-b<id>-<n>.parquet``. A batch run again
+    (the job was killed before Spark recorded it) first removes every
+    ``part-b<id>-*`` an earlier attempt renamed into place, so what a reader
+    counts is each batch's rows exactly once. Works on any Hadoop filesystem
+    Spark can write to; on object stores a rename is a copy, still whole."""
+
+    def __init__(self, output: str, compression: str) -> None:
+        self.output = output
+        self.compression = compression
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        spark = df.sparkSession
+        jvm = spark._jvm
+        Path = jvm.org.apache.hadoop.fs.Path
+        out = Path(self.output)
+        fs = out.getFileSystem(spark._jsc.hadoopConfiguration())
+        tag = f"b{batch_id:010d}"
+        incoming = Path(out, f"_incoming/{tag}")
+        for status in fs.globStatus(Path(out, f"date=*/hour=*/part-{tag}-*")) or []:
+            fs.delete(status.getPath(), False)
+        fs.delete(incoming, True)
+        df.write.partitionBy("date", "hour").option("compression", self.compression).parquet(incoming.toString())
+        written = fs.globStatus(Path(incoming, "date=*/hour=*/*.parquet")) or []
+        for n, src in enumerate(sorted((s.getPath() for s in written), key=lambda p: p.toString())):
+            hour = src.getParent()
+            target = Path(out, f"{hour.getParent().getName()}/{hour.getName()}")
+            fs.mkdirs(target)
+            if not fs.rename(src, Path(target, f"part-{tag}-{n:05d}.parquet")):
+                raise OSError(f"could not move {src.toString()} into {target.toString()}")
+        fs.delete(incoming, True)
+
+
+def _spark_interval(text: str) -> str:
+    """A Spark interval from a Go duration (``30s``), plain ``0``, or a Spark
+    interval already (``10 minutes``)."""
+    if " " in text.strip():
+        return text.strip()
     from nsq_wire.gofmt import parse_duration
 
-    return f"{int(parse_duration(go_duration) * 1000)} milliseconds"
+    return f"{int(parse_duration(text) * 1000)} milliseconds"
 
 
 class _ProgressLogger:

@@ -1,8 +1,12 @@
 """``format("nsq")``: a PySpark Python data source for NSQ topics.
 
-Reading (``spark.readStream.format("nsq")``) is at-least-once: the driver's
-:class:`~nsq_spark.consumer.HoldingConsumer` holds each message until Spark
-has committed the micro-batch that carried it, then FINs it. Writing
+Reading (``spark.readStream.format("nsq")``) runs on the executors: the driver
+plans each micro-batch from what the nodes report (:mod:`nsq_spark.planner`),
+and each partition's task takes its quota from its nsqd, writes it to a
+staging file under ``stagingLocation`` and only then FINs it
+(:mod:`nsq_spark.intake`, :mod:`nsq_spark.staging`). A retried task or a
+replayed batch reads the staging file, so nothing staged is lost or taken
+twice; staging files go once Spark commits the batch. Writing
 (``df.write.format("nsq")``, ``df.writeStream.format("nsq")``) publishes a
 ``body`` (or ``value``) column from the executors with MPUB.
 
@@ -11,22 +15,27 @@ Options (all strings, names case-insensitive):
 =========================  =======================================================
 ``topic``                  the topic (required)
 ``channel``                the channel to consume (reading; required)
+``stagingLocation``        reading (required): a directory every executor can
+                           reach at the same path, e.g. beside the query's
+                           checkpoint; local or mounted POSIX filesystems
 ``nsqdTcpAddresses``       ``host:4150,host2:4150``: nsqd to use directly
+``nsqdHttpAddresses``      ``host:4151,...``: nsqd to use directly, found by their
+                           HTTP API, which gives the source the channel's depth
 ``lookupdHttpAddresses``   ``host:4161,...``: discover the topic's nsqd (reading:
                            polled, new nodes are picked up; writing: one of
                            ``/nodes`` per task)
 ``maxMessagesPerBatch``    most rows in one micro-batch (default 10000)
-``maxInFlight``            messages held unanswered at once, over all nsqd
-                           (default 1000; the batch size cannot exceed it)
+``maxInFlight``            RDY of each task's connections (default 2500, nsqd's
+                           ``--max-rdy-count``); a task opens enough connections
+                           for its quota, up to 16
 ``msgTimeout``             IDENTIFY msg_timeout, a duration (``"60s"``) or ms
 ``lookupdPollInterval``    default ``60s``
-``idleTimeout``            availableNow: drained after this long without a message
-                           (default ``2s``)
+``idleTimeout``            a task stops waiting for its quota after this long
+                           without a message (default ``2s``)
 ``noNodeTimeout``          fail the query when no nsqd could be reached (lookupd
                            or nsqd unreachable) for this long (default ``60s``;
                            ``0``: keep trying forever)
-``rowsPerPartition``       split a batch's rows into partitions of this size
-                           (default 10000)
+``rowsPerPartition``       most rows one task takes (default 10000)
 ``tls``                    ``true`` to upgrade connections to TLS
 ``tlsRootCaFile``          CA bundle to verify nsqd with (default: the system's)
 ``tlsCertFile``/``tlsKeyFile``  a client certificate
@@ -44,6 +53,8 @@ from __future__ import annotations
 
 import logging
 import random
+import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,7 +72,9 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from nsq_client.blocking import Connection, ConnectOptions, TLSConfig
-from nsq_spark.consumer import ConsumerConfig, HoldingConsumer
+from nsq_spark.intake import MAX_CONNECTIONS, Plan, Taken, abandon, finish, take
+from nsq_spark.planner import Planner, PlannerConfig, allot
+from nsq_spark.staging import StagingArea, StagingError, local_root
 from nsq_wire import lookupd
 from nsq_wire.errors import NSQError
 from nsq_wire.gofmt import join_host_port
@@ -69,7 +82,10 @@ from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
 
 log = logging.getLogger("nsq_spark")
 
-SCHEMA = "id STRING, body BINARY, timestamp TIMESTAMP, attempts INT, nsqd_address STRING, topic STRING, channel STRING"
+SCHEMA = (
+    "id STRING, body BINARY, timestamp TIMESTAMP, attempts INT, nsqd_address STRING, topic STRING, channel STRING, "
+    "received TIMESTAMP"
+)
 _ARROW_SCHEMA = pa.schema(
     [
         ("id", pa.string()),
@@ -79,6 +95,7 @@ _ARROW_SCHEMA = pa.schema(
         ("nsqd_address", pa.string()),
         ("topic", pa.string()),
         ("channel", pa.string()),
+        ("received", pa.timestamp("us", tz="UTC")),
     ]
 )
 
@@ -150,7 +167,9 @@ class NSQOptions:
     topic: str
     channel: str
     nsqd_addresses: list[str]
+    nsqd_http_addresses: list[str]
     lookupd_addresses: list[str]
+    staging_location: str
     tls: TLSConfig
     auth_secret: str | None
     snappy: bool
@@ -181,9 +200,21 @@ class NSQOptions:
         if channel and not is_valid_channel_name(channel):
             raise OptionError(f"channel name {channel!r} is not valid (1-64 of [.a-zA-Z0-9_-], optional #ephemeral)")
         nsqd = _list(options, "nsqdtcpaddresses")
+        nsqd_http = _list(options, "nsqdhttpaddresses")
         lookupd = _list(options, "lookupdhttpaddresses")
-        if not nsqd and not lookupd:
+        if not nsqd and not lookupd and not (reading and nsqd_http):
             raise OptionError('give "nsqdTcpAddresses" or "lookupdHttpAddresses"')
+        staging = str(options.get("staginglocation") or "")
+        if reading:
+            if not staging:
+                raise OptionError(
+                    'the "stagingLocation" option is required to read a topic: a directory every executor '
+                    "reaches at the same path, e.g. beside the query's checkpointLocation"
+                )
+            try:
+                local_root(staging)
+            except StagingError as e:
+                raise OptionError(str(e)) from None
         snappy, deflate = _bool(options, "snappy"), _bool(options, "deflate")
         if snappy and deflate:
             raise OptionError("snappy and deflate cannot both be enabled")
@@ -194,12 +225,14 @@ class NSQOptions:
             key_file=str(options.get("tlskeyfile") or ""),
             insecure_skip_verify=_bool(options, "tlsinsecureskipverify"),
         )
-        max_in_flight = _int(options, "maxinflight", 1000)
+        max_in_flight = _int(options, "maxinflight", 2500)
         return cls(
             topic=topic,
             channel=channel,
             nsqd_addresses=nsqd,
+            nsqd_http_addresses=nsqd_http,
             lookupd_addresses=lookupd,
+            staging_location=staging,
             tls=tls,
             auth_secret=options.get("authsecret"),
             snappy=snappy,
@@ -255,149 +288,157 @@ class NSQDataSource(DataSource):
 
 
 class NSQPartition(InputPartition):
-    """The rows of one partition of a micro-batch, shipped to an executor."""
+    """One task's share of a micro-batch: where to take how many messages."""
 
-    def __init__(self, address: str, ids: list[str], bodies: list[bytes], timestamps: list[int], attempts: list[int]):
-        super().__init__(address)
-        self.address = address
-        self.ids = ids
-        self.bodies = bodies
-        self.timestamps = timestamps
-        self.attempts = attempts
+    def __init__(self, plan: Plan) -> None:
+        super().__init__(plan.index)
+        self.plan = plan
 
 
 class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Offsets, partitions and commits run on the driver, in one long-lived
-    process; :meth:`read` runs on executors from a pickled copy, so the
-    consumer is created lazily and never pickled."""
+    Python process; :meth:`read` runs on executors from a pickled copy.
+
+    An offset names a planned batch: ``{"query": <id>, "batch": n, "parts":
+    [[nsqd, quota, depth known], ...], "cutoff": ns or null}``. The plan is in
+    the offset, which Spark logs before it runs the batch, so a replay after a
+    driver crash plans the same partitions and finds their staging files."""
 
     def __init__(self, options: NSQOptions) -> None:
         self.options = options
-        self._consumer: HoldingConsumer | None = None
-        self._available_now = False
+        self._planner: Planner | None = None
+        self._cutoff_ns: int | None = None
+        self._drained: set[str] = set()  # availableNow: nodes with nothing more for this run
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_consumer"] = None
+        state["_planner"] = None
         return state
 
     @property
-    def consumer(self) -> HoldingConsumer:
-        if self._consumer is None:
+    def planner(self) -> Planner:
+        if self._planner is None:
             o = self.options
-            self._consumer = HoldingConsumer(
-                ConsumerConfig(
+            self._planner = Planner(
+                PlannerConfig(
                     topic=o.topic,
                     channel=o.channel,
                     nsqd_addresses=o.nsqd_addresses,
+                    nsqd_http_addresses=o.nsqd_http_addresses,
                     lookupd_addresses=o.lookupd_addresses,
-                    connect=o.connect_options(),
-                    max_in_flight=o.max_in_flight,
                     lookupd_poll_interval=o.lookupd_poll_interval,
-                    idle_timeout=o.idle_timeout,
                     no_node_timeout=o.no_node_timeout,
                 )
             )
             _log_to_stderr()
-            self._consumer.start()
-        return self._consumer
+            self._planner.start()
+        return self._planner
 
-    def _seq(self, offset: dict) -> int:
-        """A position in this consumer's numbering; an old session's is 0."""
-        return int(offset.get("seq", 0)) if offset.get("session") == self.consumer.session else 0
+    @property
+    def staging(self) -> StagingArea:
+        return StagingArea(self.options.staging_location)
 
     def initialOffset(self) -> dict:
-        return {"session": self.consumer.session, "seq": 0}
+        return {"query": uuid.uuid4().hex, "batch": 0, "parts": [], "cutoff": None}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.options.max_messages_per_batch)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._available_now = True
-        self.consumer.begin_available_now()
+        self._cutoff_ns = time.time_ns()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        consumer = self.consumer
-        seq = self._seq(start)
-        # ``start`` is the end of the last committed batch: its messages are done
-        done = consumer.finish_below(seq)
-        if done:
-            log.info("FINed %d messages of committed batches", done)
-        if not self._available_now:
-            consumer.check_reachable()
-        elif not consumer.wait_for_more(seq):
-            # drained: this run ends here; make sure nsqd has every FIN
-            consumer.close()
+        if "query" not in start:  # an offset of the driver-side source before it
+            start = self.initialOffset()
+        planner = self.planner
+        available_now = self._cutoff_ns is not None
+        if available_now and start.get("cutoff") is not None and start["parts"]:
+            self._learn_drained(start)
+        while True:
+            reachable = planner.survey()
+            planner.check_reachable()
+            if reachable or not available_now or planner.last_error is None:
+                break
+            time.sleep(0.2)  # availableNow: nothing reachable is not drained; wait (noNodeTimeout)
+        if available_now:
+            reachable = [(n, d) for n, d in reachable if n.tcp not in self._drained]
+        cap = self.options.max_messages_per_batch
+        if isinstance(limit, ReadMaxRows):
+            cap = limit.max_rows
+        elif isinstance(limit, ReadAllAvailable):
+            cap = max(cap, sum(d for _, d in reachable if d))
+        part_size = min(self.options.rows_per_partition, MAX_CONNECTIONS * self.options.max_in_flight)
+        parts = allot(reachable, cap, part_size)
+        if not parts:
             return start
-        if self._available_now:
-            cap = self.options.max_messages_per_batch
-            if isinstance(limit, ReadMaxRows):
-                cap = limit.max_rows
-            consumer.fill(seq + cap)
-        available = consumer.available()
-        if isinstance(limit, ReadAllAvailable):
-            end = available
-        else:
-            end = min(available, seq + int(getattr(limit, "max_rows", self.options.max_messages_per_batch)))
-        if end == seq and start.get("session") == consumer.session:
-            return start
-        return {"session": consumer.session, "seq": end}
+        return {
+            "query": start["query"],
+            "batch": int(start["batch"]) + 1,
+            "parts": [[address, quota, int(known)] for address, quota, known in parts],
+            "cutoff": self._cutoff_ns,
+        }
 
     def reportLatestOffset(self) -> dict | None:
-        if self._consumer is None:
-            return None
-        return {"session": self._consumer.session, "seq": self._consumer.available()}
+        return None
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        consumer = self.consumer
-        if end.get("session") != consumer.session:
-            # a batch planned by an earlier driver: its messages were never
-            # FINed, nsqd delivers them again and they come in a later batch
-            return []
-        held = consumer.slice(self._seq(start), int(end["seq"]))
-        size = self.options.rows_per_partition
-        parts: list[InputPartition] = []
-        by_address: dict[str, list[Any]] = {}
-        for h in held:
-            by_address.setdefault(h.conn.address, []).append(h)
-        for address, rows in by_address.items():
-            for i in range(0, len(rows), size):
-                chunk = rows[i : i + size]
-                parts.append(
-                    NSQPartition(
-                        address,
-                        [h.id.decode("ascii", "replace") for h in chunk],
-                        [h.body for h in chunk],
-                        [h.timestamp for h in chunk],
-                        [h.attempts for h in chunk],
-                    )
-                )
-        return parts
+        if "query" not in end:
+            return []  # planned by the driver-side source before it: nothing staged
+        return [
+            NSQPartition(Plan(end["query"], int(end["batch"]), i, address, int(quota), end.get("cutoff")))
+            for i, (address, quota, _known) in enumerate(end["parts"])
+        ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, NSQPartition)
-        n = len(partition.ids)
-        o = self.options
-        yield pa.RecordBatch.from_arrays(
-            [
-                pa.array(partition.ids, pa.string()),
-                pa.array(partition.bodies, pa.binary()),
-                pa.array([t // 1000 for t in partition.timestamps], pa.timestamp("us", tz="UTC")),
-                pa.array(partition.attempts, pa.int32()),
-                pa.array([partition.address] * n, pa.string()),
-                pa.array([o.topic] * n, pa.string()),
-                pa.array([o.channel] * n, pa.string()),
-            ],
-            schema=_ARROW_SCHEMA,
-        )
+        yield from read_partition(self.options, partition.plan).to_batches()
+
+    def _learn_drained(self, done: dict) -> None:
+        """availableNow: a node whose partition of the batch just done came back
+        short, or met a message newer than the run, has nothing more for this
+        run (Spark calls commit() only after planning the next batch, so this
+        reads the staging files' footers before they go)."""
+        staged = self.staging.summary(done["query"], int(done["batch"]))
+        for i, (address, quota, _known) in enumerate(done["parts"]):
+            s = staged.get(i)
+            if s is None or s.rows < quota or s.caught_up:
+                self._drained.add(address)
 
     def commit(self, end: dict) -> None:
-        if self._consumer is not None and end.get("session") == self._consumer.session:
-            self._consumer.finish_below(int(end["seq"]))
+        if "query" in end:
+            self.staging.drop_through(end["query"], int(end["batch"]))
 
     def stop(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
+        if self._planner is not None:
+            self._planner.close()
+
+
+def read_partition(o: NSQOptions, plan: Plan) -> pa.Table:
+    """A partition's rows: its staging file if an attempt staged it, else
+    messages taken from its nsqd now, staged, then FINed."""
+    staging = StagingArea(o.staging_location)
+    path = staging.part_path(plan.query, plan.batch, plan.index)
+    table = staging.load(path)
+    if table is not None:
+        return table
+    return settle(staging, path, take(plan, o.topic, o.channel, o.connect_options(), o.max_in_flight, o.idle_timeout))
+
+
+def settle(staging: StagingArea, path: str, taken: Taken) -> pa.Table:
+    """Stage what ``taken`` holds and FIN it; if another attempt staged the
+    partition first, give the messages back (REQ) and return its rows."""
+    try:
+        table = taken.table(_ARROW_SCHEMA)
+        won = True if not table.num_rows else staging.claim(path, table, taken.caught_up)
+    except BaseException:
+        abandon(taken)  # nsqd requeues what was taken
+        raise
+    finish(taken, fin=won)
+    if won:
+        return table
+    winner = staging.load(path)
+    assert winner is not None
+    return winner
 
 
 # -- writing ------------------------------------------------------------------------------------

@@ -36,14 +36,20 @@ def _url(lookupd: str, path: str, topic: str | None = None) -> str:
 
 def producers(body: bytes) -> list[tuple[str, int]]:
     """The ``(broadcast address, TCP port)`` of each nsqd a /lookup or /nodes answer lists."""
-    found = []
+    return [(host, tcp) for host, tcp, _ in producer_ports(body)]
+
+
+def producer_ports(body: bytes) -> list[tuple[str, int, int | None]]:
+    """The ``(broadcast address, TCP port, HTTP port or None)`` of each nsqd listed."""
+    found: list[tuple[str, int, int | None]] = []
     for p in _answer(body).get("producers") or []:
         if not isinstance(p, dict):
             continue
         host = p.get("broadcast_address") or p.get("address")  # older lookupds said "address"
         port = p.get("tcp_port")
+        http = p.get("http_port")
         if isinstance(host, str) and host and isinstance(port, int) and port:
-            found.append((host, port))
+            found.append((host, port, http if isinstance(http, int) and http else None))
     return found
 
 

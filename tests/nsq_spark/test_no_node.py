@@ -1,4 +1,5 @@
-"""No nsqd reachable (a dead nsqlookupd, a dead nsqd): the source logs WARNINGs
+"""Planning batches on the driver: depth from /stats, partitions by depth,
+and no nsqd reachable (a dead nsqlookupd, a dead nsqd): the source logs WARNINGs
 and fails the query with a clear error after ``noNodeTimeout``, instead of
 running forever with empty batches (or ending as if the topic were drained)."""
 
@@ -14,10 +15,9 @@ import time
 
 from twisted.trial import unittest
 
-from nsq_client.blocking import ConnectOptions, TLSConfig
-from nsq_spark.consumer import ConsumerConfig, HoldingConsumer, NoNodeError
+from nsq_spark.planner import Node, NoNodeError, Planner, PlannerConfig, allot
 from tests.integration.procs import ServerProcess
-from tests.nsq_spark.harness import spark
+from tests.nsq_spark.harness import channel_stats, publish, shared_nsqd, spark, tcp
 from tests.nsq_spark.test_archive import archive_command
 
 
@@ -37,23 +37,16 @@ class Records(logging.Handler):
         self.records.append(record)
 
 
-class ConsumerTests(unittest.TestCase):
-    """The driver-side consumer alone, against real sockets."""
+class PlannerTests(unittest.TestCase):
+    """The driver-side planner alone, against real sockets."""
 
     timeout = 60
 
-    def consumer(self, **config: object) -> HoldingConsumer:
-        settings: dict = {
-            "topic": "events",
-            "channel": "spark",
-            "nsqd_addresses": [],
-            "lookupd_addresses": [],
-            "connect": ConnectOptions(tls=TLSConfig()),
-            **config,
-        }
-        consumer = HoldingConsumer(ConsumerConfig(**settings))
-        self.addCleanup(consumer.close, 1.0)
-        return consumer
+    def planner(self, **config: object) -> Planner:
+        settings: dict = {"topic": "events", "channel": "spark", **config}
+        planner = Planner(PlannerConfig(**settings))
+        self.addCleanup(planner.close)
+        return planner
 
     def records(self) -> Records:
         handler = Records()
@@ -62,11 +55,12 @@ class ConsumerTests(unittest.TestCase):
         self.addCleanup(logger.removeHandler, handler)
         return handler
 
-    def wait_for_error(self, consumer: HoldingConsumer, timeout: float = 30) -> NoNodeError:
+    def wait_for_error(self, planner: Planner, timeout: float = 30) -> NoNodeError:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            planner.survey()
             try:
-                consumer.check_reachable()
+                planner.check_reachable()
             except NoNodeError as e:
                 return e
             time.sleep(0.05)
@@ -75,43 +69,68 @@ class ConsumerTests(unittest.TestCase):
     def test_dead_lookupd_warns_then_fails(self):
         lookupd = dead_address()
         records = self.records()
-        consumer = self.consumer(lookupd_addresses=[lookupd], no_node_timeout=1.0)
+        planner = self.planner(lookupd_addresses=[lookupd], no_node_timeout=1.0)
         started = time.monotonic()
-        consumer.start()
-        error = self.wait_for_error(consumer)
+        planner.start()
+        error = self.wait_for_error(planner)
         self.assertGreaterEqual(time.monotonic() - started, 1.0)
         self.assertRegex(str(error), rf"^no nsqd could be reached for 1s: lookupd {lookupd}: .*Connection refused")
         warnings = [r.getMessage() for r in records.records if r.levelno == logging.WARNING]
         self.assertTrue(any(w.startswith(f"lookupd {lookupd}: ") for w in warnings), warnings)
 
-    def test_dead_nsqd_fails_an_available_now_run(self):
+    def test_dead_nsqd_fails(self):
         nsqd = dead_address()
-        consumer = self.consumer(nsqd_addresses=[nsqd], no_node_timeout=1.0, idle_timeout=0.2)
-        consumer.start()
-        consumer.begin_available_now()
-        with self.assertRaises(NoNodeError) as e:
-            consumer.wait_for_more(0)
-        self.assertRegex(str(e.exception), rf"^no nsqd could be reached for 1s: cannot consume from {nsqd}: ")
+        planner = self.planner(nsqd_addresses=[nsqd], no_node_timeout=1.0)
+        planner.start()
+        error = self.wait_for_error(planner)
+        self.assertRegex(str(error), rf"^no nsqd could be reached for 1s: cannot consume from {nsqd}: ")
 
     def test_a_topic_no_node_has_yet_is_no_failure(self):
         """The lookupd answers (404: no producer has the topic): nothing is
-        unreachable, an availableNow run simply finds nothing."""
+        unreachable, there is simply nothing to plan."""
         lookupd = ServerProcess("nsqlookupd", "-tcp-address", "127.0.0.1:0", "-http-address", "127.0.0.1:0")
         lookupd.start()
         self.addCleanup(lookupd.kill)
-        consumer = self.consumer(lookupd_addresses=[lookupd.addresses["HTTP"]], no_node_timeout=0.5, idle_timeout=1.0)
-        consumer.start()
-        consumer.begin_available_now()
-        self.assertFalse(consumer.wait_for_more(0))  # 1 s idle, past the 0.5 s timeout
-        consumer.check_reachable()
+        planner = self.planner(lookupd_addresses=[lookupd.addresses["HTTP"]], no_node_timeout=0.5)
+        planner.start()
+        self.assertEqual(planner.survey(), [])
+        time.sleep(0.6)  # past the timeout: still no failure
+        self.assertEqual(planner.survey(), [])
+        planner.check_reachable()
 
     def test_zero_waits_forever(self):
-        consumer = self.consumer(lookupd_addresses=[dead_address()], no_node_timeout=0.0)
-        consumer.start()
-        consumer.discovered.wait(10)
-        consumer.unreachable_since -= 3600  # as if unreachable for an hour
-        self.assertIsNotNone(consumer.last_error)
-        consumer.check_reachable()
+        planner = self.planner(lookupd_addresses=[dead_address()], no_node_timeout=0.0)
+        planner.start()
+        planner.survey()
+        planner.unreachable_since -= 3600  # as if unreachable for an hour
+        self.assertIsNotNone(planner.last_error)
+        planner.check_reachable()
+
+    def test_depth_from_stats_and_the_channel_created(self):
+        """A node known by its HTTP address: the planner reads the channel's
+        depth, creating the channel when it is missing (a topic without
+        channels hands its backlog to the first one)."""
+        nsqd = shared_nsqd()
+        http = nsqd.addresses["HTTP"]
+        publish(tcp(nsqd), "planner_depth", [b"x"] * 70)
+        planner = self.planner(nsqd_http_addresses=[http], topic="planner_depth", channel="fresh")
+        planner.start()
+        [(node, depth)] = planner.survey()
+        self.assertEqual((node.tcp, node.http, depth), (tcp(nsqd), http, 70))
+        self.assertEqual(channel_stats(nsqd, "planner_depth", "fresh")["depth"], 70)
+        [(node, depth)] = planner.survey()
+        self.assertEqual(depth, 70)
+
+
+class AllotTests(unittest.TestCase):
+    def test_depths_limit_and_partition_size(self):
+        a, b, c = Node("a:1", "a:2"), Node("b:1", "b:2"), Node("c:1")
+        # known depths under the limit: each node its depth, split in parts
+        self.assertEqual(allot([(a, 25), (b, 0)], 100, 10), [("a:1", 9, True), ("a:1", 8, True), ("a:1", 8, True)])
+        # over the limit: in proportion; an unknown depth wants an even share
+        parts = allot([(a, 300), (c, None)], 100, 1000)
+        self.assertEqual(parts, [("a:1", 86, True), ("c:1", 14, False)])
+        self.assertEqual(allot([(a, 0), (b, 0)], 100, 10), [])
 
 
 class QueryTests(unittest.TestCase):
@@ -129,6 +148,7 @@ class QueryTests(unittest.TestCase):
             .option("topic", "spark_nonode")
             .option("channel", "spark")
             .option("noNodeTimeout", "2s")
+            .option("stagingLocation", os.path.join(out, "staging"))
             .load()
         )
         query = (
@@ -162,7 +182,7 @@ class ArchiveTests(unittest.TestCase):
         self.assertRegex(done.stderr, rf"nsq_spark.archive ERROR: archiving events failed: {re.escape(reason)}")
         self.assertNotIn("done: 0 messages", done.stderr)
         # the reason, as it happens, on the console
-        self.assertRegex(done.stderr, rf"nsq_spark.consumer WARNING: lookupd {re.escape(lookupd)}: .*refused")
+        self.assertRegex(done.stderr, rf"nsq_spark.planner WARNING: lookupd {re.escape(lookupd)}: .*refused")
 
     def test_available_now_against_a_dead_lookupd_exits_1_with_the_reason(self):
         lookupd = dead_address()

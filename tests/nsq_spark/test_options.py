@@ -9,13 +9,19 @@ from nsq_spark.source import NSQOptions, OptionError
 
 class OptionTests(unittest.TestCase):
     def parse(self, reading: bool = True, **options: str) -> NSQOptions:
-        base = {"topic": "events", "channel": "spark", "nsqdTcpAddresses": "127.0.0.1:4150"}
+        base = {
+            "topic": "events",
+            "channel": "spark",
+            "nsqdTcpAddresses": "127.0.0.1:4150",
+            "stagingLocation": "/tmp/nsq-staging",
+        }
         return NSQOptions.parse({**base, **options}, reading=reading)
 
     def test_defaults(self):
         o = self.parse()
         self.assertEqual(o.nsqd_addresses, ["127.0.0.1:4150"])
-        self.assertEqual((o.max_messages_per_batch, o.max_in_flight, o.rows_per_partition), (10000, 1000, 10000))
+        self.assertEqual((o.max_messages_per_batch, o.max_in_flight, o.rows_per_partition), (10000, 2500, 10000))
+        self.assertEqual((o.staging_location, o.nsqd_http_addresses), ("/tmp/nsq-staging", []))
         self.assertEqual((o.msg_timeout, o.idle_timeout, o.lookupd_poll_interval), (0.0, 2.0, 60.0))
         self.assertEqual(o.no_node_timeout, 60.0)
         self.assertEqual(self.parse(noNodeTimeout="0").no_node_timeout, 0.0)  # keep trying forever
@@ -33,6 +39,7 @@ class OptionTests(unittest.TestCase):
                 "idleTimeout": "500",
                 "TLS": "true",
                 "tlsRootCaFile": "/ca.pem",
+                "STAGINGLOCATION": "file:///tmp/s",
             },
             reading=True,
         )
@@ -55,6 +62,8 @@ class OptionTests(unittest.TestCase):
             ({"msgTimeout": "soon"}, 'option msgtimeout: time: invalid duration "soon"'),
             ({"tls": "maybe"}, "option tls: 'maybe' is not a boolean"),
             ({"noNodeTimeout": "never"}, 'option nonodetimeout: time: invalid duration "never"'),
+            ({"stagingLocation": ""}, 'the "stagingLocation" option is required to read a topic'),
+            ({"stagingLocation": "s3://bucket/x"}, "only local or mounted POSIX filesystems"),
         ]
         for options, text in cases:
             with self.assertRaises(OptionError) as e:
@@ -62,7 +71,7 @@ class OptionTests(unittest.TestCase):
             self.assertIn(text, str(e.exception))
 
     def test_writing_needs_no_channel(self):
-        o = self.parse(reading=False, channel="")
+        o = self.parse(reading=False, channel="", stagingLocation="")
         self.assertEqual(o.channel, "")
 
     def test_options_pickle(self):

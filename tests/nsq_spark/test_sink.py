@@ -49,6 +49,7 @@ class SinkTests(unittest.TestCase):
             .option("nsqdTcpAddresses", self.address)
             .option("topic", "sink_src")
             .option("channel", "relay")
+            .option("stagingLocation", checkpoint + "-staging")
             .option("maxMessagesPerBatch", "1000")
             .load()
         )

@@ -1,5 +1,6 @@
-"""spark.readStream.format("nsq") against real nsqd processes: at-least-once,
-restarts from a checkpoint, TOUCH while a batch runs, lookupd discovery, TLS."""
+"""spark.readStream.format("nsq") against real nsqd processes: executor-side
+intake through staging files, restarts from a checkpoint, a failed batch
+replayed, a retried task, lookupd discovery, TLS."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ class SourceTests(unittest.TestCase):
 
     def stream(self, topic: str, channel: str = "spark", **options: str) -> Any:
         reader = spark().readStream.format("nsq").option("nsqdTcpAddresses", self.address)
-        for key, value in {"topic": topic, "channel": channel, **options}.items():
+        staging = os.path.join(self.dir, "staging")
+        for key, value in {"topic": topic, "channel": channel, "stagingLocation": staging, **options}.items():
             reader = reader.option(key, value)
         return reader.load()
 
@@ -69,7 +71,9 @@ class SourceTests(unittest.TestCase):
         self.assertTrue(all(n <= 1000 for n in batches), batches)
         self.assertGreaterEqual(len(batches), 5)
         df = spark().read.parquet(os.path.join(self.dir, "out"))
-        self.assertEqual(df.columns, ["id", "body", "timestamp", "attempts", "nsqd_address", "topic", "channel"])
+        self.assertEqual(
+            df.columns, ["id", "body", "timestamp", "attempts", "nsqd_address", "topic", "channel", "received"]
+        )
         row = df.first()
         self.assertEqual(
             (row.topic, row.channel, row.nsqd_address, row.attempts), ("spark_all", "spark", self.address, 1)
@@ -122,9 +126,10 @@ class SourceTests(unittest.TestCase):
         stats = settled(self.nsqd, "spark_slow", "spark")
         self.assertEqual((stats["timeout_count"], stats["requeue_count"], stats["depth"]), (0, 0, 0))
 
-    def test_a_failed_batch_is_not_acknowledged(self):
-        """The sink fails on the second batch: its messages are not FINed, and
-        the query run again from its checkpoint gets them."""
+    def test_a_failed_batch_is_replayed_from_its_staging_files(self):
+        """The sink fails on the second batch: its messages were staged and
+        FINed, and the query run again from its checkpoint reads them from the
+        staging files (nsqd delivers nothing twice)."""
         expected = bodies("fail", 1500)
         publish(self.address, "spark_fail", expected)
         seen: list[bytes] = []
@@ -151,8 +156,9 @@ class SourceTests(unittest.TestCase):
         query = run()
         self.assertIsNone(query.exception())
         self.assertEqual(set(seen), set(expected))
+        self.assertEqual(len(seen), len(expected))
         stats = settled(self.nsqd, "spark_fail", "spark")
-        self.assertEqual((stats["depth"], stats["in_flight_count"]), (0, 0))
+        self.assertEqual((stats["depth"], stats["in_flight_count"], stats["requeue_count"]), (0, 0, 0))
 
     def test_messages_published_while_it_runs(self):
         df = self.stream("spark_live")
@@ -204,6 +210,7 @@ class DiscoveryTests(unittest.TestCase):
             .option("topic", "spark_cluster")
             .option("channel", "spark")
             .option("lookupdPollInterval", "500ms")
+            .option("stagingLocation", os.path.join(base, "staging"))
             .load()
         )
         query = df.writeStream.format("memory").queryName("cluster").trigger(processingTime="200 milliseconds").start()
@@ -270,6 +277,7 @@ class SecureSourceTests(unittest.TestCase):
             .option("tlsRootCaFile", certs.ca)
             .option("snappy", "true")
             .option("authSecret", "s3cret")
+            .option("stagingLocation", os.path.join(base, "staging"))
             .load()
         )
         query = (
@@ -284,3 +292,39 @@ class SecureSourceTests(unittest.TestCase):
         got = [bytes(r.body) for r in spark().read.parquet(out).collect()]
         self.assertEqual(sorted(got), sorted(bodies("secure", 300)))
         self.assertTrue(all(q["tls"] == "true" and q["secret"] == "s3cret" for q in auth.queries))
+
+
+class RetriedTaskTests(unittest.TestCase):
+    """One task fails on purpose after staging and FINing its messages; Spark
+    retries it, the retry reads the staging file: nothing lost, nothing twice."""
+
+    timeout = 300
+
+    def test_a_retried_task_loses_and_duplicates_nothing(self):
+        import subprocess
+        import sys
+
+        import pyarrow.parquet as pq
+
+        nsqd = start_nsqd()
+        self.addCleanup(nsqd.kill)
+        expected = bodies("retry", 3000)
+        publish(tcp(nsqd), "spark_retry", expected)
+        work = tempfile.mkdtemp(prefix="nsq-spark-retry-")
+        output = os.path.join(work, "out")
+        job = os.path.join(os.path.dirname(os.path.abspath(__file__)), "retry_job.py")
+        done = subprocess.run(
+            [sys.executable, job, nsqd.addresses["HTTP"], "spark_retry", output, work],
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        with open(os.path.join(work, "failed-once")) as f:
+            self.assertEqual(int(f.read()), 500)  # the failed attempt had staged a full partition
+        got = pq.read_table(output, columns=["body"]).column("body").to_pylist()
+        self.assertEqual(len(got), len(expected))
+        self.assertEqual(set(got), set(expected))
+        stats = settled(nsqd, "spark_retry", "spark")
+        self.assertEqual((stats["depth"], stats["in_flight_count"], stats["requeue_count"]), (0, 0, 0))
+        self.assertEqual(stats["message_count"], 3000)
