@@ -5,10 +5,12 @@
     python bench/bench_spark.py --archive --master 'local[2]' --messages 400000
 
 archive: publish N messages, then run ``nsq-spark-archive --trigger available-now`` as a
-user runs it (its own process, its own SparkSession, JVM start included) and report the
-wall time and rows/s, the time until the first batch landed, the rows/s inside the query
-after that first batch, the peak RSS of the archive's driver (its Python process and its
-JVM), and what ``pyarrow.parquet.read_table`` finds in the output (rows, distinct IDs).
+user runs it: its own process, its own SparkSession, JVM start included, given nsqd's HTTP
+address so batches are planned from the channel's depth (``--tcp-only``: the TCP address).
+It reports the wall time and rows/s, the time until the first batch landed, the rows/s
+inside the query after that first batch, the peak RSS of the archive's process tree and of
+its parts (the JVM, the driver's Python processes, the task Python workers), and what
+``pyarrow.parquet.read_table`` finds in the output (rows, distinct IDs).
 
 source: publish N messages, then time an availableNow query from
 ``format("nsq")`` to the ``noop`` sink (the time includes FINing them).
@@ -46,20 +48,32 @@ def publish(address: str, topic: str, n: int, size: int) -> None:
         conn.close()
 
 
-def rss_of_tree(pid: int) -> int:
-    """RSS in bytes of a process and its descendants (the archive's Python and its JVM)."""
-    total = 0
+def rss_by_role(pid: int) -> dict[str, int]:
+    """RSS in bytes of a process and its descendants, by role: ``jvm`` (the
+    driver JVM, which hosts the executors under local[N]), ``driver_python``
+    (the archive's own Python and the Python processes Spark runs for the
+    source's driver side: offsets, planning) and ``task_python`` (the Python
+    workers running read tasks)."""
+    roles = {"jvm": 0, "driver_python": 0, "task_python": 0}
     todo = [pid]
     while todo:
         p = todo.pop()
         try:
             with open(f"/proc/{p}/status") as f:
-                total += next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+                rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+            with open(f"/proc/{p}/cmdline") as f:
+                cmdline = f.read()
             with open(f"/proc/{p}/task/{p}/children") as f:
                 todo.extend(int(c) for c in f.read().split())
         except (OSError, StopIteration):
-            pass
-    return total
+            continue
+        if "java" in cmdline.split("\0", 1)[0]:
+            roles["jvm"] += rss
+        elif "pyspark.worker" in cmdline and "pyspark.sql" not in cmdline:
+            roles["task_python"] += rss
+        elif "python" in cmdline:
+            roles["driver_python"] += rss
+    return roles
 
 
 def archive_run(address: str, data: str, run: int, a: argparse.Namespace) -> dict[str, float]:
@@ -72,15 +86,19 @@ def archive_run(address: str, data: str, run: int, a: argparse.Namespace) -> dic
     publish(address, topic, a.messages, a.size)
     output = os.path.join(data, f"archive-{run}")
     exe = Path(sys.executable).parent / "nsq-spark-archive"
-    argv = [str(exe), "--nsqd-tcp-address", address, "--topic", topic, "--output", output]
+    node = ["--nsqd-tcp-address", address] if a.tcp_only else ["--nsqd-http-address", a.http_address]
+    argv = [str(exe), *node, "--topic", topic, "--output", output]
     argv += ["--master", a.master, "--max-messages-per-batch", str(a.max_messages_per_batch)]
     started = time.perf_counter()
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
-    peak = [0]
+    peak = {"total": 0, "jvm": 0, "driver_python": 0, "task_python": 0}
 
     def sample() -> None:
         while proc.poll() is None:
-            peak[0] = max(peak[0], rss_of_tree(proc.pid))
+            roles = rss_by_role(proc.pid)
+            peak["total"] = max(peak["total"], sum(roles.values()))
+            for role, rss in roles.items():
+                peak[role] = max(peak[role], rss)
             time.sleep(0.2)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -108,7 +126,10 @@ def archive_run(address: str, data: str, run: int, a: argparse.Namespace) -> dic
         "first_batch": first_at,
         "wall_rows_s": rows / wall,
         "in_query_rows_s": (rows - first_rows) / (last_at - first_at) if last_at > first_at else 0.0,
-        "peak_rss_mb": peak[0] / 2**20,
+        "peak_rss_mb": peak["total"] / 2**20,
+        "peak_jvm_mb": peak["jvm"] / 2**20,
+        "peak_driver_python_mb": peak["driver_python"] / 2**20,
+        "peak_task_python_mb": peak["task_python"] / 2**20,
         "parquet_rows": table.num_rows,
         "parquet_ids": len(set(table.column("id").to_pylist())),
     }
@@ -117,6 +138,7 @@ def archive_run(address: str, data: str, run: int, a: argparse.Namespace) -> dic
 def archive_main(a: argparse.Namespace) -> None:
     data = tempfile.mkdtemp(prefix="nsq-bench-archive-")
     proc, address = launch(["--mem-queue-size", str(a.messages * 2), "--data-path", data])
+    a.http_address = proc.http_address  # type: ignore[attr-defined]
     results = []
     try:
         for run in range(a.runs):
@@ -125,7 +147,9 @@ def archive_main(a: argparse.Namespace) -> None:
             print(
                 f"run {run + 1}: {r['rows']:,.0f} rows in {r['wall']:.1f} s: wall {r['wall_rows_s']:,.0f} rows/s, "
                 f"first batch landed at {r['first_batch']:.1f} s, in-query {r['in_query_rows_s']:,.0f} rows/s, "
-                f"peak driver RSS {r['peak_rss_mb']:,.0f} MB; parquet: {r['parquet_rows']:,} rows, "
+                f"peak RSS {r['peak_rss_mb']:,.0f} MB (JVM {r['peak_jvm_mb']:,.0f}, driver Python "
+                f"{r['peak_driver_python_mb']:,.0f}, task Python {r['peak_task_python_mb']:,.0f}); "
+                f"parquet: {r['parquet_rows']:,} rows, "
                 f"{r['parquet_ids']:,} distinct ids",
                 flush=True,
             )
@@ -133,7 +157,7 @@ def archive_main(a: argparse.Namespace) -> None:
         proc.terminate()
         proc.wait(30)
     print()
-    for key in ("wall_rows_s", "in_query_rows_s", "first_batch", "peak_rss_mb"):
+    for key in ("wall_rows_s", "in_query_rows_s", "first_batch", "peak_rss_mb", "peak_jvm_mb", "peak_driver_python_mb"):
         values = [r[key] for r in results]
         print(f"{key}: median {statistics.median(values):,.1f} ({', '.join(f'{v:,.1f}' for v in values)})")
     print(f"{a.messages:,} messages of {a.size} bytes, --master {a.master}, batches of {a.max_messages_per_batch:,}")
@@ -148,6 +172,11 @@ def main() -> None:
     p.add_argument("--max-messages-per-batch", type=int, default=50_000)
     p.add_argument("--verbose", action="store_true", help="where the source's micro-batches spend their time")
     p.add_argument("--archive", action="store_true", help="time nsq-spark-archive as a user runs it (see above)")
+    p.add_argument(
+        "--tcp-only",
+        action="store_true",
+        help="archive: give nsqd's TCP address only (no /stats: the source cannot plan by depth)",
+    )
     a = p.parse_args()
     if a.archive:
         archive_main(a)
@@ -178,11 +207,11 @@ def main() -> None:
             started = time.perf_counter()
             query = (
                 spark.readStream.format("nsq")
-                .option("nsqdTcpAddresses", address)
                 .option("topic", topic)
                 .option("channel", "bench")
                 .option("maxMessagesPerBatch", str(a.max_messages_per_batch))
-                .option("maxInFlight", str(a.max_messages_per_batch))
+                .option("nsqdHttpAddresses", proc.http_address)  # type: ignore[attr-defined]
+                .option("stagingLocation", os.path.join(data, f"staging-{run}"))
                 .option("idleTimeout", "500ms")
                 .load()
                 .writeStream.format("noop")

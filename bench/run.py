@@ -39,13 +39,17 @@ def launch(extra: list[str]) -> tuple[subprocess.Popen, str]:
         text=True,
     )
     assert proc.stderr is not None
+    found: dict[str, str] = {}
     for line in proc.stderr:
-        m = re.search(r"TCP: listening on (\S+)", line)
+        m = re.search(r"(TCP|HTTP): listening on (\S+)", line)
         if m:
-            address = m.group(1)
-            break
+            found[m.group(1)] = m.group(2)
+            if len(found) == 2:
+                break
     else:
         raise RuntimeError("nsqd did not start")
+    address = found["TCP"]
+    proc.http_address = found["HTTP"]  # type: ignore[attr-defined]
     # keep draining stderr so nsqd never blocks on a full pipe
     import threading
 

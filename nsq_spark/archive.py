@@ -66,7 +66,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="available-now",
         help="'available-now' (drain the channel, then exit) or an interval such as 30s or '1 minute'",
     )
-    p.add_argument("--max-messages-per-batch", type=int, default=10000)
+    p.add_argument(
+        "--max-messages-per-batch",
+        type=int,
+        default=100000,
+        help="most messages in one micro-batch (default %(default)s; each batch has a fixed cost of a few hundred ms)",
+    )
     p.add_argument("--max-in-flight", type=int, default=0, help="RDY of each task connection (default 2500)")
     p.add_argument("--idle-timeout", default="2s", help="available-now: drained after this long without a message")
     p.add_argument(
@@ -145,6 +150,18 @@ def spark_session(master: str | None, app_name: str) -> Any:
         # deduplication shuffles each batch: one state partition per core,
         # not Spark's 200 (a new checkpoint keeps the number it started with)
         spark.conf.set("spark.sql.shuffle.partitions", str(spark.sparkContext.defaultParallelism))
+    if not SparkConf().contains("spark.sql.streaming.noDataMicroBatches.enabled"):
+        # no extra empty batch just to move the deduplication watermark: it
+        # moves with the next batch that has data
+        spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+    if not SparkConf().contains("spark.sql.streaming.stateStore.providerClass"):
+        # the deduplication state lives in RocksDB on local disk, not on the
+        # JVM heap: memory stays flat whatever the window holds (and it is a
+        # little faster here than the default provider)
+        spark.conf.set(
+            "spark.sql.streaming.stateStore.providerClass",
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        )
     return spark
 
 

@@ -244,7 +244,7 @@ class NSQOptions:
             lookupd_poll_interval=_seconds(options, "lookupdpollinterval", 60.0),
             idle_timeout=_seconds(options, "idletimeout", 2.0),
             no_node_timeout=_seconds(options, "nonodetimeout", 60.0),
-            rows_per_partition=_int(options, "rowsperpartition", 10000),
+            rows_per_partition=_int(options, "rowsperpartition", 25000),
             body_column=str(options.get("bodycolumn") or ""),
             max_message_size=_int(options, "maxmessagesize", 1048576),
             max_body_size=_int(options, "maxbodysize", 5242880),
