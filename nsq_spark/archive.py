@@ -5,7 +5,7 @@ every message exactly once.
 
 consumes ``events`` on channel ``nsq_to_parquet`` until it is drained (the
 default trigger, ``available-now``) and adds ``./archive/date=YYYY-MM-DD/
-hour=HH/part-b<batch>-<n>.parquet`` files (the hour of each message's nsqd
+hour=HH/part-<query>-b<batch>-<n>.parquet`` files (the hour of each message's nsqd
 timestamp, UTC). ``--trigger 30s`` keeps running, a micro-batch every 30
 seconds. The checkpoint (``<output>/_checkpoint`` unless ``--checkpoint`` says
 otherwise) makes a restart carry on where the last run stopped.
@@ -27,6 +27,7 @@ the master spark-submit was given is used:
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import re
@@ -183,7 +184,7 @@ def archive_query(spark: Any, args: argparse.Namespace) -> Any:
     utc = F.to_utc_timestamp(F.col("timestamp"), spark.conf.get("spark.sql.session.timeZone"))
     rows = messages.withColumn("date", F.date_format(utc, "yyyy-MM-dd")).withColumn("hour", F.date_format(utc, "HH"))
     writer = (
-        rows.writeStream.foreachBatch(BatchFiles(args.output.rstrip("/"), args.compression))
+        rows.writeStream.foreachBatch(BatchFiles(args.output.rstrip("/"), checkpoint_location(args), args.compression))
         .option("checkpointLocation", checkpoint_location(args))
         .queryName(f"nsq-archive-{args.topic}")
     )
@@ -202,25 +203,43 @@ SOURCE_SCHEMA = (
 
 class BatchFiles:
     """``foreachBatch``: a micro-batch's rows as Parquet files that appear
-    whole, once. Spark writes the batch under ``<output>/_incoming/b<id>``
+    whole, once. Spark writes the batch under ``<output>/_incoming/<query>-b<id>``
     (readers skip names starting with ``_``); each finished file is then
-    renamed to ``date=.../hour=.../part-b<id>-<n>.parquet``. A batch run again
-    (the job was killed before Spark recorded it) first removes every
-    ``part-b<id>-*`` an earlier attempt renamed into place, so what a reader
+    renamed to ``date=.../hour=.../part-<query>-b<id>-<n>.parquet``, where
+    ``<query>`` is the streaming query's id (kept in the checkpoint), so jobs
+    sharing an output never touch each other's files. A batch run again (the
+    job was killed before Spark recorded it) first removes every
+    ``part-<query>-b<id>-*`` an earlier attempt renamed into place, so what a reader
     counts is each batch's rows exactly once. Works on any Hadoop filesystem
     Spark can write to; on object stores a rename is a copy, still whole."""
 
-    def __init__(self, output: str, compression: str) -> None:
+    def __init__(self, output: str, checkpoint: str, compression: str) -> None:
         self.output = output
+        self.checkpoint = checkpoint
         self.compression = compression
+        self.query: str | None = None
+
+    def _query_id(self, spark: Any, fs_of: Any) -> str:
+        """The streaming query's id, from the checkpoint's metadata file."""
+        if self.query is None:
+            jvm = spark._jvm
+            path = jvm.org.apache.hadoop.fs.Path(f"{self.checkpoint}/metadata")
+            stream = fs_of(path).open(path)
+            try:
+                text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+            finally:
+                stream.close()
+            self.query = str(json.loads(text.splitlines()[0])["id"]).replace("-", "")[:12]
+        return self.query
 
     def __call__(self, df: Any, batch_id: int) -> None:
         spark = df.sparkSession
         jvm = spark._jvm
         Path = jvm.org.apache.hadoop.fs.Path
+        conf = spark._jsc.hadoopConfiguration()
         out = Path(self.output)
-        fs = out.getFileSystem(spark._jsc.hadoopConfiguration())
-        tag = f"b{batch_id:010d}"
+        fs = out.getFileSystem(conf)
+        tag = f"{self._query_id(spark, lambda p: p.getFileSystem(conf))}-b{batch_id:010d}"
         incoming = Path(out, f"_incoming/{tag}")
         for status in fs.globStatus(Path(out, f"date=*/hour=*/part-{tag}-*")) or []:
             fs.delete(status.getPath(), False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -53,7 +54,11 @@ class ArchiveTests(unittest.TestCase):
         partitions = sorted(p.relative_to(self.output).as_posix() for p in Path(self.output).glob("date=*/hour=*"))
         now = time.gmtime()
         self.assertIn(time.strftime("date=%Y-%m-%d/hour=%H", now), partitions)
-        self.assertTrue(list(Path(self.output).glob("date=*/hour=*/*.parquet")))
+        names = [p.name for p in Path(self.output).glob("date=*/hour=*/*.parquet")]
+        self.assertTrue(names)
+        pattern = r"part-[0-9a-f]{12}-b\d{10}-\d{5}\.parquet"  # query id, batch, file
+        self.assertTrue(all(re.fullmatch(pattern, n) for n in names), names)
+        self.assertEqual(list(Path(self.output, "_incoming").iterdir()), [])  # nothing left aside
         self.assertIn("batch 0: 1000 messages archived", done.stderr)
         self.assertIn("done: 3000 messages of archive_all archived", done.stderr)
         stats = settled(self.nsqd, "archive_all", "nsq_to_parquet")
