@@ -12,6 +12,7 @@ the driver sends FIN/TOUCH); reads belong to one thread at a time.
 from __future__ import annotations
 
 import json
+import select
 import socket
 import ssl
 import threading
@@ -162,6 +163,21 @@ class Connection:
         while not (frames := self._reader.frames()):
             self._fill()
         return frames
+
+    def poll_frames(self, timeout: float) -> list[tuple[int, bytes]]:
+        """The complete frames buffered, else those one read brings if the
+        socket becomes readable within ``timeout`` (possibly none). The socket
+        stays blocking, so writes from another thread never time out."""
+        frames = self._reader.frames()
+        if frames:
+            return frames
+        pending = getattr(self.sock, "pending", None)  # TLS: bytes decrypted, not read yet
+        if not (pending is not None and pending()):
+            readable, _, _ = select.select([self.sock], [], [], timeout)
+            if not readable:
+                return []
+        self._fill()
+        return self._reader.frames()
 
     def read_response(self) -> bytes:
         """The next response, answering heartbeats; an error frame raises."""

@@ -79,6 +79,7 @@ class Taken:
         self.cond = threading.Condition()
         self.last_activity = time.monotonic()
         self.error: BaseException | None = None
+        self.stopped = False  # no more messages are taken; late arrivals are given back
         self.done = False
 
     @property
@@ -135,6 +136,7 @@ def take(
             assert state.thread is not None
             state.thread.start()
         _wait(taken, idle_timeout, _msg_timeout(first, connect))
+        _stop(taken)
     except BaseException:
         abandon(taken)
         raise
@@ -174,16 +176,25 @@ def _wait(taken: Taken, idle_timeout: float, msg_timeout: float) -> None:
             taken.cond.wait(min(_POLL, idle_timeout - (now - taken.last_activity), next_touch - now))
 
 
+def _stop(taken: Taken) -> None:
+    """Take nothing more: RDY 0 on every connection; a message already on its
+    way when this runs is given back (REQ) by the reading thread, so what was
+    taken, and will be staged and FINed, is fixed from here on."""
+    for state in taken.conns:
+        try:
+            state.conn.rdy(0)
+        except (OSError, NSQError):
+            pass  # the reading thread reports the connection's failure
+    with taken.cond:
+        taken.stopped = True
+
+
 def _read(taken: Taken, state: _Conn) -> None:
     conn = state.conn
     cutoff = taken.plan.cutoff_ns
     try:
-        conn.sock.settimeout(_POLL)
         while True:
-            try:
-                frames = conn.read_frames()
-            except TimeoutError:
-                continue
+            frames = conn.poll_frames(_POLL)
             got: list[tuple[bytes, bytes, int, int]] = []
             for frame_type, data in frames:
                 if frame_type == FRAME_TYPE_MESSAGE:
@@ -207,7 +218,8 @@ def _read(taken: Taken, state: _Conn) -> None:
                 elif data == CLOSE_WAIT:
                     return
             with taken.cond:
-                if got:
+                late = got if taken.stopped else []
+                if got and not late:
                     for msg_id, body, timestamp, attempts in got:
                         state.ids.append(msg_id)
                         taken.ids.append(msg_id.decode("ascii", "replace"))
@@ -216,6 +228,8 @@ def _read(taken: Taken, state: _Conn) -> None:
                         taken.attempts.append(attempts)
                     taken.last_activity = time.monotonic()
                 taken.cond.notify_all()
+            if late:
+                conn.send(b"".join(commands.req(msg_id, 0) for msg_id, _, _, _ in late))
     except (OSError, NSQError, ValueError) as e:
         if not taken.done:
             with taken.cond:
@@ -230,7 +244,8 @@ def _read(taken: Taken, state: _Conn) -> None:
 
 def finish(taken: Taken, fin: bool, timeout: float = 10.0) -> None:
     """FIN (or REQ) every message taken, then CLS and wait for nsqd's
-    CLOSE_WAIT, which follows every command sent before it."""
+    CLOSE_WAIT, which follows every command sent before it. The connections
+    are at RDY 0 already (:func:`_stop`), so nothing is sent in between."""
     taken.done = True
     for state in taken.conns:
         try:

@@ -4,8 +4,12 @@ its messages back; nothing is FINed that was not staged."""
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import struct
 import tempfile
+import threading
 import time
 
 from twisted.trial import unittest
@@ -86,6 +90,26 @@ class IntakeTests(unittest.TestCase):
         stats = settled(self.nsqd, "intake_nodisk", "spark")
         self.assertEqual((stats["depth"], stats["in_flight_count"]), (50, 0))  # all given back
 
+    def test_messages_arriving_after_the_take_are_neither_staged_nor_fined(self):
+        """The quota was not met (10 of 100, then idle): a message published
+        after the task stopped taking must not be FINed with the staged ones."""
+        publish(self.address, "intake_late", bodies("early", 10))
+        o = self.options("intake_late")
+        taken = take(Plan("q", 1, 0, self.address, 100), o.topic, o.channel, o.connect_options(), 2500, 0.3)
+        self.assertEqual(len(taken.ids), 10)
+        publish(self.address, "intake_late", bodies("late", 10))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # nsqd has them, queued or sent
+            c = channel_stats(self.nsqd, "intake_late", "spark")
+            if c["depth"] + c["in_flight_count"] == 20:
+                break
+            time.sleep(0.02)
+        area = StagingArea(self.staging)
+        table = settle(area, area.part_path("q", 1, 0), taken)
+        self.assertEqual(sorted(table.column("body").to_pylist()), sorted(bodies("early", 10)))
+        stats = settled(self.nsqd, "intake_late", "spark")
+        self.assertEqual((stats["depth"], stats["in_flight_count"]), (10, 0))  # the late ones wait for the next
+
     def test_a_quota_beyond_one_connections_rdy(self):
         publish(self.address, "intake_wide", bodies("w", 6000))
         o = self.options("intake_wide", maxInFlight="2500")
@@ -109,3 +133,67 @@ class IntakeTests(unittest.TestCase):
         summary = StagingArea(self.staging).summary("q", 1)
         self.assertEqual((summary[0].rows, summary[0].caught_up), (30, True))
         self.assertEqual(settled(self.nsqd, "intake_cutoff", "spark")["depth"], 30)
+
+
+class StalledPeer:
+    """Just enough of nsqd for one consumer: answers IDENTIFY and SUB, sends
+    as many messages as RDY asks for, then stops reading for ``stall``
+    seconds with a 4 KiB receive buffer, then counts the FINs until CLS."""
+
+    def __init__(self, stall: float) -> None:
+        self.stall = stall
+        self.fins = 0
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(1)
+        self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def frame(frame_type: int, data: bytes) -> bytes:
+        return struct.pack(">ii", len(data) + 4, frame_type) + data
+
+    def _serve(self) -> None:
+        sock, _ = self.listener.accept()
+        stream = sock.makefile("rb")
+        stream.read(4)  # magic
+        stream.readline()  # IDENTIFY
+        stream.read(struct.unpack(">i", stream.read(4))[0])
+        sock.sendall(self.frame(0, json.dumps({"max_rdy_count": 30000, "msg_timeout": 60000}).encode()))
+        stream.readline()  # SUB
+        sock.sendall(self.frame(0, b"OK"))
+        count = int(stream.readline().split()[1])  # RDY
+        now = time.time_ns()
+        sock.sendall(b"".join(self.frame(2, struct.pack(">qh", now, 1) + b"%016x" % i + b"body") for i in range(count)))
+        time.sleep(self.stall)
+        for line in stream:
+            if line.startswith(b"FIN "):
+                self.fins += 1
+            elif line == b"CLS\n":
+                sock.sendall(self.frame(0, b"CLOSE_WAIT"))
+                break
+        sock.close()
+
+
+class SlowNsqdTests(unittest.TestCase):
+    timeout = 120
+
+    def test_fins_wait_for_a_stalled_nsqd(self):
+        """30,000 FINs (630 KB) to an nsqd that reads nothing for 2 s: the task
+        waits for it and every FIN arrives. (The reading threads poll with
+        select, not with a socket timeout, which would also bound how long a
+        write may take.)"""
+        peer = StalledPeer(stall=2.0)
+        staging = os.path.join(tempfile.mkdtemp(prefix="nsq-intake-"), "staging")
+        o = NSQOptions.parse(
+            {"topic": "t", "channel": "c", "nsqdTcpAddresses": peer.address, "stagingLocation": staging},
+            reading=True,
+        )
+        taken = take(Plan("q", 1, 0, peer.address, 30000), o.topic, o.channel, o.connect_options(), 30000, 0.5)
+        self.assertEqual((len(taken.conns), len(taken.ids)), (1, 30000))
+        area = StagingArea(staging)
+        self.assertEqual(settle(area, area.part_path("q", 1, 0), taken).num_rows, 30000)
+        peer.thread.join(30)
+        self.assertEqual(peer.fins, 30000)
