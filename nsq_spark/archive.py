@@ -279,6 +279,7 @@ class _ProgressLogger:
 
             def onQueryProgress(self, event: Any) -> None:
                 p = event.progress
+                outer.last_batch = max(outer.last_batch, p.batchId)
                 if p.numInputRows:
                     outer.total += p.numInputRows
                     log.info(
@@ -296,7 +297,20 @@ class _ProgressLogger:
                 pass  # main() reports a failure, with its reason
 
         self.total = 0
+        self.last_batch = -1
         self.listener = Listener()
+
+    def catch_up(self, query: Any, timeout: float = 10.0) -> None:
+        """Wait until the listener has heard of the query's last batch: Spark
+        delivers progress events asynchronously, possibly after the query ended."""
+        import time
+
+        last = query.lastProgress
+        if not last:
+            return
+        deadline = time.monotonic() + timeout
+        while self.last_batch < last["batchId"] and time.monotonic() < deadline:
+            time.sleep(0.02)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         failed = failure_reason(str(e))
     finally:
+        progress.catch_up(query)
         spark.streams.removeListener(progress.listener)
     if failed is not None:
         log.error("archiving %s failed: %s", args.topic, failed)

@@ -309,6 +309,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._planner: Planner | None = None
         self._cutoff_ns: int | None = None
         self._drained: set[str] = set()  # availableNow: nodes with nothing more for this run
+        self._planned: set[int] = set()  # batches this process planned (their staging files say what came)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -352,7 +353,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             start = self.initialOffset()
         planner = self.planner
         available_now = self._cutoff_ns is not None
-        if available_now and start.get("cutoff") is not None and start["parts"]:
+        if available_now and int(start["batch"]) in self._planned:
             self._learn_drained(start)
         while True:
             reachable = planner.survey()
@@ -371,6 +372,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         parts = allot(reachable, cap, part_size)
         if not parts:
             return start
+        self._planned.add(int(start["batch"]) + 1)
         return {
             "query": start["query"],
             "batch": int(start["batch"]) + 1,

@@ -67,6 +67,12 @@ class ArchiveTests(unittest.TestCase):
         done = self.run_archive("--topic", "archive_all")
         self.assertIn("done: 0 messages", done.stderr)
         self.assertEqual(len(self.archived_bodies()), 3000)
+        # published since: the next run (cron's) archives them
+        more = [f"archive-more-{i}".encode() for i in range(500)]
+        publish(self.address, "archive_all", more)
+        done = self.run_archive("--topic", "archive_all")
+        self.assertIn("done: 500 messages", done.stderr)
+        self.assertEqual(sorted(self.archived_bodies()), sorted(expected + more))
 
     def test_killed_three_times_then_exactly_once(self):
         """The job and every process it started (JVM, Python workers) SIGKILLed
