@@ -20,7 +20,7 @@ class OptionTests(unittest.TestCase):
     def test_defaults(self):
         o = self.parse()
         self.assertEqual(o.nsqd_addresses, ["127.0.0.1:4150"])
-        self.assertEqual((o.max_messages_per_batch, o.max_in_flight, o.rows_per_partition), (10000, 2500, 10000))
+        self.assertEqual((o.max_messages_per_batch, o.max_in_flight, o.rows_per_partition), (10000, 2500, 25000))
         self.assertEqual((o.staging_location, o.nsqd_http_addresses), ("/tmp/nsq-staging", []))
         self.assertEqual((o.msg_timeout, o.idle_timeout, o.lookupd_poll_interval), (0.0, 2.0, 60.0))
         self.assertEqual(o.no_node_timeout, 60.0)
