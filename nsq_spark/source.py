@@ -7,8 +7,8 @@ staging file under ``stagingLocation`` and only then FINs it
 (:mod:`nsq_spark.intake`, :mod:`nsq_spark.staging`). A retried task or a
 replayed batch reads the staging file, so nothing staged is lost or taken
 twice; staging files go once Spark commits the batch. Writing
-(``df.write.format("nsq")``, ``df.writeStream.format("nsq")``) publishes a
-``body`` (or ``value``) column from the executors with MPUB.
+(``df.write.format("nsq")``, ``df.writeStream.format("nsq")``, :mod:`nsq_spark.sink`)
+publishes a ``body`` (or ``value``) column from the executors with MPUB.
 
 Options (all strings, names case-insensitive):
 
@@ -52,11 +52,9 @@ Options (all strings, names case-insensitive):
 from __future__ import annotations
 
 import logging
-import random
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -66,19 +64,17 @@ from pyspark.sql.datasource import (
     DataSourceStreamArrowWriter,
     DataSourceStreamReader,
     InputPartition,
-    WriterCommitMessage,
 )
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from nsq_client.blocking import Connection, ConnectOptions, TLSConfig
 from nsq_spark.intake import MAX_CONNECTIONS, Plan, Taken, abandon, finish, take
+from nsq_spark.options import NSQOptions, OptionError
 from nsq_spark.planner import Planner, PlannerConfig, allot
-from nsq_spark.staging import StagingArea, StagingError, local_root
-from nsq_wire import lookupd
-from nsq_wire.errors import NSQError
-from nsq_wire.gofmt import join_host_port
-from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
+from nsq_spark.sink import NSQStreamWriter, NSQWriter
+from nsq_spark.staging import StagingArea
+
+__all__ = ["SCHEMA", "NSQDataSource", "NSQOptions", "NSQStreamReader", "OptionError", "read_partition", "settle"]
 
 log = logging.getLogger("nsq_spark")
 
@@ -100,10 +96,6 @@ _ARROW_SCHEMA = pa.schema(
 )
 
 
-class OptionError(ValueError):
-    pass
-
-
 def _log_to_stderr() -> None:
     """Spark runs the stream reader in a Python process of its own, where no one
     configures logging; its stderr goes to the driver's console. Give our
@@ -114,151 +106,6 @@ def _log_to_stderr() -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
     ours.addHandler(handler)
-
-
-def _bool(options: dict[str, str], key: str, default: bool = False) -> bool:
-    value = options.get(key)
-    if value is None:
-        return default
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes"):
-        return True
-    if text in ("false", "0", "no", ""):
-        return False
-    raise OptionError(f"option {key}: {value!r} is not a boolean")
-
-
-def _int(options: dict[str, str], key: str, default: int, minimum: int = 1) -> int:
-    value = options.get(key)
-    if value is None:
-        return default
-    try:
-        n = int(str(value).strip())
-    except ValueError:
-        raise OptionError(f"option {key}: {value!r} is not an integer") from None
-    if n < minimum:
-        raise OptionError(f"option {key}: {n} is below {minimum}")
-    return n
-
-
-def _seconds(options: dict[str, str], key: str, default: float) -> float:
-    value = options.get(key)
-    if value is None:
-        return default
-    text = str(value).strip()
-    if text.isdigit():
-        return int(text) / 1000.0  # plain numbers are milliseconds, as nsqd's flags
-    from nsq_wire.gofmt import DurationError, parse_duration
-
-    try:
-        return parse_duration(text)
-    except DurationError as e:
-        raise OptionError(f"option {key}: {e}") from None
-
-
-def _list(options: dict[str, str], key: str) -> list[str]:
-    return [a.strip() for a in str(options.get(key) or "").split(",") if a.strip()]
-
-
-@dataclass
-class NSQOptions:
-    """The options, checked once on the driver; plain data, so it pickles."""
-
-    topic: str
-    channel: str
-    nsqd_addresses: list[str]
-    nsqd_http_addresses: list[str]
-    lookupd_addresses: list[str]
-    staging_location: str
-    tls: TLSConfig
-    auth_secret: str | None
-    snappy: bool
-    deflate: bool
-    deflate_level: int
-    msg_timeout: float
-    max_messages_per_batch: int
-    max_in_flight: int
-    lookupd_poll_interval: float
-    idle_timeout: float
-    no_node_timeout: float
-    rows_per_partition: int
-    body_column: str
-    max_message_size: int
-    max_body_size: int
-
-    @classmethod
-    def parse(cls, raw: Any, reading: bool) -> NSQOptions:
-        options = {str(k).lower(): v for k, v in dict(raw).items()}
-        topic = str(options.get("topic") or "")
-        if not topic:
-            raise OptionError('the "topic" option is required')
-        if not is_valid_topic_name(topic):
-            raise OptionError(f"topic name {topic!r} is not valid (1-64 of [.a-zA-Z0-9_-], optional #ephemeral)")
-        channel = str(options.get("channel") or "")
-        if reading and not channel:
-            raise OptionError('the "channel" option is required to read a topic')
-        if channel and not is_valid_channel_name(channel):
-            raise OptionError(f"channel name {channel!r} is not valid (1-64 of [.a-zA-Z0-9_-], optional #ephemeral)")
-        nsqd = _list(options, "nsqdtcpaddresses")
-        nsqd_http = _list(options, "nsqdhttpaddresses")
-        lookupd = _list(options, "lookupdhttpaddresses")
-        if not nsqd and not lookupd and not (reading and nsqd_http):
-            raise OptionError('give "nsqdTcpAddresses" or "lookupdHttpAddresses"')
-        staging = str(options.get("staginglocation") or "")
-        if reading:
-            if not staging:
-                raise OptionError(
-                    'the "stagingLocation" option is required to read a topic: a directory every executor '
-                    "reaches at the same path, e.g. beside the query's checkpointLocation"
-                )
-            try:
-                local_root(staging)
-            except StagingError as e:
-                raise OptionError(str(e)) from None
-        snappy, deflate = _bool(options, "snappy"), _bool(options, "deflate")
-        if snappy and deflate:
-            raise OptionError("snappy and deflate cannot both be enabled")
-        tls = TLSConfig(
-            enabled=_bool(options, "tls"),
-            root_ca_file=str(options.get("tlsrootcafile") or ""),
-            cert_file=str(options.get("tlscertfile") or ""),
-            key_file=str(options.get("tlskeyfile") or ""),
-            insecure_skip_verify=_bool(options, "tlsinsecureskipverify"),
-        )
-        max_in_flight = _int(options, "maxinflight", 2500)
-        return cls(
-            topic=topic,
-            channel=channel,
-            nsqd_addresses=nsqd,
-            nsqd_http_addresses=nsqd_http,
-            lookupd_addresses=lookupd,
-            staging_location=staging,
-            tls=tls,
-            auth_secret=options.get("authsecret"),
-            snappy=snappy,
-            deflate=deflate,
-            deflate_level=_int(options, "deflatelevel", 6),
-            msg_timeout=_seconds(options, "msgtimeout", 0.0),
-            max_messages_per_batch=_int(options, "maxmessagesperbatch", 10000),
-            max_in_flight=max_in_flight,
-            lookupd_poll_interval=_seconds(options, "lookupdpollinterval", 60.0),
-            idle_timeout=_seconds(options, "idletimeout", 2.0),
-            no_node_timeout=_seconds(options, "nonodetimeout", 60.0),
-            rows_per_partition=_int(options, "rowsperpartition", 25000),
-            body_column=str(options.get("bodycolumn") or ""),
-            max_message_size=_int(options, "maxmessagesize", 1048576),
-            max_body_size=_int(options, "maxbodysize", 5242880),
-        )
-
-    def connect_options(self) -> ConnectOptions:
-        return ConnectOptions(
-            tls=self.tls,
-            snappy=self.snappy,
-            deflate=self.deflate,
-            deflate_level=self.deflate_level,
-            auth_secret=self.auth_secret,
-            msg_timeout_ms=int(self.msg_timeout * 1000),
-        )
 
 
 class NSQDataSource(DataSource):
@@ -441,126 +288,3 @@ def settle(staging: StagingArea, path: str, taken: Taken) -> pa.Table:
     winner = staging.load(path)
     assert winner is not None
     return winner
-
-
-# -- writing ------------------------------------------------------------------------------------
-
-
-@dataclass
-class PublishedCount(WriterCommitMessage):
-    count: int
-    address: str
-
-
-def _body_column(schema: StructType, wanted: str) -> str:
-    names = schema.fieldNames()
-    if wanted:
-        if wanted not in names:
-            raise OptionError(f"bodyColumn {wanted!r} is not a column (columns: {', '.join(names)})")
-        return wanted
-    for name in ("body", "value"):
-        if name in names:
-            return name
-    raise OptionError(f'no "body" or "value" column to publish (columns: {", ".join(names)}); set bodyColumn')
-
-
-def _nsqd_for_task(options: NSQOptions) -> str:
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    index = ctx.partitionId() if ctx is not None else random.randrange(1 << 16)
-    addresses = options.nsqd_addresses
-    if not addresses:
-        addresses = _lookupd_nodes(options.lookupd_addresses)
-    if not addresses:
-        raise NSQError(f"no nsqd found through lookupd {', '.join(options.lookupd_addresses)}")
-    return addresses[index % len(addresses)]
-
-
-def _lookupd_nodes(lookupds: list[str]) -> list[str]:
-    from urllib.request import Request, urlopen
-
-    found: set[str] = set()
-    for address in lookupds:
-        try:
-            req = Request(lookupd.nodes_url(address), headers={"Accept": lookupd.ACCEPT})
-            with urlopen(req, timeout=5) as resp:
-                found.update(join_host_port(host, port) for host, port in lookupd.producers(resp.read()))
-        except Exception as e:
-            log.warning("lookupd %s: %s", address, e)
-    return sorted(found)
-
-
-class _Publisher:
-    """Executor side of both writers: split rows into MPUBs within nsqd's limits."""
-
-    def __init__(self, options: NSQOptions, schema: StructType) -> None:
-        self.options = options
-        self.column = _body_column(schema, options.body_column)
-
-    def publish(self, batches: Iterator[pa.RecordBatch]) -> PublishedCount:
-        o = self.options
-        address = _nsqd_for_task(o)
-        conn = Connection(address, o.connect_options()).open()
-        count = 0
-        try:
-            mpubs: list[list[bytes]] = []
-            current: list[bytes] = []
-            size = 4  # MPUB's message count
-            row = 0
-            for batch in batches:
-                for value in batch.column(self.column).to_pylist():
-                    row += 1
-                    body = value.encode("utf-8") if isinstance(value, str) else value
-                    if not body:
-                        raise NSQError(
-                            f"row {row}: the {self.column} column is null or empty; nsqd rejects empty messages"
-                        )
-                    if len(body) > o.max_message_size:
-                        raise NSQError(
-                            f"row {row}: a message of {len(body)} bytes is larger than "
-                            f"maxMessageSize {o.max_message_size}"
-                        )
-                    if current and size + 4 + len(body) > o.max_body_size:
-                        mpubs.append(current)
-                        current, size = [], 4
-                    current.append(body)
-                    size += 4 + len(body)
-                    if len(mpubs) >= 8:
-                        conn.publish(o.topic, mpubs)
-                        count += sum(len(m) for m in mpubs)
-                        mpubs = []
-            if current:
-                mpubs.append(current)
-            if mpubs:
-                conn.publish(o.topic, mpubs)
-                count += sum(len(m) for m in mpubs)
-        except NSQError as e:
-            raise NSQError(f"publishing to topic {o.topic!r} on {address} failed: {e.text}") from None
-        finally:
-            conn.close()
-        return PublishedCount(count, address)
-
-
-class NSQWriter(DataSourceArrowWriter):
-    def __init__(self, options: NSQOptions, schema: StructType) -> None:
-        self.publisher = _Publisher(options, schema)
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        return self.publisher.publish(iterator)
-
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        total = sum(m.count for m in messages if isinstance(m, PublishedCount))
-        log.info("published %d messages to %s", total, self.publisher.options.topic)
-
-
-class NSQStreamWriter(DataSourceStreamArrowWriter):
-    def __init__(self, options: NSQOptions, schema: StructType) -> None:
-        self.publisher = _Publisher(options, schema)
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        return self.publisher.publish(iterator)
-
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        total = sum(m.count for m in messages if isinstance(m, PublishedCount))
-        log.info("batch %d: published %d messages to %s", batchId, total, self.publisher.options.topic)

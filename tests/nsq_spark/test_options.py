@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from twisted.trial import unittest
 
-from nsq_spark.source import NSQOptions, OptionError
+from nsq_spark.options import NSQOptions, OptionError
 
 
 class OptionTests(unittest.TestCase):

@@ -1,0 +1,160 @@
+"""The nsq data source's options, checked once on the driver (plain data: it
+pickles to the executors). The table of options is in :mod:`nsq_spark.source`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from nsq_client.blocking import ConnectOptions, TLSConfig
+from nsq_spark.staging import StagingError, local_root
+from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
+
+
+class OptionError(ValueError):
+    pass
+
+
+def _bool(options: dict[str, str], key: str, default: bool = False) -> bool:
+    value = options.get(key)
+    if value is None:
+        return default
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no", ""):
+        return False
+    raise OptionError(f"option {key}: {value!r} is not a boolean")
+
+
+def _int(options: dict[str, str], key: str, default: int, minimum: int = 1) -> int:
+    value = options.get(key)
+    if value is None:
+        return default
+    try:
+        n = int(str(value).strip())
+    except ValueError:
+        raise OptionError(f"option {key}: {value!r} is not an integer") from None
+    if n < minimum:
+        raise OptionError(f"option {key}: {n} is below {minimum}")
+    return n
+
+
+def _seconds(options: dict[str, str], key: str, default: float) -> float:
+    value = options.get(key)
+    if value is None:
+        return default
+    text = str(value).strip()
+    if text.isdigit():
+        return int(text) / 1000.0  # plain numbers are milliseconds, as nsqd's flags
+    from nsq_wire.gofmt import DurationError, parse_duration
+
+    try:
+        return parse_duration(text)
+    except DurationError as e:
+        raise OptionError(f"option {key}: {e}") from None
+
+
+def _list(options: dict[str, str], key: str) -> list[str]:
+    return [a.strip() for a in str(options.get(key) or "").split(",") if a.strip()]
+
+
+@dataclass
+class NSQOptions:
+    """The options, checked once on the driver; plain data, so it pickles."""
+
+    topic: str
+    channel: str
+    nsqd_addresses: list[str]
+    nsqd_http_addresses: list[str]
+    lookupd_addresses: list[str]
+    staging_location: str
+    tls: TLSConfig
+    auth_secret: str | None
+    snappy: bool
+    deflate: bool
+    deflate_level: int
+    msg_timeout: float
+    max_messages_per_batch: int
+    max_in_flight: int
+    lookupd_poll_interval: float
+    idle_timeout: float
+    no_node_timeout: float
+    rows_per_partition: int
+    body_column: str
+    max_message_size: int
+    max_body_size: int
+
+    @classmethod
+    def parse(cls, raw: Any, reading: bool) -> NSQOptions:
+        options = {str(k).lower(): v for k, v in dict(raw).items()}
+        topic = str(options.get("topic") or "")
+        if not topic:
+            raise OptionError('the "topic" option is required')
+        if not is_valid_topic_name(topic):
+            raise OptionError(f"topic name {topic!r} is not valid (1-64 of [.a-zA-Z0-9_-], optional #ephemeral)")
+        channel = str(options.get("channel") or "")
+        if reading and not channel:
+            raise OptionError('the "channel" option is required to read a topic')
+        if channel and not is_valid_channel_name(channel):
+            raise OptionError(f"channel name {channel!r} is not valid (1-64 of [.a-zA-Z0-9_-], optional #ephemeral)")
+        nsqd = _list(options, "nsqdtcpaddresses")
+        nsqd_http = _list(options, "nsqdhttpaddresses")
+        lookupd = _list(options, "lookupdhttpaddresses")
+        if not nsqd and not lookupd and not (reading and nsqd_http):
+            raise OptionError('give "nsqdTcpAddresses" or "lookupdHttpAddresses"')
+        staging = str(options.get("staginglocation") or "")
+        if reading:
+            if not staging:
+                raise OptionError(
+                    'the "stagingLocation" option is required to read a topic: a directory every executor '
+                    "reaches at the same path, e.g. beside the query's checkpointLocation"
+                )
+            try:
+                local_root(staging)
+            except StagingError as e:
+                raise OptionError(str(e)) from None
+        snappy, deflate = _bool(options, "snappy"), _bool(options, "deflate")
+        if snappy and deflate:
+            raise OptionError("snappy and deflate cannot both be enabled")
+        tls = TLSConfig(
+            enabled=_bool(options, "tls"),
+            root_ca_file=str(options.get("tlsrootcafile") or ""),
+            cert_file=str(options.get("tlscertfile") or ""),
+            key_file=str(options.get("tlskeyfile") or ""),
+            insecure_skip_verify=_bool(options, "tlsinsecureskipverify"),
+        )
+        max_in_flight = _int(options, "maxinflight", 2500)
+        return cls(
+            topic=topic,
+            channel=channel,
+            nsqd_addresses=nsqd,
+            nsqd_http_addresses=nsqd_http,
+            lookupd_addresses=lookupd,
+            staging_location=staging,
+            tls=tls,
+            auth_secret=options.get("authsecret"),
+            snappy=snappy,
+            deflate=deflate,
+            deflate_level=_int(options, "deflatelevel", 6),
+            msg_timeout=_seconds(options, "msgtimeout", 0.0),
+            max_messages_per_batch=_int(options, "maxmessagesperbatch", 10000),
+            max_in_flight=max_in_flight,
+            lookupd_poll_interval=_seconds(options, "lookupdpollinterval", 60.0),
+            idle_timeout=_seconds(options, "idletimeout", 2.0),
+            no_node_timeout=_seconds(options, "nonodetimeout", 60.0),
+            rows_per_partition=_int(options, "rowsperpartition", 25000),
+            body_column=str(options.get("bodycolumn") or ""),
+            max_message_size=_int(options, "maxmessagesize", 1048576),
+            max_body_size=_int(options, "maxbodysize", 5242880),
+        )
+
+    def connect_options(self) -> ConnectOptions:
+        return ConnectOptions(
+            tls=self.tls,
+            snappy=self.snappy,
+            deflate=self.deflate,
+            deflate_level=self.deflate_level,
+            auth_secret=self.auth_secret,
+            msg_timeout_ms=int(self.msg_timeout * 1000),
+        )
