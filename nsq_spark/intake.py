@@ -157,8 +157,9 @@ def _wait(taken: Taken, idle_timeout: float, msg_timeout: float) -> None:
     ``idle_timeout``, or a connection failed; TOUCHing meanwhile."""
     touch_every = max(0.5, msg_timeout / 2)
     next_touch = time.monotonic() + touch_every
-    with taken.cond:
-        while True:
+    while True:
+        touch: list[tuple[Connection, list[bytes]]] = []
+        with taken.cond:
             if taken.error is not None or len(taken.ids) >= taken.plan.quota:
                 return
             if all(c.caught_up or c.closed.is_set() for c in taken.conns):
@@ -167,13 +168,16 @@ def _wait(taken: Taken, idle_timeout: float, msg_timeout: float) -> None:
             if now - taken.last_activity >= idle_timeout:
                 return
             if now >= next_touch:
-                for c in taken.conns:
-                    try:
-                        c.conn.touch(list(c.ids))
-                    except (OSError, NSQError):
-                        pass
+                touch = [(c.conn, list(c.ids)) for c in taken.conns]
                 next_touch = now + touch_every
-            taken.cond.wait(min(_POLL, idle_timeout - (now - taken.last_activity), next_touch - now))
+            else:
+                taken.cond.wait(min(_POLL, idle_timeout - (now - taken.last_activity), next_touch - now))
+        # sent outside the lock, which the reading threads need to add messages
+        for conn, ids in touch:
+            try:
+                conn.touch(ids)
+            except (OSError, NSQError):
+                pass
 
 
 def _stop(taken: Taken) -> None:
