@@ -337,11 +337,11 @@ class Channel(MessageQueue):
 
     def pause(self) -> None:
         self.paused = True
-        self.ctx.metadata_changed()
+        self.ctx.metadata_changed(self.topic_name)
 
     def unpause(self) -> None:
         self.paused = False
-        self.ctx.metadata_changed()
+        self.ctx.metadata_changed(self.topic_name)
         self._dispatch()
 
     def empty(self) -> None:

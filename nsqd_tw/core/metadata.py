@@ -35,20 +35,24 @@ class MetadataError(Exception):
     pass
 
 
-def encode_metadata(topics: list[TopicMeta], version: str) -> bytes:
-    doc: dict[str, Any] = {
-        "topics": [
-            {
-                "name": t.name,
-                "paused": t.paused,
-                "channels": [{"name": c.name, "paused": c.paused} for c in t.channels] or None,
-            }
-            for t in topics
-        ]
-        or None,
-        "version": version,
+def encode_topic(t: TopicMeta) -> str:
+    """One topic's entry of nsqd.dat (what :func:`encode_document` joins)."""
+    doc = {
+        "name": t.name,
+        "paused": t.paused,
+        "channels": [{"name": c.name, "paused": c.paused} for c in t.channels] or None,
     }
-    return json.dumps(doc, separators=(",", ":")).encode()
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def encode_document(topics: list[str], version: str) -> bytes:
+    """nsqd.dat from the topics' entries (:func:`encode_topic`)."""
+    listed = "[" + ",".join(topics) + "]" if topics else "null"
+    return f'{{"topics":{listed},"version":{json.dumps(version)}}}'.encode()
+
+
+def encode_metadata(topics: list[TopicMeta], version: str) -> bytes:
+    return encode_document([encode_topic(t) for t in topics], version)
 
 
 class _Object(list):  # type: ignore[type-arg]

@@ -30,7 +30,8 @@ from nsqd_tw.core.metadata import (
     DirLock,
     MetadataError,
     TopicMeta,
-    encode_metadata,
+    encode_document,
+    encode_topic,
     read_metadata,
 )
 from nsqd_tw.core.queue import Item
@@ -40,6 +41,7 @@ from nsqd_tw.storage.backend import DummyBackendQueue, IBackendQueue, MemoryBack
 from nsqd_tw.storage.budget import DiskBudget
 from nsqd_tw.storage.diskqueue import DiskQueue
 from nsqd_tw.storage.files import write_atomic
+from nsqd_tw.storage.layout import DataDirectory
 from nsqd_tw.storage.syncer import Syncer
 
 
@@ -94,6 +96,7 @@ class NSQD(service.Service):
         self.syncer = Syncer(reactor, run_blocking, self._sync_result)
         self.disk_budget = DiskBudget(opts.max_disk_bytes)
         self.dirlock = DirLock(self.data_path)
+        self.data_dir = DataDirectory(opts.data_path)
         self.guid = GUIDFactory(opts.node_id, self.now_ns)
         self.topics: dict[str, Topic] = {}
         self.clients: dict[int, Client] = {}
@@ -104,6 +107,7 @@ class NSQD(service.Service):
         self.loading = False
         self.metadata_loaded = False  # only the process that loaded nsqd.dat may write it
 
+        self._metadata_entries: dict[str, str] = {}  # topic name -> its nsqd.dat entry
         self._scan_channels: list[Channel] | None = None
         self._scan_refresh_at = 0.0
 
@@ -183,6 +187,7 @@ class NSQD(service.Service):
             self.log,
             acked=self.durable,
             budget=self.disk_budget,
+            directory=self.data_dir,
         )
 
     def _sync_result(self, err: BaseException | None) -> None:
@@ -281,7 +286,8 @@ class NSQD(service.Service):
 
     # callbacks from topics and channels
     def channel_created(self, channel: Channel) -> None:
-        self._scan_channels = None
+        if self._scan_channels is not None:
+            self._scan_channels.append(channel)  # not rebuilt: 10,000s of channels
         self._changed("channel_created", channel)
 
     def channel_deleted(self, channel: Channel) -> None:
@@ -309,7 +315,7 @@ class NSQD(service.Service):
 
     def _changed(self, what: str, obj: Topic | Channel) -> None:
         if not obj.ephemeral:
-            self.metadata_changed()
+            self.metadata_changed(obj.name if isinstance(obj, Topic) else obj.topic_name)
         for observer in self._change_observers:
             try:
                 observer(what, obj)
@@ -355,19 +361,27 @@ class NSQD(service.Service):
         return os.path.join(self.opts.data_path, METADATA_FILE)
 
     def metadata(self) -> bytes:
-        topics = [
-            TopicMeta(
-                t.name,
-                t.paused,
-                [ChannelMeta(c.name, c.paused) for c in t.channels.values() if not c.ephemeral],
-            )
-            for t in self.topics.values()
-            if not t.ephemeral
-        ]
-        return encode_metadata(topics, VERSION)
+        """nsqd.dat as it should be now; each topic's entry is encoded again only
+        after it changed, so a snapshot of 10,000 topics is a join, not an encoding."""
+        entries = self._metadata_entries
+        parts = []
+        for t in self.topics.values():
+            if t.ephemeral:
+                continue
+            entry = entries.get(t.name)
+            if entry is None:
+                channels = [ChannelMeta(c.name, c.paused) for c in t.channels.values() if not c.ephemeral]
+                entry = entries[t.name] = encode_topic(TopicMeta(t.name, t.paused, channels))
+            parts.append(entry)
+        return encode_document(parts, VERSION)
 
-    def metadata_changed(self) -> None:
-        """Persist nsqd.dat with the next sync (a durable commit waits for it)."""
+    def metadata_changed(self, topic_name: str | None = None) -> None:
+        """Persist nsqd.dat with the next sync (a durable commit waits for it);
+        ``topic_name``: the topic whose entry changed (None: every one)."""
+        if topic_name is None:
+            self._metadata_entries.clear()
+        else:
+            self._metadata_entries.pop(topic_name, None)
         if self.loading or not self.metadata_loaded or not self.running:
             return
         self.syncer.persist(self.metadata_path, self.metadata)
@@ -397,6 +411,7 @@ class NSQD(service.Service):
                     topic.get_channel(c.name).paused = c.paused
         finally:
             self.loading = False
+            self._metadata_entries.clear()
         for topic in self.topics.values():
             topic.start()
 

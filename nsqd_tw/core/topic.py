@@ -202,11 +202,11 @@ class Topic(MessageQueue):
 
     def pause(self) -> None:
         self.paused = True
-        self.ctx.metadata_changed()
+        self.ctx.metadata_changed(self.name)
 
     def unpause(self) -> None:
         self.paused = False
-        self.ctx.metadata_changed()
+        self.ctx.metadata_changed(self.name)
         self._schedule_pump()
 
     def empty(self) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from zope.interface import implementer
@@ -28,7 +28,7 @@ from nsqd_tw.storage.budget import DiskBudget
 from nsqd_tw.storage.deferred import DeferredTimes
 from nsqd_tw.storage.errors import DiskQueueError
 from nsqd_tw.storage.files import write_atomic
-from nsqd_tw.storage.layout import RECORD_SIZE, Meta, QueueFiles, plan_writes
+from nsqd_tw.storage.layout import RECORD_SIZE, DataDirectory, Meta, QueueFiles, plan_writes
 from nsqd_tw.storage.records import RecordReader, RecordWriter
 from nsqd_tw.storage.syncer import Syncer
 
@@ -72,7 +72,10 @@ class DiskQueue:
         log: Any,
         acked: bool = False,
         budget: DiskBudget | None = None,
+        directory: DataDirectory | None = None,
     ) -> None:
+        """``directory``: the data path's listing shared by its queues (one
+        listing of the files for all of them, not one each)."""
         self.name = name
         self.max_bytes_per_file = max_bytes_per_file
         self.min_msg_size = min_msg_size
@@ -89,7 +92,7 @@ class DiskQueue:
 
         self._outstanding: deque[Ref] = deque()
 
-        self.files = QueueFiles(data_path, name, min_msg_size, max_msg_size, log)
+        self.files = QueueFiles(data_path, name, min_msg_size, max_msg_size, log, directory)
         self._reader = RecordReader()
         self._writer = RecordWriter(self.files, syncer.retire_fd)
         meta, unclean = self.files.recover()
@@ -269,8 +272,8 @@ class DiskQueue:
         self.deleted = True
         self._set_queued(0)
         self._close_fds()
-        for num in self.files.existing():
-            self.files.remove(self.files.data_file(num))
+        nums = [*self.files.orphans, *range(min(self._cursor()[0], self.read_file_num), self.write_file_num + 1)]
+        self.files.directory.kept(self.name, self._remove_data_files(nums))
         self.files.remove(self.files.meta_file)
         self.deferred.clear()
         self.syncer.unregister(self)
@@ -438,14 +441,21 @@ class DiskQueue:
 
     def _skip_to_next_rw_file(self) -> None:
         self._close_fds()
-        for num in range(min(self._cursor()[0], self.read_file_num), self.write_file_num + 1):
-            self.files.remove(self.files.data_file(num))
+        self._remove_data_files(range(min(self._cursor()[0], self.read_file_num), self.write_file_num + 1))
         self.write_file_num += 1
         self.write_pos = 0
         self.read_file_num = self.write_file_num
         self.read_pos = 0
         self._depth = 0
         self._outstanding.clear()
+
+    def _remove_data_files(self, nums: Iterable[int]) -> list[int]:
+        """Remove data files; those still there are orphans (and returned)."""
+        files = self.files
+        nums = list(nums)
+        failed = [num for num in nums if not files.remove(files.data_file(num))]
+        files.orphans = sorted((set(files.orphans) - set(nums)) | set(failed))
+        return failed
 
     def _close_fds(self) -> None:
         self._reader.close()

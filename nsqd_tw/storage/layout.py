@@ -29,6 +29,7 @@ from nsq_wire.message import ID_OFFSET, MSG_ID_LENGTH, TIMESTAMP
 RECORD_SIZE = struct.Struct(">i")
 _META_RE = re.compile(rb"^(-?\d+)\n(-?\d+),(-?\d+)\n(-?\d+),(-?\d+)\n?")
 _ID_RE = re.compile(rb"[0-9a-f]{16}")
+_DATA_INFIX = ".diskqueue."
 # where a record's message ID starts (after the record's 4-byte size)
 _ID_OFFSET = 4 + ID_OFFSET
 _MIN_TS = 1_300_000_000 * 10**9  # 2011, before Go's ID epoch
@@ -72,16 +73,77 @@ def plan_writes(records: Sequence[bytes], file_num: int, pos: int, limit: int) -
     return chunks
 
 
+def list_data_files(path: str) -> dict[str, list[int]]:
+    """The numbered data files in ``path``, by queue name, in order."""
+    found: dict[str, list[int]] = {}
+    try:
+        entries = os.scandir(path or ".")
+    except OSError:
+        return found
+    with entries:
+        for entry in entries:
+            fn = entry.name
+            if not fn.endswith(".dat"):
+                continue
+            stem = fn[:-4]
+            at = stem.rfind(_DATA_INFIX)
+            if at < 0:
+                continue
+            num = stem[at + len(_DATA_INFIX) :]
+            if num.isascii() and num.isdigit():
+                found.setdefault(stem[:at], []).append(int(num))
+    for nums in found.values():
+        nums.sort()
+    return found
+
+
+class DataDirectory:
+    """The data files in the data path, listed once for every queue in it.
+
+    Listing the directory once per queue made opening N queues cost N listings
+    of ~N files. One listing, taken when the first queue opens, stays true:
+    under the data-path lock only this process adds files, each queue only its
+    own, and each queue takes its entry when it opens (a file it later fails to
+    remove is given back with :meth:`kept`).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._files: dict[str, list[int]] | None = None
+
+    def take(self, name: str) -> list[int]:
+        """The numbers of queue ``name``'s data files, in order; forgotten here."""
+        if self._files is None:
+            self._files = list_data_files(self.path)
+        return self._files.pop(name, [])
+
+    def kept(self, name: str, nums: list[int]) -> None:
+        """Files of ``name`` still on disk after its queue went (a remove failed)."""
+        if self._files is not None and nums:
+            self._files[name] = sorted(set(self._files.get(name, [])) | set(nums))
+
+
 class QueueFiles:
     """The files of one queue: their names, the metadata at start-up, and the
     recovery that needs only the files (positions are passed in and returned)."""
 
-    def __init__(self, data_path: str, name: str, min_msg_size: int, max_msg_size: int, log: Any) -> None:
+    def __init__(
+        self,
+        data_path: str,
+        name: str,
+        min_msg_size: int,
+        max_msg_size: int,
+        log: Any,
+        directory: DataDirectory | None = None,
+    ) -> None:
         self.data_path = data_path
         self.name = name
         self.min_msg_size = min_msg_size
         self.max_msg_size = max_msg_size
         self.log = log
+        self.directory = directory if directory is not None else DataDirectory(data_path)
+        # data files behind the read position (left by a crash, or a failed remove)
+        self.orphans: list[int] = []
         self.meta_file = os.path.join(data_path, f"{name}.diskqueue.meta.dat")
         self.deferred_file = os.path.join(data_path, f"{name}.diskqueue.deferred.dat")
 
@@ -89,31 +151,20 @@ class QueueFiles:
         return os.path.join(self.data_path, f"{self.name}.diskqueue.{num:06d}.dat")
 
     def existing(self) -> list[int]:
-        """The numbers of the data files on disk, in order."""
-        # names compared as strings: glob would compile a pattern per queue, the
-        # biggest cost of creating a topic or channel
-        prefix = f"{self.name}.diskqueue."
-        nums = []
-        try:
-            entries = os.scandir(self.data_path or ".")
-        except OSError:
-            return []
-        with entries:
-            for entry in entries:
-                fn = entry.name
-                if fn.startswith(prefix) and fn.endswith(".dat"):
-                    middle = fn[len(prefix) : -len(".dat")]
-                    if middle.isascii() and middle.isdigit():
-                        nums.append(int(middle))
-        return sorted(nums)
+        """The numbers of the data files on disk when the queue opens, in order
+        (asked once: the queue knows its files from then on)."""
+        return self.directory.take(self.name)
 
-    def remove(self, path: str) -> None:
+    def remove(self, path: str) -> bool:
+        """Remove a file of this queue; False (logged) if it is still there."""
         try:
             os.remove(path)
         except FileNotFoundError:
             pass
         except OSError as e:
             self.log.error("DISKQUEUE({name}) failed to Remove({fn}) - {err}", name=self.name, fn=path, err=e)
+            return False
+        return True
 
     # -- start-up ------------------------------------------------------------------
 
@@ -171,6 +222,7 @@ class QueueFiles:
         if raw is None and existing and existing[0] > read_file:
             read_file, read_pos = existing[0], 0
             unclean = True
+        self.orphans = [num for num in existing if num < read_file]
         return Meta(depth, read_file, read_pos, write_file, write_pos), unclean
 
     def count_records(self, read_file: int, read_pos: int, write_file: int, write_pos: int) -> int:

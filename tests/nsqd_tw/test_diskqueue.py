@@ -53,8 +53,8 @@ class Base(unittest.TestCase):
         self.syncs.append(1)
         return defer.maybeDeferred(fn)
 
-    def queue(self, name: str = "t", max_bytes: int = 1 << 20, acked: bool = False, sync_every: int = 2500):
-        return DiskQueue(name, self.dir, max_bytes, MIN, MAX, sync_every, self.syncer, self.log, acked=acked)
+    def queue(self, name: str = "t", max_bytes: int = 1 << 20, acked: bool = False, sync_every: int = 2500, **kw):
+        return DiskQueue(name, self.dir, max_bytes, MIN, MAX, sync_every, self.syncer, self.log, acked=acked, **kw)
 
     def drain(self, q: DiskQueue) -> list[int]:
         out = []

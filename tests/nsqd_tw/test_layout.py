@@ -7,7 +7,7 @@ import struct
 
 from twisted.trial import unittest
 
-from nsqd_tw.storage.layout import QueueFiles, plan_writes
+from nsqd_tw.storage.layout import DataDirectory, QueueFiles, plan_writes
 from tests.nsqd_tw.test_diskqueue import Base, number, record
 
 
@@ -114,3 +114,51 @@ class ExistingFilesTests(unittest.TestCase):
         self.assertEqual(QueueFiles(d, "t[1]*", 0, 100, None).existing(), [0, 2])
         self.assertEqual(QueueFiles(d, "t[1]*:ch", 0, 100, None).existing(), [5])
         self.assertEqual(QueueFiles(os.path.join(d, "gone"), "t", 0, 100, None).existing(), [])
+
+
+class DataDirectoryTests(Base):
+    def test_queues_of_one_data_path_list_it_once(self) -> None:
+        """Opening N queues listed the directory N times: minutes for 10,000 topics."""
+        for i in range(50):
+            q = self.queue(f"t{i}")
+            q.put(record(i))
+            q.close()
+        listed = []
+        scandir = os.scandir
+        self.patch(os, "scandir", lambda path: listed.append(path) or scandir(path))
+        directory = DataDirectory(self.dir)
+        queues = [self.queue(f"t{i}", directory=directory) for i in range(50)]
+        self.assertEqual(listed, [self.dir])
+        self.assertEqual([number(q.get()) for q in queues], list(range(50)))
+
+    def test_a_deleted_queue_takes_its_left_over_files_along(self) -> None:
+        """Data files behind the read position (a crash between reading a file and
+        removing it) are found at open and removed with the queue."""
+        q = self.queue(max_bytes=100)
+        q.put_many([record(i) for i in range(5)])
+        with open(q.files.data_file(0), "rb") as f:
+            stale = f.read()
+        self.assertEqual(self.drain(q), [0, 1, 2, 3, 4])
+        q.close()
+        with open(q.files.data_file(0), "wb") as f:
+            f.write(stale)  # the read moved past file 0, which is still there
+        again = self.queue(max_bytes=100)
+        self.assertEqual(again.files.orphans, [0])
+        again.delete()
+        self.assertEqual([f for f in self.files() if f.startswith("t.")], [])
+
+    def test_a_file_that_could_not_be_removed_is_seen_by_the_next_queue_of_that_name(self) -> None:
+        directory = DataDirectory(self.dir)
+        q = self.queue(max_bytes=100, directory=directory)
+        q.put_many([record(i) for i in range(5)])
+        remove = os.remove
+        kept = q.files.data_file(1)
+
+        def failing(path: str) -> None:
+            if path == kept:
+                raise PermissionError(13, "Permission denied")
+            remove(path)
+
+        self.patch(os, "remove", failing)
+        q.delete()
+        self.assertEqual(directory.take("t"), [1])

@@ -10,6 +10,7 @@ from twisted.trial import unittest
 from nsq_service.options import StartError
 from nsq_wire.commands import encode_command, mpub
 from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
+from nsqd_tw.core.metadata import ChannelMeta, TopicMeta, encode_metadata
 from nsqd_tw.core.nsqd import NSQD
 from nsqd_tw.storage import records, syncer
 from tests.helpers import FakeClient, make_nsqd
@@ -77,6 +78,61 @@ class MetadataTests(StorageTestCase):
         n.delete_existing_topic("t")
         n.reactor.advance(0)
         self.assertEqual([t["name"] for t in self.metadata()["topics"]], ["empty"])
+
+    def test_every_change_reaches_nsqd_dat(self) -> None:
+        """Each topic's entry is kept encoded between changes; whatever changed, the
+        file written is what the topics and channels are at that moment."""
+        n = self.start()
+
+        def expect() -> bytes:
+            topics = [
+                TopicMeta(
+                    t.name, t.paused, [ChannelMeta(c.name, c.paused) for c in t.channels.values() if not c.ephemeral]
+                )
+                for t in n.topics.values()
+                if not t.ephemeral
+            ]
+            return encode_metadata(topics, "1.3.0")
+
+        t = n.get_topic("t")
+        u = n.get_topic("u")
+        steps = [
+            lambda: t.get_channel("c"),
+            lambda: u.get_channel("d"),
+            lambda: t.get_channel("c").pause(),
+            lambda: t.pause(),
+            lambda: t.get_channel("e#ephemeral"),
+            lambda: t.get_channel("c").unpause(),
+            lambda: t.get_channel("f"),
+            lambda: t.delete_existing_channel("c"),
+            lambda: u.unpause() or u.get_channel("d").pause(),
+            lambda: n.delete_existing_topic("t"),
+            lambda: n.get_topic("t").get_channel("c"),
+        ]
+        for i, step in enumerate(steps):
+            step()
+            n.reactor.advance(0)
+            with open(os.path.join(self.dir, "nsqd.dat"), "rb") as f:
+                self.assertEqual(f.read(), expect(), f"after step {i}")
+        self.assertEqual(
+            self.metadata()["topics"],
+            [
+                {"name": "u", "paused": False, "channels": [{"name": "d", "paused": True}]},
+                {"name": "t", "paused": False, "channels": [{"name": "c", "paused": False}]},
+            ],
+        )
+
+    def test_changes_in_one_turn_share_one_write(self) -> None:
+        n = self.start()
+        writes = []
+        self.patch(syncer, "write_atomic", lambda path, data: writes.append((path, data)))
+        t = n.get_topic("t")
+        for i in range(100):
+            t.get_channel(f"c{i}")
+        n.reactor.advance(0)
+        n.reactor.advance(0)
+        (data,) = [d for path, d in writes if path.endswith("nsqd.dat")]
+        self.assertEqual([c["name"] for c in json.loads(data)["topics"][0]["channels"]], [f"c{i}" for i in range(100)])
 
     def test_loaded_at_start(self) -> None:
         with open(os.path.join(self.dir, "nsqd.dat"), "w") as f:
