@@ -10,6 +10,9 @@
   log stays silent.
 - :class:`RateLimitedLog`: one line per interval per key, with a count of the rest
   (the accept() lines, the HTTP channel's timeout lines).
+- :func:`listen_backlog`: the kernel's ``somaxconn``, the backlog Go listens with
+  (Twisted's default of 50 drops the SYNs of a connect storm: clients wait seconds
+  for retransmits, or give up).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import errno
 import os
 import resource
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +32,17 @@ from nsq_service.log import Logger
 
 # accept() failures that mean the process or the system is out of a resource
 _EXHAUSTION = {"EMFILE", "ENFILE", "ENOBUFS", "ENOMEM"}
+
+
+def listen_backlog(path: str = "/proc/sys/net/core/somaxconn") -> int:
+    """The listen backlog: ``somaxconn`` as the kernel says, as Go reads it, or
+    ``SOMAXCONN`` where it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            n = int(f.readline().split()[0])
+    except (OSError, ValueError, IndexError):
+        n = 0
+    return n if n > 0 else socket.SOMAXCONN
 
 
 def raise_fd_limit(log: Logger) -> tuple[int, int] | None:

@@ -12,7 +12,7 @@ from twisted.internet import endpoints
 from twisted.internet.interfaces import IListeningPort
 from twisted.python.failure import Failure
 
-from nsq_service.limits import watch_accept_errors
+from nsq_service.limits import listen_backlog, watch_accept_errors
 from nsq_service.log import Logger
 from nsq_service.options import exit_fatal, missing_port, split_address, start_error_text
 from nsq_wire.gofmt import go_errno, join_host_port
@@ -40,17 +40,18 @@ def address_text(host: Any) -> str:
 
 
 def server_endpoint(reactor: Any, address: str, tls: Any = None) -> Any:
+    backlog = listen_backlog()
     parsed = split_address(address)
     if parsed is None:
-        return endpoints.UNIXServerEndpoint(reactor, address)
+        return endpoints.UNIXServerEndpoint(reactor, address, backlog=backlog)
     host, port = parsed
     if host == "":
         host = "::"
     if tls is not None:
-        return endpoints.SSL4ServerEndpoint(reactor, port, tls, interface=host)
+        return endpoints.SSL4ServerEndpoint(reactor, port, tls, backlog=backlog, interface=host)
     if ":" in host:
-        return endpoints.TCP6ServerEndpoint(reactor, port, interface=host)
-    return endpoints.TCP4ServerEndpoint(reactor, port, interface=host)
+        return endpoints.TCP6ServerEndpoint(reactor, port, backlog=backlog, interface=host)
+    return endpoints.TCP4ServerEndpoint(reactor, port, backlog=backlog, interface=host)
 
 
 class ListeningService(service.Service):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import select
+import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -120,3 +123,51 @@ class ServerProcess:
         self.signal(signal.SIGKILL)
         if self.proc is not None:
             self.proc.wait()
+
+
+def storm(address: str, clients: int, request: bytes, answered: bytes, deadline: float = 30.0) -> list[float | None]:
+    """Connect ``clients`` sockets at once, send ``request`` on each, and time (from
+    the start) until the answer holds ``answered``; None for those never answered."""
+    host, _, port = address.rpartition(":")
+    sel = selectors.DefaultSelector()
+    started = time.monotonic()
+    times: list[float | None] = [None] * clients
+    got = [b""] * clients
+    socks = []
+    for i in range(clients):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setblocking(False)
+        err = s.connect_ex((host, int(port)))
+        if err not in (0, errno.EINPROGRESS):
+            s.close()
+            continue
+        socks.append(s)
+        sel.register(s, selectors.EVENT_WRITE, i)
+    pending = len(socks)
+    end = started + deadline
+    while pending and time.monotonic() < end:
+        for key, events in sel.select(timeout=max(0.0, end - time.monotonic())):
+            s, i = key.fileobj, key.data
+            assert isinstance(s, socket.socket)
+            if events & selectors.EVENT_WRITE:
+                if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                    sel.unregister(s)
+                    pending -= 1
+                    continue
+                s.sendall(request)
+                sel.modify(s, selectors.EVENT_READ, i)
+                continue
+            try:
+                chunk = s.recv(65536)
+            except OSError:
+                chunk = b""
+            got[i] += chunk
+            if answered in got[i]:
+                times[i] = time.monotonic() - started
+            if answered in got[i] or not chunk:
+                sel.unregister(s)
+                pending -= 1
+    for s in socks:
+        s.close()
+    sel.close()
+    return times

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+import resource
+import struct
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from twisted.trial import unittest
 
-from tests.integration.procs import ServerProcess
+from nsq_wire.commands import encode_command
+from nsq_wire.frames import MAGIC_V2
+from tests.integration.procs import ServerProcess, storm
 
 LOOPBACK = ("-tcp-address", "127.0.0.1:0", "-http-address", "127.0.0.1:0")
 
@@ -88,3 +92,40 @@ class ManyQueuesTests(unittest.TestCase):
         (topic,) = json.loads(body)["topics"]
         self.assertEqual(sorted(c["channel_name"] for c in topic["channels"]), names)
         self.assertEqual(again.stop(), 0)
+
+
+class ConnectStormTests(unittest.TestCase):
+    """Twisted listens with a backlog of 50; Go with the kernel's somaxconn. With 50,
+    a storm of connects overflows the accept queue: SYNs are dropped, clients wait
+    for retransmits (1 s, 3 s, 7 s...) and some give up."""
+
+    timeout = 300
+    CLIENTS = 2000
+
+    def setUp(self) -> None:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < self.CLIENTS + 500:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, self.CLIENTS + 500), hard))
+            self.addCleanup(resource.setrlimit, resource.RLIMIT_NOFILE, (soft, hard))
+
+    def assert_all_answered(self, address: str, request: bytes, answer: bytes) -> None:
+        times = storm(address, self.CLIENTS, request, answer, deadline=60)
+        answered = [t for t in times if t is not None]
+        self.assertEqual(len(answered), self.CLIENTS, f"slowest answered after {max(answered, default=0):.1f} s")
+
+    def test_nsqd(self) -> None:
+        data = os.path.abspath(self.mktemp())
+        os.makedirs(data)
+        proc = ServerProcess("nsqd", *LOOPBACK, "--data-path", data).start()
+        self.addCleanup(proc.kill)
+        identify = MAGIC_V2 + encode_command(b"IDENTIFY", body=b"{}")
+        self.assert_all_answered(proc.addresses["TCP"], identify, struct.pack(">ii", 6, 0) + b"OK")
+        self.assert_all_answered(proc.addresses["HTTP"], b"GET /ping HTTP/1.0\r\n\r\n", b"\r\n\r\nOK")
+        self.assertEqual(proc.stop(), 0)
+
+    def test_nsqlookupd(self) -> None:
+        proc = ServerProcess("nsqlookupd", *LOOPBACK).start()
+        self.addCleanup(proc.kill)
+        self.assert_all_answered(proc.addresses["TCP"], b"  V1PING\n", struct.pack(">i", 2) + b"OK")
+        self.assert_all_answered(proc.addresses["HTTP"], b"GET /ping HTTP/1.0\r\n\r\n", b"\r\n\r\nOK")
+        self.assertEqual(proc.stop(), 0)

@@ -4,6 +4,7 @@ RLIMIT_NOFILE raise (the process-level checks are in tests/integration)."""
 from __future__ import annotations
 
 import resource
+import socket
 from typing import Any
 
 from twisted.internet import protocol, reactor
@@ -11,7 +12,7 @@ from twisted.internet.task import Clock, deferLater
 from twisted.logger import LogLevel, globalLogPublisher
 from twisted.trial import unittest
 
-from nsq_service import limits
+from nsq_service import limits, listen
 from nsq_service.log import LogGate
 
 
@@ -123,3 +124,24 @@ class RaiseFdLimitTests(unittest.TestCase):
         self.assertIsNone(limits.raise_fd_limit(LogGate().logger("nsq_service.limits")))
         warnings = [e for e in events.events if e.get("log_namespace") == "nsq_service.limits"]
         self.assertEqual(warnings[0]["log_level"], LogLevel.warn)
+
+
+class ListenBacklogTests(unittest.TestCase):
+    def test_somaxconn_as_the_kernel_says(self) -> None:
+        path = self.mktemp()
+        for text, want in ((b"4096\n", 4096), (b"65535", 65535), (b"0\n", socket.SOMAXCONN), (b"", socket.SOMAXCONN)):
+            with open(path, "wb") as f:
+                f.write(text)
+            self.assertEqual(limits.listen_backlog(path), want, text)
+        self.assertEqual(limits.listen_backlog(path + ".missing"), socket.SOMAXCONN)
+
+    def test_every_listener_uses_it(self) -> None:
+        from twisted.internet.testing import MemoryReactor
+
+        self.patch(listen, "listen_backlog", lambda: 777)
+        mem = MemoryReactor()
+        for address in ("127.0.0.1:0", "[::1]:0", ":0", self.mktemp()):
+            listen.server_endpoint(mem, address).listen(protocol.Factory())
+        listen.server_endpoint(mem, "127.0.0.1:0", tls=object()).listen(protocol.Factory())
+        backlogs = [port[2] for port in mem.tcpServers] + [mem.unixServers[0][2], mem.sslServers[0][3]]
+        self.assertEqual(backlogs, [777] * 5)
