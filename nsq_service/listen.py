@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from twisted.application import service
-from twisted.internet import endpoints
-from twisted.internet.interfaces import IListeningPort
+from twisted.internet import defer, endpoints, main, tcp
+from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from nsq_service.limits import listen_backlog, watch_accept_errors
 from nsq_service.log import Logger
@@ -39,19 +41,68 @@ def address_text(host: Any) -> str:
     return os.fsdecode(name) if isinstance(name, bytes) else str(name)
 
 
+class _Connection(tcp.Server):
+    """An accepted TCP connection that reads into its port's buffer.
+
+    Twisted's ``recv(bufferSize)`` allocates ``bufferSize`` bytes for every read
+    and shrinks them to what arrived. nsqd raises a V2 client's ``bufferSize`` to
+    1 MiB (its unsent-output limit, which Twisted reads from the same attribute),
+    and the shrunk reads, interleaved with longer-lived objects, grew the heap
+    without bound under connection churn. Here a read fills one buffer the port
+    keeps for all its connections (one reactor thread) and the bytes that
+    arrived are copied out: an allocation of exactly their size.
+    """
+
+    def doRead(self) -> Any:
+        port: Any = self.server  # a _Port
+        size = self.bufferSize
+        buf = port.read_buffer
+        if len(buf) < size:
+            buf = port.read_buffer = memoryview(bytearray(size))
+        try:
+            n = self.socket.recv_into(buf, size)
+        except OSError as e:
+            if e.errno == errno.EWOULDBLOCK:
+                return None
+            return main.CONNECTION_LOST
+        return self._dataReceived(buf[:n].tobytes())
+
+
+class _Port(tcp.Port):
+    transport = _Connection
+    read_buffer = memoryview(bytearray(0))
+
+
+@implementer(IStreamServerEndpoint)
+class TCPServerEndpoint:
+    """TCP (v4 or v6, by the interface) with :class:`_Connection` reads and a
+    backlog of the kernel's somaxconn; ``tls``: a server context (HTTPS)."""
+
+    def __init__(self, reactor: Any, port: int, interface: str, tls: Any = None) -> None:
+        self.reactor = reactor
+        self.port = port
+        self.interface = interface
+        self.tls = tls
+
+    def listen(self, factory: Any) -> defer.Deferred[Any]:
+        return defer.execute(self._listen, factory)
+
+    def _listen(self, factory: Any) -> _Port:
+        if self.tls is not None:
+            from twisted.protocols.tls import TLSMemoryBIOFactory
+
+            factory = TLSMemoryBIOFactory(self.tls, False, factory)
+        port = _Port(self.port, factory, listen_backlog(), self.interface, self.reactor)
+        port.startListening()
+        return port
+
+
 def server_endpoint(reactor: Any, address: str, tls: Any = None) -> Any:
-    backlog = listen_backlog()
     parsed = split_address(address)
     if parsed is None:
-        return endpoints.UNIXServerEndpoint(reactor, address, backlog=backlog)
+        return endpoints.UNIXServerEndpoint(reactor, address, backlog=listen_backlog())
     host, port = parsed
-    if host == "":
-        host = "::"
-    if tls is not None:
-        return endpoints.SSL4ServerEndpoint(reactor, port, tls, backlog=backlog, interface=host)
-    if ":" in host:
-        return endpoints.TCP6ServerEndpoint(reactor, port, backlog=backlog, interface=host)
-    return endpoints.TCP4ServerEndpoint(reactor, port, backlog=backlog, interface=host)
+    return TCPServerEndpoint(reactor, port, "::" if host == "" else host, tls)
 
 
 class ListeningService(service.Service):
@@ -142,6 +193,12 @@ class ServerService(service.MultiService):
         self.instantiate_error = instantiate_error
         self.log_prefix = log_prefix
         self.exit_on_start_failure = False
+
+    @property
+    def exit_code(self) -> int:
+        """The status to exit with once stopped: a child's ``exit_code`` (the nsqd
+        core's is 1 when its stop could not write everything), else 0."""
+        return max((getattr(child, "exit_code", 0) for child in self), default=0)
 
     def privilegedStartService(self) -> None:
         self._guarded(super().privilegedStartService)

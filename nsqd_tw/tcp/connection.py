@@ -11,6 +11,7 @@ the 12 commands.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -73,11 +74,18 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
     def __init__(self, server: Server) -> None:
         self.server = server
         self.nsqd = nsqd = server.nsqd
-        self.log = nsqd.log_gate.logger("nsqd_tw.tcp.protocol", self)
-        self.client = ClientV2(self, nsqd.opts, server.auth, nsqd.now(), self.log)
+        # The connection owns its parts; they point back at it weakly, so that a
+        # closed connection is freed at once by reference counting instead of
+        # waiting in garbage for a collection of the oldest generation (minutes,
+        # and the memory freed that late stayed with the process).
+        me = weakref.proxy(self)
+        self.log = nsqd.log_gate.logger("nsqd_tw.tcp.protocol")
+        self.client = ClientV2(me, nsqd.opts, server.auth, nsqd.now(), self.log)
         self.output: Output = None  # type: ignore[assignment]  # made with the transport
-        self.responses = Responses(lambda ft, data: self.output.frame(ft, data), self._fatal, self._close)
-        self.upgrade = Upgrade(self)
+        self.responses = Responses(
+            lambda ft, data: me.output.frame(ft, data), lambda err: me._fatal(err), lambda: me._close()
+        )
+        self.upgrade = Upgrade(me)
         self.parser: V2Parser | None = None
         self.codec: SnappyCodec | DeflateCodec | None = None
         self._magic = b""
@@ -91,11 +99,12 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
         # topic); ended by :meth:`end_batch` before any other command and when the
         # loop stops, so answers and effects keep the commands' order
         self._batch: Any = None
-        # filled by the subclass: the checks of a body command's line, the handlers
-        self._headers: dict[bytes, Callable[[Command], Pause | None]] = {}
-        self._handlers: dict[bytes, Callable[[Command], Any]] = {}
 
     batch_verb = b""
+    # filled by the subclass (functions, called with the connection: bound methods
+    # kept per connection would be cycles): the checks of a body command's line, the handlers
+    _headers: dict[bytes, Callable[[Any, Command], Pause | None]] = {}
+    _handlers: dict[bytes, Callable[[Any, Command], Any]] = {}
 
     def end_batch(self) -> None:
         """Handle the held run of commands and answer each (the subclass's)."""
@@ -124,7 +133,9 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
         else:
             client.remote_address = str(getattr(peer, "name", "") or "@")
         self.log.info("TCP: new client({addr})", addr=client.remote_address)
-        self.output = client.output = Output(self.transport, client, self.nsqd.reactor, self.server.want_flush, self)
+        self.output = client.output = Output(
+            self.transport, weakref.proxy(client), self.nsqd.reactor, self.server.want_flush, weakref.proxy(self)
+        )
         self.output.start()
         self.setTimeout(self._read_timeout)
 
@@ -244,7 +255,7 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
                 ):
                     raise FatalClientError("E_INVALID", f"cannot {text(name)} in current state (TLS required)")
                 if not cmd.complete:  # a body command's line: Go checks it before reading on
-                    wait = self._headers[name](cmd)
+                    wait = self._headers[name](self, cmd)
                     if wait is not None:
                         self._pause(wait, name)
                         break
@@ -254,7 +265,7 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
                 if handler is None:
                     raise FatalClientError("E_INVALID", f"invalid command {text(name)}")
                 try:
-                    response = handler(cmd)
+                    response = handler(self, cmd)
                 except ClientError as e:
                     if e.fatal:
                         raise

@@ -165,9 +165,12 @@ class Output:
         self.watcher.write_timed_out()
 
     def close(self) -> None:
-        """Stop the heartbeats and the write deadline; nothing more goes out."""
+        """Stop the heartbeats and the write deadline; nothing more goes out.
+        The transport is let go (a TLS transport holds its producer, this output,
+        in a cycle that would keep both in garbage)."""
         self.closed = True
         self.heartbeat(0)
         cancel(self._deadline)
         self._deadline = None
         self.discard()
+        self.transport = None

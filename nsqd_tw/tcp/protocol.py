@@ -40,27 +40,6 @@ class V2Protocol(CommandConnection):
         self._identified = False
         self._topic = ""  # what a body command's line said, for its handler
         self._delay = 0.0
-        self._headers = {
-            b"IDENTIFY": self._identify_line,
-            b"AUTH": self._auth_line,
-            b"PUB": self._pub_line,
-            b"MPUB": self._mpub_line,
-            b"DPUB": self._dpub_line,
-        }
-        self._handlers = {
-            b"FIN": self.FIN,
-            b"RDY": self.RDY,
-            b"REQ": self.REQ,
-            b"PUB": self.PUB,
-            b"MPUB": self.MPUB,
-            b"DPUB": self.DPUB,
-            b"NOP": self.NOP,
-            b"TOUCH": self.TOUCH,
-            b"SUB": self.SUB,
-            b"CLS": self.CLS,
-            b"AUTH": self.AUTH,
-            b"IDENTIFY": self.IDENTIFY,
-        }
 
     # -- the lines of commands with a body ----------------------------------------
 
@@ -362,6 +341,29 @@ class V2Protocol(CommandConnection):
             raise FatalClientError(f"E_{verb}_FAILED", f"{verb} failed {e}") from None
         self.client.published(topic, len(bodies))
         return OK if committed is None else committed
+
+
+V2Protocol._headers = {
+    b"IDENTIFY": V2Protocol._identify_line,
+    b"AUTH": V2Protocol._auth_line,
+    b"PUB": V2Protocol._pub_line,
+    b"MPUB": V2Protocol._mpub_line,
+    b"DPUB": V2Protocol._dpub_line,
+}
+V2Protocol._handlers = {
+    b"FIN": V2Protocol.FIN,
+    b"RDY": V2Protocol.RDY,
+    b"REQ": V2Protocol.REQ,
+    b"PUB": V2Protocol.PUB,
+    b"MPUB": V2Protocol.MPUB,
+    b"DPUB": V2Protocol.DPUB,
+    b"NOP": V2Protocol.NOP,
+    b"TOUCH": V2Protocol.TOUCH,
+    b"SUB": V2Protocol.SUB,
+    b"CLS": V2Protocol.CLS,
+    b"AUTH": V2Protocol.AUTH,
+    b"IDENTIFY": V2Protocol.IDENTIFY,
+}
 
 
 class _PubBatch:

@@ -12,7 +12,7 @@ from twisted.internet.task import Clock, deferLater
 from twisted.logger import LogLevel, globalLogPublisher
 from twisted.trial import unittest
 
-from nsq_service import limits, listen
+from nsq_service import limits
 from nsq_service.log import LogGate
 
 
@@ -134,14 +134,3 @@ class ListenBacklogTests(unittest.TestCase):
                 f.write(text)
             self.assertEqual(limits.listen_backlog(path), want, text)
         self.assertEqual(limits.listen_backlog(path + ".missing"), socket.SOMAXCONN)
-
-    def test_every_listener_uses_it(self) -> None:
-        from twisted.internet.testing import MemoryReactor
-
-        self.patch(listen, "listen_backlog", lambda: 777)
-        mem = MemoryReactor()
-        for address in ("127.0.0.1:0", "[::1]:0", ":0", self.mktemp()):
-            listen.server_endpoint(mem, address).listen(protocol.Factory())
-        listen.server_endpoint(mem, "127.0.0.1:0", tls=object()).listen(protocol.Factory())
-        backlogs = [port[2] for port in mem.tcpServers] + [mem.unixServers[0][2], mem.sslServers[0][3]]
-        self.assertEqual(backlogs, [777] * 5)

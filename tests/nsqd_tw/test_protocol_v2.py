@@ -1,7 +1,9 @@
 """The V2 exchange a client sees, command by command, success and error paths."""
 
+import gc
 import json
 import struct
+import weakref
 
 from twisted.trial import unittest
 
@@ -554,3 +556,25 @@ class DisconnectTests(ProtocolTestCase):
         c.send(b"MPUB t\n" + struct.pack(">III", 100, 3, 1) + b"a" + struct.pack(">I", 5) + b"bc")
         c.lose()
         self.assertEqual(consumer.messages(), [])
+
+
+class LifetimeTests(ProtocolTestCase):
+    def test_a_closed_connection_is_freed_at_once(self) -> None:
+        """A connection's parts point back at it weakly: once closed it is freed by
+        reference counting, not left in garbage until a full collection (a churn
+        of consumers kept hundreds, and the heap grew)."""
+        gc.disable()
+        self.addCleanup(gc.enable)
+        producer = self.client()
+        c = self.consumer(rdy=5, heartbeat_interval=1000)
+        for i in range(3):
+            self.assertEqual(producer.pub("t", b"m%d" % i), OK)
+        first, second, _ = c.messages()
+        c.command(b"FIN", first.id)
+        c.command(b"REQ", second.id, b"0")
+        c.command(b"TOUCH", c.messages()[0].id)
+        c.lose()
+        self.clock.advance(1)
+        gone = [weakref.ref(c.proto), weakref.ref(c.proto.client), weakref.ref(c.proto.output)]
+        del c
+        self.assertEqual([ref() for ref in gone], [None, None, None])

@@ -1,0 +1,66 @@
+"""nsq_service.listen on real loopback sockets: the backlog, and reads that copy
+out exactly what arrived."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from twisted.internet import defer, protocol, reactor, ssl
+from twisted.internet.threads import deferToThread
+from twisted.trial import unittest
+
+from nsq_service import listen
+from tests.certs import make_certs
+
+
+class BacklogTests(unittest.TestCase):
+    def test_every_listener_uses_somaxconn(self) -> None:
+        self.patch(listen, "listen_backlog", lambda: 777)
+        certs = make_certs(self.mktemp())
+        tls = ssl.DefaultOpenSSLContextFactory(certs.key, certs.cert)
+        ports = []
+        for address, context in (("127.0.0.1:0", None), ("127.0.0.1:0", tls), (self.mktemp(), None)):
+            d = listen.server_endpoint(reactor, address, context).listen(protocol.Factory())
+            port = self.successResultOf(d)
+            self.addCleanup(port.stopListening)
+            ports.append(port)
+        self.assertEqual([p.backlog for p in ports], [777] * 3)
+
+
+class Collect(protocol.Protocol):
+    """Asks for 1 MiB reads (as nsqd's V2 connections do) and keeps what it gets."""
+
+    def __init__(self, done: defer.Deferred[list[bytes]], size: int) -> None:
+        self.done = done
+        self.size = size
+        self.chunks: list[bytes] = []
+        self.got = 0
+
+    def connectionMade(self) -> None:
+        self.transport.bufferSize = 1 << 20  # type: ignore[attr-defined]
+
+    def dataReceived(self, data: bytes) -> None:
+        self.chunks.append(data)
+        self.got += len(data)
+        if self.got >= self.size:
+            self.done.callback(self.chunks)
+
+
+class ReadTests(unittest.TestCase):
+    @defer.inlineCallbacks
+    def test_reads_are_the_bytes_that_arrived(self) -> Any:
+        payload = bytes(range(256)) * 12_000  # 3 MB: several 1 MiB reads at least
+        done: defer.Deferred[list[bytes]] = defer.Deferred()
+        factory = protocol.Factory.forProtocol(lambda: Collect(done, len(payload)))
+        port = yield listen.server_endpoint(reactor, "127.0.0.1:0").listen(factory)
+        self.addCleanup(port.stopListening)
+
+        def send() -> None:
+            with socket.create_connection(("127.0.0.1", port.getHost().port)) as s:
+                s.sendall(payload)
+
+        yield deferToThread(send)
+        chunks = yield done
+        self.assertTrue(all(type(c) is bytes for c in chunks))
+        self.assertEqual(b"".join(chunks), payload)
