@@ -44,6 +44,14 @@ DISCARD_LIMIT = 256 << 10
 # the answer before the client has read it.
 LINGER = 0.5
 MAX_CONTENT_LENGTH = (1 << 63) - 1  # Go: strconv.ParseUint(cl, 10, 63)
+# The request line and headers together: Go's http.DefaultMaxHeaderBytes plus the
+# 4096 bytes its reader allows beyond it; past that Go answers 431.
+MAX_HEADER_BYTES = (1 << 20) + 4096
+# Go counts no headers, only their bytes; each header is a few Python objects, so
+# their number is bounded too (far above what a client sends), also with a 431.
+MAX_HEADERS = 10_000
+# Go's chunked reader refuses a chunk size of more than 16 hex digits.
+MAX_CHUNK_SIZE = 1 << 64
 
 _GO_ERROR_HEADERS = b"\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
 
@@ -58,6 +66,25 @@ def peer_address(request: Request) -> str:
     host = getattr(peer, "host", "")
     port = getattr(peer, "port", "")
     return join_host_port(host, port) if host else str(peer)
+
+
+# what a request holds that nothing reads once it is answered (see BoundedRequest._cleanup)
+_ANSWERED_REQUEST_SHEDS = (
+    "_adapterCache",
+    "_buffer",
+    "args",
+    "client",
+    "host",
+    "transport",
+    "requestHeaders",
+    "responseHeaders",
+    "received_cookies",
+    "cookies",
+    "site",
+    "prepath",
+    "postpath",
+    "sitepath",
+)
 
 
 class BoundedRequest(Request):
@@ -78,6 +105,37 @@ class BoundedRequest(Request):
         room = self.body_keep - self._buffer.tell()
         if room > 0:
             self._buffer.write(data if len(data) <= room else data[:room])
+
+    def _cleanup(self) -> None:
+        super()._cleanup()
+        # Klein keeps each request in a closure that refers to itself (its error
+        # handler), so the request is freed only by a collection of the youngest
+        # generation, up to ~1,600 requests later. What it holds goes now, once
+        # answered and logged, leaving that collection an empty shell.
+        for name in _ANSWERED_REQUEST_SHEDS:
+            self.__dict__.pop(name, None)
+
+
+class _ChunkedDecoder(http._ChunkedTransferDecoder):
+    """Twisted's, refusing a chunk size Go refuses (more than 16 hex digits) at
+    once instead of waiting for that much data until the body deadline."""
+
+    def _dataReceived_CHUNK_LENGTH(self) -> bool:
+        done = bool(super()._dataReceived_CHUNK_LENGTH())
+        if done and self.length >= MAX_CHUNK_SIZE:
+            raise http._MalformedChunkedDataError("http chunk length too large")
+        return done
+
+
+_ABSOLUTE_FORM = re.compile(rb"[a-zA-Z][a-zA-Z0-9+.-]*://")
+
+
+def _origin_form(target: bytes) -> bytes:
+    """``http://host:port/path?q`` -> ``/path?q`` (``/`` for no path)."""
+    rest = target.split(b"://", 1)[1]
+    cut = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0), default=len(rest))
+    tail = rest[cut:]
+    return tail if tail.startswith(b"/") else b"/" + tail
 
 
 _HIGH_BYTES = re.compile(rb"[\x80-\xff]")
@@ -103,6 +161,13 @@ class HTTPChannel(http.HTTPChannel):
 
     site: Any
     transport: Any
+    # lines end with LF, a CR before it is dropped: Go reads bare-LF requests too
+    delimiter = b"\n"
+    MAX_LENGTH = MAX_HEADER_BYTES  # one line: twisted's 16 KiB closed without an answer
+    totalHeadersSize = MAX_HEADER_BYTES + 1  # ours (lineReceived) answers 431 first
+    maxHeaders = MAX_HEADERS + 1
+    _header_bytes = 0
+    _header_lines = 0
     _first_bytes_pending = True
     _want_request_line = True
     _between_requests = False
@@ -115,6 +180,7 @@ class HTTPChannel(http.HTTPChannel):
     def connectionMade(self) -> None:
         self._first_bytes_pending = True
         self._want_request_line = True
+        self._header_bytes = self._header_lines = 0
         super().connectionMade()
         self._start_deadline(self.site.header_timeout, self._header_timed_out)
 
@@ -134,7 +200,22 @@ class HTTPChannel(http.HTTPChannel):
                     return
         super().dataReceived(data)
 
+    def lineLengthExceeded(self, line: bytes) -> None:
+        self._too_large("a line")
+
     def lineReceived(self, line: bytes) -> None:
+        if self._refusing:
+            return  # the rest of a read already split into lines
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        self._header_bytes += len(line) + 2
+        self._header_lines += 1
+        if self._header_bytes > MAX_HEADER_BYTES:
+            self._too_large("the request line and headers")
+            return
+        if self._header_lines > MAX_HEADERS + 1:
+            self._too_large(f"more than {MAX_HEADERS} headers")
+            return
         if self._want_request_line and line:
             self._want_request_line = False
             parts = line.split(b" ")
@@ -142,6 +223,10 @@ class HTTPChannel(http.HTTPChannel):
                 if _CONTROL_BYTES.search(parts[1]):
                     self._bad_request("invalid control character in URL")
                     return
+                if _ABSOLUTE_FORM.match(parts[1]):
+                    # Go routes by the path of an absolute URI ("POST http://host/pub")
+                    parts[1] = _origin_form(parts[1])
+                    line = b" ".join(parts)
                 if _HIGH_BYTES.search(parts[1]):
                     raw = parts[1]
                     parts[1] = _HIGH_BYTES.sub(lambda m: b"%%%02X" % m.group()[0], raw)
@@ -163,6 +248,8 @@ class HTTPChannel(http.HTTPChannel):
                 self._bad_request(f"bad Content-Length {data.decode('latin-1')!r}")
                 self.length = None
                 return False
+            if self.length is not None and self._transferDecoder is not None and self.length == int(value):
+                return True  # the same Content-Length again: Go accepts it (a different one is refused)
             data = value
         elif header == b"Transfer-Encoding" and data.lower() != b"chunked":
             self.site.logger.info(
@@ -173,7 +260,10 @@ class HTTPChannel(http.HTTPChannel):
             self._refuse(go_error_response(b"501 Not Implemented", b"Unsupported transfer encoding"), linger=False)
             self.length = None
             return False
-        return bool(super()._maybeChooseTransferDecoder(header, data))
+        chosen = bool(super()._maybeChooseTransferDecoder(header, data))
+        if chosen and type(self._transferDecoder) is http._ChunkedTransferDecoder:
+            self._transferDecoder = _ChunkedDecoder(self.requests[-1].handleContentChunk, self._finishRequestBody)
+        return chosen
 
     def allHeadersReceived(self) -> None:
         self._cancel_deadline()
@@ -210,6 +300,7 @@ class HTTPChannel(http.HTTPChannel):
         self._cancel_deadline()
         self._first_bytes_pending = True
         self._want_request_line = True
+        self._header_bytes = self._header_lines = 0
         super().allContentReceived()
 
     def requestDone(self, request: Any) -> None:
@@ -251,6 +342,12 @@ class HTTPChannel(http.HTTPChannel):
     def _bad_request(self, reason: str) -> None:
         self.site.logger.info("HTTP: 400 Bad Request to {addr} - {reason}", addr=self.peer_address(), reason=reason)
         self._refuse(go_error_response(b"400 Bad Request"), linger=False)
+
+    def _too_large(self, what: str) -> None:
+        self.site.logger.info(
+            "HTTP: 431 Request Header Fields Too Large to {addr} - {what}", addr=self.peer_address(), what=what
+        )
+        self._refuse(go_error_response(b"431 Request Header Fields Too Large"), linger=True)
 
     def _refuse(self, answer: bytes, linger: bool) -> None:
         """Write ``answer`` and close, reading nothing more."""

@@ -70,6 +70,49 @@ class PlainHTTPTests(HTTPProcessTestCase):
         self.assertIn('nsq_topic_messages_total{topic="web"} 3.0', text)
 
 
+def exchange(address: str, request: bytes, timeout: float = 10.0) -> bytes:
+    """Send a raw request and read until nsqd closes or a whole answer is in."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(request)
+        out = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                return out
+            out += chunk
+            head, sep, body = out.partition(b"\r\n\r\n")
+            length = [line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")]
+            if sep and length and len(body) >= int(length[0].split(b":")[1]):
+                return out
+
+
+class GoEdgeProcessTests(HTTPProcessTestCase):
+    def test_requests_go_answers_are_answered(self) -> None:
+        """Before: closed in silence (a request line over 16 KB), 400 (over 500
+        headers, the same Content-Length twice), waiting for the 10 s header
+        deadline (bare LF) or the 60 s body deadline (a chunk size of 2^80), 404 (an
+        absolute-form target). Go answers each at once."""
+        proc = self.start()
+        http = proc.addresses["HTTP"]
+        query = "&".join(f"p{i}=v" for i in range(10_000)).encode()
+        ok = [
+            b"GET /ping?" + query + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            b"GET /ping HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(600)) + b"\r\n",
+            b"GET /ping HTTP/1.1\nHost: x\n\n",
+            b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc",
+            b"POST http://example.com/pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc",
+        ]
+        for request in ok:
+            answer = exchange(http, request)
+            self.assertTrue(answer.startswith(b"HTTP/1.1 200 OK\r\n") and answer.endswith(b"\r\n\r\nOK"), answer[:200])
+        answer = exchange(http, b"GET /ping?" + b"a" * (2 << 20) + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertTrue(answer.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"), answer[:200])
+        chunked = b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\nabc" % (1 << 80)
+        self.assertTrue(exchange(http, chunked, timeout=5).startswith(b"HTTP/1.1 400 Bad Request\r\n"))
+        self.assertEqual(proc.stop(), 0)
+
+
 class HTTPSTests(HTTPProcessTestCase):
     @defer.inlineCallbacks
     def test_https(self):

@@ -3,9 +3,11 @@ framing, header/body deadlines that a dripping client cannot extend."""
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import tempfile
+import weakref
 from typing import Any
 
 from twisted.internet.address import IPv4Address
@@ -255,6 +257,69 @@ class BadFramingTests(SiteTestCase):
         )
 
 
+GO_431 = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    b"Connection: close\r\n\r\n431 Request Header Fields Too Large"
+)
+
+
+class GoEdgeTests(SiteTestCase):
+    """Requests Go answers that twisted, left alone, closed in silence, refused,
+    or left waiting for a deadline."""
+
+    def answer(self, request: bytes) -> tuple[int, bytes]:
+        c = self.conn()
+        c.send(request)
+        code, _, body = response(c.take())
+        return code, body
+
+    def test_a_long_request_line(self):
+        query = "&".join(f"p{i}=v" for i in range(2_500)).encode()  # 20 KB: twisted closed at 16 KB
+        self.assertEqual(self.answer(b"GET /ping?" + query + b" HTTP/1.1\r\nHost: x\r\n\r\n"), (200, b"OK"))
+
+    def test_past_go_header_bytes_431(self):
+        c = self.conn()
+        c.send(b"GET /ping?" + b"a" * (1 << 20) + b" HTTP/1.1\r\nHost: x\r\n" + b"X: y\r\n" * 1000 + b"\r\n")
+        self.assertEqual(c.take(), GO_431)
+        self.assertEqual(c.transport.producerState, "paused", "nothing more is read")
+        c = self.conn()
+        c.send(b"GET /ping HTTP/1.1\r\nHost: x\r\n" + b"X-Long: " + b"v" * ((1 << 20) + 5000) + b"\r\n\r\n")
+        self.assertEqual(c.take(), GO_431)
+
+    def test_many_headers(self):
+        headers = b"".join(b"X-H%d: v\r\n" % i for i in range(600))  # twisted refused more than 500
+        self.assertEqual(self.answer(b"GET /ping HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n"), (200, b"OK"))
+        c = self.conn()
+        c.send(b"GET /ping HTTP/1.1\r\n" + b"X: v\r\n" * 10_001 + b"\r\n")
+        self.assertEqual(c.take(), GO_431)
+
+    def test_bare_lf_line_endings(self):
+        self.assertEqual(self.answer(b"GET /ping HTTP/1.1\nHost: x\n\n"), (200, b"OK"))
+        self.assertEqual(self.answer(b"POST /pub?topic=t HTTP/1.1\nHost: x\nContent-Length: 3\n\nabc"), (200, b"OK"))
+        self.assertEqual(self.depth("t"), 1)
+
+    def test_the_same_content_length_twice(self):
+        request = b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc"
+        self.assertEqual(self.answer(request), (200, b"OK"))
+        self.assertEqual(self.depth("t"), 1)
+
+    def test_absolute_form_target(self):
+        request = b"POST http://example.com:4151/pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"
+        self.assertEqual(self.answer(request), (200, b"OK"))
+        self.assertEqual(self.answer(b"GET HTTPS://example.com HTTP/1.1\r\nHost: x\r\n\r\n")[0], 404)
+        self.assertEqual(self.answer(b"GET http://h?x=1 HTTP/1.1\r\nHost: x\r\n\r\n")[0], 404)
+        self.assertEqual(self.depth("t"), 1)
+
+    def test_a_chunk_size_go_refuses_is_refused_at_once(self):
+        c = self.conn()
+        c.send(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\nabc" % (1 << 80))
+        self.assertEqual(c.take(), GO_400)
+        self.assertTrue(c.closed)
+        c = self.conn()
+        c.send(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+        self.assertEqual(response(c.take())[::2], (200, b"OK"))
+
+
 class DeadlineTests(SiteTestCase):
     def test_values(self):
         # documented in docs/http-api.md and docs/operator-guide.md
@@ -368,3 +433,20 @@ class ProfileTests(SiteTestCase):
         self.clock.advance(5)
         self.assertEqual(response(first.take())[0], 200)
         self.assertIsNone(sys.getprofile())
+
+
+class LifetimeTests(SiteTestCase):
+    def test_an_answered_request_lets_its_connection_go(self):
+        """Klein keeps each request in a self-referencing closure until a GC
+        collection; once answered, the request no longer holds its connection,
+        headers or body, so all of that is freed at once."""
+        gc.disable()
+        self.addCleanup(gc.enable)
+        c = self.conn()
+        c.send(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 5\r\n\r\nhello")
+        self.assertEqual(response(c.take())[0], 200)
+        c.lose()
+        gone = [weakref.ref(c.proto), weakref.ref(c.transport)]
+        del c
+        self.assertEqual([ref() for ref in gone], [None, None])
+        self.assertEqual(self.depth("t"), 1)
