@@ -48,4 +48,4 @@ def run_server(
     reactor.addSystemEventTrigger("before", "shutdown", top.stopService)
     reactor.run()
     ignore_stop_signals()
-    return 0
+    return int(getattr(top, "exit_code", 0))

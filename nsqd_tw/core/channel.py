@@ -44,6 +44,10 @@ class Consumer(Protocol):
 class Channel(MessageQueue):
     write_error = "CHANNEL({name}): failed to write message to backend - {err}"
 
+    @property
+    def save_name(self) -> str:
+        return f"CHANNEL({self.topic_name}:{self.name})"
+
     def __init__(self, topic_name: str, name: str, ctx: Context) -> None:
         # with --mem-queue-size=0 every message goes through the backend, as
         # in Go; ephemeral channels have no backend, so they use memory

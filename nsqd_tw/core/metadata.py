@@ -14,6 +14,7 @@ from typing import Any
 
 from nsq_wire import gojson
 from nsq_wire.gofmt import go_errno
+from nsqd_tw.storage.files import read_regular
 
 METADATA_FILE = "nsqd.dat"
 
@@ -159,8 +160,7 @@ def decode_metadata(data: bytes, path: str) -> list[TopicMeta]:
 
 def read_metadata(path: str) -> list[TopicMeta]:
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = read_regular(path)
     except FileNotFoundError:
         return []
     except OSError as e:

@@ -105,7 +105,11 @@ class NSQD(service.Service):
         self._sync_failed: BaseException | None = None
         self.start_time = self.now()
         self.loading = False
-        self.metadata_loaded = False  # only the process that loaded nsqd.dat may write it
+        self.metadata_loaded = False
+        # a stop that could not write everything: the errors, the messages lost, the exit status
+        self.stop_errors = 0
+        self.unsaved = 0
+        self.exit_code = 0  # only the process that loaded nsqd.dat may write it
 
         self._metadata_entries: dict[str, str] = {}  # topic name -> its nsqd.dat entry
         self._scan_channels: list[Channel] | None = None
@@ -446,6 +450,10 @@ class NSQD(service.Service):
             except MetadataError as e:
                 raise StartError(f"failed to load metadata - {e}") from None
             self.metadata_loaded = True  # from now on this process owns nsqd.dat
+            # a budget found full is unhealthy from the start, as a refused write makes it
+            full = self.disk_budget.full_for(4 + MESSAGE_HEADER_LENGTH + self.opts.max_msg_size)
+            if full is not None:
+                self.set_health(full)
             try:
                 self.persist_metadata()
             except OSError as e:
@@ -464,19 +472,45 @@ class NSQD(service.Service):
         d.addCallback(lambda _: self._close_storage())
         return d
 
+    def could_not_save(self, queue: str, lost: int, total: int, err: Exception) -> None:
+        """A queue stopping could not write ``lost`` of the ``total`` messages it held."""
+        self.unsaved += lost
+        self.stop_errors += 1
+        self.log.error(
+            "{queue}: {lost} of {total} messages could not be written to disk at exit - {err}",
+            queue=queue,
+            lost=lost,
+            total=total,
+            err=err,
+        )
+
+    def could_not_close(self, what: str, err: Exception) -> None:
+        """Closing a topic or channel failed (its metadata, say): one line, no traceback."""
+        self.stop_errors += 1
+        self.log.error("failed to close {what} - {err}", what=what, err=err)
+
     def _close_storage(self) -> None:
         self.log.info("NSQ: closing topics")
         for topic in list(self.topics.values()):
             try:
                 topic.close()
-            except Exception:
-                self.log.failure("failed to close topic {name}", name=topic.name)
+            except Exception as e:
+                self.could_not_close(f"topic {topic.name}", e)
         if self.backend_factory is None:
             try:
                 self.syncer.sync_all_now()
                 if self.metadata_loaded:
                     self.persist_metadata()
-            except Exception:
-                self.log.failure("failed to persist metadata")
+            except Exception as e:
+                self.stop_errors += 1
+                self.log.error("failed to persist metadata - {err}", err=e)
             self.dirlock.unlock()
+        if self.stop_errors:
+            # beyond Go, which exits 0 having lost what it could not write
+            self.exit_code = 1
+            self.log.error(
+                "NSQ: stopped with {n} error(s); {lost} messages could not be written",
+                n=self.stop_errors,
+                lost=self.unsaved,
+            )
         self.log.info("NSQ: bye")

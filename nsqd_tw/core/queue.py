@@ -47,10 +47,15 @@ class Context(Protocol):
     def new_backend(self, name: str, ephemeral: bool) -> IBackendQueue: ...
     def set_health(self, err: BaseException | None) -> None: ...
     def metadata_changed(self, topic_name: str | None = None) -> None: ...
+    def could_not_save(self, queue: str, lost: int, total: int, err: Exception) -> None: ...
+    def could_not_close(self, what: str, err: Exception) -> None: ...
     def channel_created(self, channel: Any) -> None: ...
     def channel_deleted(self, channel: Any) -> None: ...
     def channel_emptied(self, channel: Any) -> None: ...
     def topic_emptied(self, topic: Any) -> None: ...
+
+
+SAVE_CHUNK = 256  # a stop that cannot write all of a queue writes what fits, this many at a time
 
 
 class MessageQueue:
@@ -61,7 +66,6 @@ class MessageQueue:
     """
 
     write_error = "failed to write message to backend - {err}"
-    save_error = "failed to write message to backend - {err}"
 
     def __init__(self, name: str, backend_name: str, ctx: Context, ephemeral: bool, in_memory: bool = True) -> None:
         self.name = name
@@ -163,22 +167,52 @@ class MessageQueue:
 
     def _save(self, items: Sequence[Item], deferred: Sequence[Message]) -> None:
         """On close: write what is held to the backend, with the DPUB delays of
-        ``items`` and the deliver-at times of ``deferred``; records these were read from (durable mode) are then done,
-        so a clean restart reads each message once."""
+        ``items`` and the deliver-at times of ``deferred``; records these were read
+        from (durable mode) are then done, so a clean restart reads each message
+        once. What does not fit (a full disk) is counted and reported to the nsqd."""
         if not items and not deferred:
             return
         all_items: list[Item] = [*items, *deferred]
-        try:
-            self.backend.put_many([m if isinstance(m, bytes) else m.encode() for m in all_items])
-        except Exception as e:
-            self.ctx.log.error(self.save_error, err=e)
-            return
-        self._remember_delays(items)
-        for d in deferred:
+        saved, err = self._put_what_fits([m if isinstance(m, bytes) else m.encode() for m in all_items])
+        if err is not None:
+            self.ctx.could_not_save(self.save_name, len(all_items) - saved, len(all_items), err)
+        self._remember_delays(items[:saved])
+        for d in deferred[: max(0, saved - len(items))]:
             self.backend.set_deferred(d.id, int(d.pri * 1e9))
-        for item in all_items:
+        for item in all_items[:saved]:
             if not isinstance(item, bytes) and item.ref is not None:
                 self.backend.done(item.ref)
+
+    @property
+    def save_name(self) -> str:
+        """How the stop's log lines name this queue."""
+        return self.name
+
+    def _put_what_fits(self, records: list[bytes]) -> tuple[int, Exception | None]:
+        """Write as many of ``records`` as the backend takes, in order: how many
+        it took, and the error that stopped it (None: all of them)."""
+        put = self.backend.put_many
+        try:
+            put(records)
+            return len(records), None
+        except Exception as e:
+            err = e
+        saved = 0
+        for start in range(0, len(records), SAVE_CHUNK):
+            chunk = records[start : start + SAVE_CHUNK]
+            try:
+                put(chunk)
+                saved += len(chunk)
+                continue
+            except Exception as e:
+                err = e
+            for record in chunk:
+                try:
+                    put([record])
+                except Exception as e:
+                    return saved, e
+                saved += 1
+        return saved, err
 
     def _empty(self) -> None:
         self._clear_memory()

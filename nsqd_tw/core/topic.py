@@ -25,7 +25,10 @@ class TopicError(Exception):
 
 class Topic(MessageQueue):
     write_error = "TOPIC({name}) ERROR: failed to write message to backend - {err}"
-    save_error = "ERROR: failed to write message to backend - {err}"
+
+    @property
+    def save_name(self) -> str:
+        return f"TOPIC({self.name})"
 
     def __init__(self, name: str, ctx: Context) -> None:
         super().__init__(name, name, ctx, is_ephemeral(name))
@@ -231,7 +234,7 @@ class Topic(MessageQueue):
             try:
                 channel.close()
             except Exception as e:
-                self.ctx.log.error("channel({name}) close - {err}", name=channel.name, err=e)
+                self.ctx.could_not_close(f"channel {self.name}:{channel.name}", e)
         if self.memory:
             self.ctx.log.info(
                 "TOPIC({name}): flushing {n} memory messages to backend", name=self.name, n=len(self.memory)

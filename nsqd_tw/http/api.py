@@ -34,6 +34,7 @@ from nsqd_tw.core.topic import TopicError
 from nsqd_tw.http.stats import get_stats, print_stats
 from nsqd_tw.lookup import split_host_port
 from nsqd_tw.options import TLS_REQUIRED
+from nsqd_tw.storage.errors import DiskBudgetFull
 
 
 class NSQDHTTPAPI(GoHTTPAPI):
@@ -123,7 +124,8 @@ class NSQDHTTPAPI(GoHTTPAPI):
             committed = self.nsqd.publish(topic, bodies, delay)
         except Exception as e:
             self.log.error("HTTP: failed to publish to {topic} - {err}", topic=topic, err=e)
-            raise HTTPError(503, "EXITING") from None
+            # Go answers EXITING to any failed put; the budget (beyond Go) is named
+            raise HTTPError(503, "DISK_BUDGET_FULL" if isinstance(e, DiskBudgetFull) else "EXITING") from None
         if committed is None:
             return "OK"
 

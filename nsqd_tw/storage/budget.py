@@ -18,6 +18,17 @@ class DiskBudget:
         self.used = 0
         self.enforcing = True  # nsqd stopping writes what it holds whatever the budget
 
+    def full_for(self, largest: int) -> DiskBudgetFull | None:
+        """At start: the error a write of ``largest`` bytes would get now, if the
+        queues hold anything at all (an empty budget smaller than one message is
+        not full), else None."""
+        if self.limit and self.used and self.used + largest > self.limit:
+            return DiskBudgetFull(
+                f"disk budget full: {self.used} of {self.limit} bytes (--max-disk-bytes) queued, "
+                f"no room for a message of --max-msg-size"
+            )
+        return None
+
     def check(self, more: int) -> None:
         if self.limit and self.enforcing and self.used + more > self.limit:
             raise DiskBudgetFull(

@@ -3,15 +3,22 @@
 A deferred message that overflows to disk keeps its deliver-at time across a
 restart: ``name.diskqueue.deferred.dat`` (which Go ignores) holds ``ID NS\\n``
 lines, appended as messages are deferred and rewritten whole when the queue
-syncs at close (or when the appended lines far outnumber the times held).
+syncs at close, and while running whenever the lines outnumber the times held
+by more than twice (so the file stays within a few times what it must hold).
+
+A time is held until its message is read from the queue; in acknowledged mode
+(durable) until the message is done, since after a crash it is read again.
 """
 
 from __future__ import annotations
 
 import os
 
-from nsqd_tw.storage.files import write_atomic
+from nsqd_tw.storage.files import read_regular, write_atomic
 from nsqd_tw.storage.layout import QueueFiles
+
+# lines a deferred-times file may hold beyond twice the times it must keep
+COMPACT_SLACK = 1000
 
 
 class DeferredTimes:
@@ -19,23 +26,30 @@ class DeferredTimes:
 
     def __init__(self, files: QueueFiles) -> None:
         self.files = files
-        self.at: dict[bytes, int] = {}
+        self.at: dict[bytes, int] = {}  # messages not read yet
+        self.held: dict[bytes, int] = {}  # read, not yet done (acknowledged mode)
         self.fd: int | None = None  # the file, open for appending
         self._lines = 0
         self._load()
 
     def _load(self) -> None:
         try:
-            with open(self.files.deferred_file, "rb") as f:
-                for line in f:
-                    parts = line.split()
-                    if len(parts) == 2 and len(parts[0]) == 16:
-                        try:
-                            self.at[parts[0]] = int(parts[1])
-                        except ValueError:
-                            continue
+            data = read_regular(self.files.deferred_file)
         except FileNotFoundError:
-            pass
+            return
+        except OSError as e:
+            self.files.log.error(
+                "DISKQUEUE({name}) failed to read the deferred times - {err}", name=self.files.name, err=e
+            )
+            return
+        for line in data.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and len(parts[0]) == 16:
+                try:
+                    self.at[parts[0]] = int(parts[1])
+                except ValueError:
+                    continue
+        self._lines = len(data.splitlines())
 
     def set(self, msg_id: bytes, deliver_at_ns: int) -> None:
         self.at[msg_id] = deliver_at_ns
@@ -49,15 +63,41 @@ class DeferredTimes:
             self.files.log.error(
                 "DISKQUEUE({name}) failed to record a deferred time - {err}", name=self.files.name, err=e
             )
-        if self._lines > 2 * len(self.at) + 100_000:
-            self.write()  # compact the append-only log
+        self._maybe_compact()
+
+    def take(self, msg_id: bytes, hold: bool) -> int | None:
+        """The time of a message being read (None if it has none); ``hold``: keep
+        it (on file) until :meth:`done`."""
+        at = self.at.pop(msg_id, None)
+        if at is None:
+            return self.held.get(msg_id)
+        if hold:
+            self.held[msg_id] = at
+        else:
+            self._maybe_compact()
+        return at
+
+    def done(self, msg_id: bytes) -> None:
+        """The message of a held time is done: its time need not survive a crash."""
+        if self.held.pop(msg_id, None) is not None:
+            self._maybe_compact()
+
+    def _maybe_compact(self) -> None:
+        if self._lines > 2 * (len(self.at) + len(self.held)) + COMPACT_SLACK:
+            try:
+                self.write()
+            except OSError as e:
+                self.files.log.error(
+                    "DISKQUEUE({name}) failed to rewrite the deferred times - {err}", name=self.files.name, err=e
+                )
 
     def write(self) -> None:
         """Rewrite the file with the times held (remove it if there are none)."""
         self.close()
-        self._lines = len(self.at)
-        if self.at:
-            body = b"".join(b"%s %d\n" % item for item in self.at.items())
+        times = {**self.held, **self.at}
+        self._lines = len(times)
+        if times:
+            body = b"".join(b"%s %d\n" % item for item in times.items())
             write_atomic(self.files.deferred_file, body)
         else:
             self.files.remove(self.files.deferred_file)
@@ -67,6 +107,8 @@ class DeferredTimes:
         self.close()
         self.files.remove(self.files.deferred_file)
         self.at.clear()
+        self.held.clear()
+        self._lines = 0
 
     def close(self) -> None:
         if self.fd is not None:

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 from zope.interface import implementer
 
+from nsq_wire.message import ID_OFFSET, MSG_ID_LENGTH
 from nsqd_tw.storage.backend import IBackendQueue
 from nsqd_tw.storage.budget import DiskBudget
 from nsqd_tw.storage.deferred import DeferredTimes
@@ -43,15 +44,17 @@ class WriteMark(NamedTuple):
 
 
 class Ref:
-    """Where a record read in acknowledged mode lives, its size, and whether it is done."""
+    """Where a record read in acknowledged mode lives, its size, whether it is
+    done, and the ID of its message if a deliver-at time is held for it."""
 
-    __slots__ = ("done", "file", "pos", "size")
+    __slots__ = ("deferred_id", "done", "file", "pos", "size")
 
     def __init__(self, file: int, pos: int, size: int) -> None:
         self.file = file
         self.pos = pos
         self.size = size
         self.done = False
+        self.deferred_id: bytes | None = None
 
 
 @implementer(IBackendQueue)
@@ -229,6 +232,10 @@ class DiskQueue:
             if self.acked:
                 ref = Ref(self.read_file_num, pos, 4 + size)
                 self._outstanding.append(ref)
+                if self.deferred.at:  # its time is kept (on file) until it is done
+                    msg_id = data[ID_OFFSET : ID_OFFSET + MSG_ID_LENGTH]
+                    if self.deferred.take(msg_id, hold=True) is not None:
+                        ref.deferred_id = msg_id
             else:
                 self._set_queued(self.queued_bytes - 4 - size)
             self.read_pos = pos + 4 + size
@@ -244,6 +251,8 @@ class DiskQueue:
         if not isinstance(ref, Ref) or ref.done:
             return
         ref.done = True
+        if ref.deferred_id is not None:
+            self.deferred.done(ref.deferred_id)
         self._set_queued(self.queued_bytes - ref.size)
         self.count += 1
         self.syncer.read(self)
@@ -299,8 +308,8 @@ class DiskQueue:
             self.syncer.request(self)
 
     def take_deferred(self, msg_id: bytes) -> int | None:
-        at = self.deferred.at
-        return at.pop(msg_id, None) if at else None
+        d = self.deferred
+        return d.take(msg_id, hold=False) if d.at or d.held else None
 
     # -- sync ----------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import stat
 
 from nsq_wire.gofmt import go_errno
 
@@ -72,3 +73,34 @@ def write_atomic(path: str, data: bytes) -> None:
             pass
         raise
     fsync_dir(os.path.dirname(path))
+
+
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a named pipe",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
+def read_regular(path: str) -> bytes:
+    """The content of ``path``, which must be a regular file.
+
+    Opened without blocking: a named pipe in its place (put there by mistake)
+    would otherwise block the reactor thread in open() until a writer comes,
+    with nsqd listening and deaf to SIGTERM. Raises OSError (FileNotFoundError
+    when there is no such file).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = _KINDS.get(stat.S_IFMT(mode), "something else")
+            raise OSError(f"{os.path.basename(path)} is {kind}, not a regular file")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from nsq_wire.message import ID_OFFSET, MSG_ID_LENGTH, TIMESTAMP
+from nsqd_tw.storage.files import read_regular
 
 RECORD_SIZE = struct.Struct(">i")
 _META_RE = re.compile(rb"^(-?\d+)\n(-?\d+),(-?\d+)\n(-?\d+),(-?\d+)\n?")
@@ -170,8 +171,7 @@ class QueueFiles:
 
     def _read_meta(self) -> bytes | None:
         try:
-            with open(self.meta_file, "rb") as f:
-                return f.read()
+            return read_regular(self.meta_file)
         except FileNotFoundError:
             return None
         except OSError as e:
@@ -215,7 +215,9 @@ class QueueFiles:
             write_pos = 0
             unclean = True
         existing = self.existing()
-        if existing and existing[-1] > write_file:
+        # files written after the last sync: past the write file, or the new one
+        # skipped to above (never written over)
+        if existing and (existing[-1] > write_file or (unclean and existing[-1] == write_file)):
             write_file = existing[-1] + 1
             write_pos = 0
             unclean = True

@@ -96,6 +96,25 @@ class FailedStartTests(unittest.TestCase):
         )
         self.assertEqual(self.metadata(), b'{"topics":[{"name":"a"')
 
+    def test_an_nsqd_dat_that_is_not_a_file_is_refused(self) -> None:
+        """A named pipe in nsqd.dat's place blocked the start in open() (Go: before
+        listening; nsq-tw: after, deaf to SIGTERM): refused with one FATAL line."""
+        os.mkfifo(self.dat)
+        out = self.run_nsqd(*LOOPBACK, "--data-path", self.dir)
+        self.assertFailedCleanly(
+            out,
+            f"failed to load metadata - failed to read metadata from {self.dat} - nsqd.dat is a named pipe, "
+            "not a regular file",
+        )
+        os.remove(self.dat)
+        os.mkdir(self.dat)
+        out = self.run_nsqd(*LOOPBACK, "--data-path", self.dir)
+        self.assertFailedCleanly(
+            out,
+            f"failed to load metadata - failed to read metadata from {self.dat} - nsqd.dat is a directory, "
+            "not a regular file",
+        )
+
     def test_go_json_texts_for_a_corrupt_nsqd_dat(self) -> None:
         cases = [
             (b"{]", "invalid character ']' looking for beginning of object key string"),

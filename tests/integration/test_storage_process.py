@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -170,9 +171,132 @@ class DiskBudgetProcessTests(StorageProcessTestCase):
         self.assertEqual(resp.code, 500)
         self.assertTrue((yield resp.content()).startswith(b"NOK - disk budget full"))
         resp = yield treq.post(f"http://{http}/pub?topic=budget", b"x" * 4096, persistent=False)
-        self.assertEqual((resp.code, (yield resp.content())), (503, b'{"message":"EXITING"}'))
+        self.assertEqual((resp.code, (yield resp.content())), (503, b'{"message":"DISK_BUDGET_FULL"}'))
+
+        # restarted on a budget still full: NOK from the first /ping, not only
+        # after the first refused write
+        self.assertEqual(proc.stop(), 0)
+        proc = self.start("--mem-queue-size", "0", "--max-disk-bytes", "100000")
+        port, http = proc.port(), proc.addresses["HTTP"]
+        resp = yield treq.get(f"http://{http}/ping", persistent=False)
+        self.assertEqual(resp.code, 500)
+        self.assertTrue((yield resp.content()).startswith(b"NOK - disk budget full"))
 
         yield self.recovers(port, http, "budget", acked)
+
+
+class StopFailureTests(StorageProcessTestCase):
+    @defer.inlineCallbacks
+    def test_a_full_disk_at_exit_says_how_many_messages_were_lost(self):
+        """5,000 messages in memory and a full disk at SIGTERM: Go (and nsq-tw
+        before) exited 0 after a traceback, all of them lost. Now what fits is
+        written, one line says how many could not be, and the exit status is 1."""
+        keeper = TmpfsKeeper(self.dir, "1m")
+        self.addCleanup(keeper.close)
+        argv = [*command("nsqd"), *LOOPBACK, "--data-path", self.dir, "--max-bytes-per-file", "65536"]
+        proc = keeper.start(argv)
+        self.addCleanup(proc.kill)
+        conn = yield connect(reactor, "127.0.0.1", proc.port())
+        yield conn.sub("held", "c")
+        conn.close()
+        yield conn.closed_d
+        p = yield connect(reactor, "127.0.0.1", proc.port())
+        bodies = [b"%05d" % i + b"m" * 395 for i in range(5000)]  # 2 MB in memory, 1 MB of disk
+        for i in range(0, 5000, 500):
+            self.assertEqual((yield p.mpub("held", bodies[i : i + 500])), b"OK")
+        p.close()
+        yield p.closed_d
+        proc.signal(signal.SIGTERM)
+        self.assertEqual(proc.wait(), 1)
+        text = "\n".join(proc.lines)
+        self.assertNotIn("Traceback", text)
+        (line,) = [x for x in proc.lines if "could not be written to disk at exit" in x]
+        m = re.search(r"CHANNEL\(held:c\): (\d+) of 5000 messages could not be written to disk at exit - ", line)
+        self.assertIsNotNone(m, line)
+        assert m is not None
+        lost = int(m.group(1))
+        self.assertTrue(0 < lost < 5000, line)
+        self.assertIn("No space left on device", line)
+        summary = [x for x in proc.lines if "NSQ: stopped with" in x]
+        self.assertEqual(len(summary), 1, proc.lines[-10:])
+        # the channel's metadata and nsqd.dat could not be written either: more errors, no more losses
+        self.assertRegex(summary[0], rf"NSQ: stopped with \d+ error\(s\); {lost} messages could not be written$")
+
+        again = keeper.start(argv)
+        self.addCleanup(again.kill)
+        got = yield self.drain(again.port(), "held", "c", 5000 - lost)
+        self.assertEqual(sorted(got), bodies[: 5000 - lost], "what fitted is there, in order, once")
+        again.signal(signal.SIGTERM)
+        again.wait()
+
+    @defer.inlineCallbacks
+    def test_a_queue_that_cannot_be_closed_is_one_line_and_exit_1(self):
+        proc = self.start("--mem-queue-size", "0")
+        p = yield connect(reactor, "127.0.0.1", proc.port())
+        self.assertEqual((yield p.mpub("t", [b"a", b"b", b"c"])), b"OK")
+        p.close()
+        yield p.closed_d
+        meta = os.path.join(self.dir, "t.diskqueue.meta.dat")
+        if os.path.exists(meta):
+            os.remove(meta)
+        os.mkdir(meta)
+        proc.signal(signal.SIGTERM)
+        self.assertEqual(proc.wait(), 1)
+        self.assertNotIn("Traceback", "\n".join(proc.lines))
+        (line,) = [x for x in proc.lines if "failed to close topic t - " in x]
+        self.assertIn("ERROR: failed to close topic t - rename ", line)
+        self.assertTrue(any("NSQ: stopped with 1 error(s); 0 messages could not be written" in x for x in proc.lines))
+        os.rmdir(meta)
+        again = self.start()
+        conn = yield connect(reactor, "127.0.0.1", again.port())
+        yield conn.sub("t", "c")
+        conn.close()
+        yield conn.closed_d
+        got = yield self.drain(again.port(), "t", "c", 3)
+        self.assertEqual(sorted(got), [b"a", b"b", b"c"], "the data was written; only its metadata was not")
+
+
+class DeferredFileTests(StorageProcessTestCase):
+    def test_durable_dpubs_do_not_grow_the_deferred_file(self):
+        """Durable mode: each DPUB appended a line to the queue's deferred-times file
+        and nothing trimmed it before a clean stop (370 KB after 10,000)."""
+        proc = self.start("--mem-queue-size", "0", "--sync-every", "1")
+        port = proc.port()
+        s = socket.create_connection(("127.0.0.1", port), timeout=30)
+        s.sendall(b"  V2SUB d c\nRDY 100\n")
+        p = socket.create_connection(("127.0.0.1", port), timeout=30)
+        p.sendall(b"  V2")
+        for i in range(0, 10_000, 100):
+            p.sendall(b"".join(b"DPUB d 1\n" + struct.pack(">I", 5) + b"%05d" % (i + j) for j in range(100)))
+            _read_frames(p, 100)
+            for data in _read_frames(s, 100, skip_ok=True):
+                s.sendall(b"FIN %s\n" % data[10:26])
+        sizes = {f: os.path.getsize(os.path.join(self.dir, f)) for f in os.listdir(self.dir) if "deferred" in f}
+        self.assertTrue(sizes, "DPUBs went through the channel's disk queue")
+        self.assertLess(max(sizes.values()), 60_000, sizes)
+        s.close()
+        p.close()
+        self.assertEqual(proc.stop(), 0)
+
+
+def _read_frames(s: socket.socket, n: int, skip_ok: bool = False) -> list[bytes]:
+    """Read ``n`` frames (responses must be OK; with ``skip_ok`` OK frames do not count)."""
+    out: list[bytes] = []
+    buf = b""
+    while len(out) < n:
+        while len(buf) < 8 or len(buf) < 4 + struct.unpack(">i", buf[:4])[0]:
+            chunk = s.recv(65536)
+            if not chunk:
+                raise ConnectionError("closed")
+            buf += chunk
+        size, ft = struct.unpack(">ii", buf[:8])
+        data, buf = buf[8 : 4 + size], buf[4 + size :]
+        if ft == 0 and skip_ok:
+            continue
+        if ft == 1:
+            raise AssertionError(data)
+        out.append(data)
+    return out
 
 
 class TmpfsKeeper:

@@ -39,6 +39,23 @@ class RecoveryTests(Base):
         again.put(record(4))
         self.assertEqual(self.drain(again), [0, 1, 2, 3, 4])
 
+    def test_stale_metadata_with_whole_files_written_after_it(self) -> None:
+        """Files 0 and 1 written after the last sync (metadata: 0,0): both are
+        salvaged, and the next write goes to file 2, not over file 1."""
+        q = self.queue(max_bytes=100)
+        q.sync_now()  # the metadata as it was before any write
+        with open(q.files.meta_file, "rb") as f:
+            stale = f.read()
+        q.put_many([record(i) for i in range(5)])  # files 0, 1 and 2
+        q.close()
+        os.remove(q.files.data_file(2))
+        with open(q.files.meta_file, "wb") as f:
+            f.write(stale)
+        again = self.queue(max_bytes=100)
+        self.assertEqual((again.write_file_num, again.depth()), (2, 4))
+        again.put(record(9))
+        self.assertEqual(self.drain(again), [0, 1, 2, 3, 9])
+
     def test_garbled_size_skips_to_next_good_record(self) -> None:
         q = self.queue()
         q.put_many([record(i) for i in range(6)])
