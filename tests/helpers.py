@@ -17,6 +17,7 @@ from zope.interface import implementer
 
 from nsq_wire.commands import encode_command, mpub
 from nsq_wire.frames import FRAME_TYPE_MESSAGE, MAGIC_V2, FrameReader
+from nsq_wire.gofmt import join_host_port
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.nsqd import NSQD, memory_backend_factory
 from nsqd_tw.options import NSQDOptions
@@ -183,6 +184,7 @@ class InProcessNSQD:
 
         kwargs.setdefault("tcp_address", "127.0.0.1:0")
         kwargs.setdefault("http_address", "127.0.0.1:0")
+        kwargs.setdefault("https_address", "127.0.0.1:0")  # listened on once a --tls-cert is given
         kwargs.setdefault("node_id", 1)
         if "data_path" not in kwargs:
             kwargs["data_path"] = tempfile.mkdtemp(prefix="nsqd-test-")
@@ -197,6 +199,14 @@ class InProcessNSQD:
         self.service.privilegedStartService()
         self.service.startService()
         self.nsqd: NSQD = self.service.nsqd  # type: ignore[attr-defined]
+        from tests.integration.procs import unsafe_listener
+
+        bound = self.service.bound  # type: ignore[attr-defined]
+        for kind, address in (("TCP", bound.tcp), ("HTTP", bound.http), ("HTTPS", bound.https)):
+            why = address and unsafe_listener(join_host_port(*address))
+            if why:
+                self.service.stopService()
+                raise AssertionError(f"in-process nsqd {kind} {why}")
         return self
 
     @property

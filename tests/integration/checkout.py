@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import http.client
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -22,6 +23,8 @@ import sysconfig
 import time
 import urllib.request
 from pathlib import Path
+
+from tests.integration.procs import DEFAULT_PORTS
 
 ROOT = Path(__file__).resolve().parents[2]
 _SKIP = {".git", ".venv", "data", "build", "dist", "__pycache__"}
@@ -108,9 +111,32 @@ def leftovers(checkout: Path) -> list[str]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port for a command that must be told its ports in advance
+    (``scripts/run``, the docs' commands), from below the kernel's ephemeral range:
+    a port that ``bind(0)`` picked and closed is handed out again to the next
+    process that binds or connects, often before the command binds it."""
+    low, _ = ephemeral_range()
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(10_000, max(10_001, low))
+        if port in DEFAULT_PORTS:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
+
+
+def ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def ping(port: int, timeout: float = 2.0) -> bool:

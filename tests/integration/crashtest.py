@@ -143,19 +143,20 @@ def run(kills: int = 20, seed: int | None = None, publishers: int = 2, consumers
     # timeout: 5 s, so the drain below (60 s) always outlasts it, even on a busy machine
     args = ["--mem-queue-size", "0", "--sync-every", "1", "--msg-timeout", "5s", "--data-path", data]
     args += ["--log-level", "warn"]
+    # each start binds new ports (port 0): the ports of a killed nsqd may be taken
+    # by another process before the restart binds them
     proc = ServerProcess("nsqd", "-tcp-address", "127.0.0.1:0", "-http-address", "127.0.0.1:0", *args[:-2])
     proc.start()
-    tcp, http = proc.addresses["TCP"], proc.addresses["HTTP"]
-    port = proc.port()
-    load = Load(port, publishers, consumers)
+    load = Load(proc.port(), publishers, consumers)
     load.start()
     try:
         for k in range(kills):
             time.sleep(rng.uniform(0.2, 1.2))
             proc.kill()
             log(f"kill {k + 1}/{kills}: {len(load.acked)} acknowledged, {len(load.seen)} seen so far")
-            proc = ServerProcess("nsqd", "-tcp-address", tcp, "-http-address", http, *args[:-2])
+            proc = ServerProcess("nsqd", "-tcp-address", "127.0.0.1:0", "-http-address", "127.0.0.1:0", *args[:-2])
             proc.start()
+            load.port = proc.port()  # the clients reconnect there
         load.stop_publishing.set()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -164,7 +165,7 @@ def run(kills: int = 20, seed: int | None = None, publishers: int = 2, consumers
             if not missing:
                 break
             time.sleep(0.1)
-        stats = _channel_stats(http)
+        stats = _channel_stats(proc.addresses["HTTP"])
     finally:
         load.stop.set()
         load.stop_publishing.set()

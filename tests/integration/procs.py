@@ -18,6 +18,21 @@ from pathlib import Path
 from typing import Any
 
 _LISTEN = re.compile(r"(TCP|HTTP|HTTPS): listening on (\S+)")
+# Go's default ports: a test that listens on one fails beside a real nsqd
+DEFAULT_PORTS = {4150, 4151, 4152, 4160, 4161}
+
+
+def unsafe_listener(address: str) -> str | None:
+    """Why a test server must not listen on ``address`` (None: it may): only on
+    loopback, never on a wildcard address or one of Go's default ports."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        return None  # a unix socket's path
+    if host.strip("[]") not in ("127.0.0.1", "::1"):
+        return f"listens on {address}, not on loopback"
+    if int(port) in DEFAULT_PORTS:
+        return f"listens on {address}, a default port (another nsqd may hold it)"
+    return None
 
 
 def command(name: str) -> list[str]:
@@ -54,6 +69,7 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.lines: list[str] = []
         self.addresses: dict[str, str] = {}
+        self.unsafe: list[str] = []  # listeners a test must not use (see unsafe_listener)
         self._drain: threading.Thread | None = None
 
     def start(self, wait_for: tuple[str, ...] = ("TCP", "HTTP"), timeout: float = 15.0) -> ServerProcess:
@@ -91,6 +107,9 @@ class ServerProcess:
         m = _LISTEN.search(line)
         if m:
             self.addresses[m.group(1)] = m.group(2)
+            why = unsafe_listener(m.group(2))
+            if why is not None:
+                self.unsafe.append(f"{self.name} {m.group(1)} {why}")
 
     def _drain_stderr(self, pending: bytes) -> None:
         stream = self.stream
@@ -120,9 +139,13 @@ class ServerProcess:
         return self.wait()
 
     def kill(self) -> None:
+        """Kill the server (a test's cleanup); then fail if it listened where a
+        test must not (beside a running nsqd, that test would fail)."""
         self.signal(signal.SIGKILL)
         if self.proc is not None:
             self.proc.wait()
+        if self.unsafe:
+            raise AssertionError("; ".join(self.unsafe))
 
 
 def storm(address: str, clients: int, request: bytes, answered: bytes, deadline: float = 30.0) -> list[float | None]:

@@ -35,6 +35,8 @@ class PynsqSecureTests(unittest.TestCase):
             "127.0.0.1:0",
             "-http-address",
             "127.0.0.1:0",
+            "-https-address",
+            "127.0.0.1:0",
             "-tls-cert",
             self.certs.cert,
             "-tls-key",

@@ -251,6 +251,8 @@ class SecureSourceTests(unittest.TestCase):
 
     def _secure_run(self, base: str, certs: Any, address: str, auth: Any) -> None:
         nsqd = start_nsqd(
+            "-https-address",
+            "127.0.0.1:0",
             "-tls-cert",
             certs.cert,
             "-tls-key",
