@@ -31,6 +31,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from go_compare import Server, median, ratio_line, rounds_of
@@ -67,23 +69,33 @@ def ping_ok(address: str, timeout: float) -> bool:
         conn.close()
 
 
+@contextmanager
+def started_on(template: str, exe: str) -> Iterator[tuple[Server, float]]:
+    """``exe`` started on a copy of the data path ``template``, once /ping answers;
+    and the seconds from exec to that answer."""
+    data = tempfile.mkdtemp(prefix="worst_day.")
+    shutil.rmtree(data)
+    shutil.copytree(template, data)
+    t0 = time.monotonic()
+    s = Server(exe, ["--data-path", data])
+    try:
+        while not ping_ok(s.http, 600):
+            time.sleep(0.005)
+        yield s, time.monotonic() - t0
+    finally:
+        s.stop()
+        shutil.rmtree(data, ignore_errors=True)
+
+
 def restart(a: argparse.Namespace, servers: dict[str, str]) -> None:
     template = tempfile.mkdtemp(prefix="worst_day.")
     write_data_path(template, a.topics, a.channels)
     figures: dict[str, list[float]] = {n: [] for n in servers}
     try:
         for r, name, exe in rounds_of(servers, a.rounds):
-            data = tempfile.mkdtemp(prefix="worst_day.")
-            shutil.rmtree(data)
-            shutil.copytree(template, data)
-            t0 = time.monotonic()
-            s = Server(exe, ["--data-path", data])
-            while not ping_ok(s.http, 600):
-                time.sleep(0.005)
-            figures[name].append(time.monotonic() - t0)
-            s.stop()
-            shutil.rmtree(data, ignore_errors=True)
-            print(f"round {r + 1} {name:<8} exec → /ping OK {figures[name][-1]:7.2f} s", flush=True)
+            with started_on(template, exe) as (_, seconds):
+                figures[name].append(seconds)
+            print(f"round {r + 1} {name:<8} exec → /ping OK {seconds:7.2f} s", flush=True)
     finally:
         shutil.rmtree(template, ignore_errors=True)
     label = f"{a.topics} topics x {a.channels} channels: s"
@@ -96,25 +108,18 @@ def creates(a: argparse.Namespace, servers: dict[str, str]) -> None:
     figures: dict[str, list[float]] = {n: [] for n in servers}
     try:
         for r, name, exe in rounds_of(servers, a.rounds):
-            data = tempfile.mkdtemp(prefix="worst_day.")
-            shutil.rmtree(data)
-            shutil.copytree(template, data)
-            s = Server(exe, ["--data-path", data])
-            while not ping_ok(s.http, 600):
-                time.sleep(0.005)
-            host, _, port = s.http.rpartition(":")
-            conn = http.client.HTTPConnection(host, int(port), timeout=60)
-            t0 = time.monotonic()
-            for i in range(a.count):
-                conn.request("POST", f"/channel/create?topic=topic{i % a.topics:05d}&channel=new{i // a.topics}")
-                resp = conn.getresponse()
-                resp.read()
-                if resp.status != 200:
-                    raise RuntimeError(f"{name}: /channel/create answered {resp.status}")
-            figures[name].append(a.count / (time.monotonic() - t0))
-            conn.close()
-            s.stop()
-            shutil.rmtree(data, ignore_errors=True)
+            with started_on(template, exe) as (s, _):
+                host, _, port = s.http.rpartition(":")
+                conn = http.client.HTTPConnection(host, int(port), timeout=60)
+                t0 = time.monotonic()
+                for i in range(a.count):
+                    conn.request("POST", f"/channel/create?topic=topic{i % a.topics:05d}&channel=new{i // a.topics}")
+                    resp = conn.getresponse()
+                    resp.read()
+                    if resp.status != 200:
+                        raise RuntimeError(f"{name}: /channel/create answered {resp.status}")
+                figures[name].append(a.count / (time.monotonic() - t0))
+                conn.close()
             print(f"round {r + 1} {name:<8} {figures[name][-1]:8.0f} creates/s", flush=True)
     finally:
         shutil.rmtree(template, ignore_errors=True)

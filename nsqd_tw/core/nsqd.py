@@ -20,18 +20,15 @@ from nsq_service.log import LogGate
 from nsq_service.options import StartError
 from nsq_wire.message import MESSAGE_HEADER_LENGTH, records
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
-from nsq_wire.version import VERSION, version_string
+from nsq_wire.version import version_string
 from nsqd_tw.core.channel import Channel
 from nsqd_tw.core.guid import GUIDFactory
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.metadata import (
     METADATA_FILE,
-    ChannelMeta,
     DirLock,
     MetadataError,
-    TopicMeta,
-    encode_document,
-    encode_topic,
+    MetadataSnapshot,
     read_metadata,
 )
 from nsqd_tw.core.queue import Item
@@ -111,7 +108,7 @@ class NSQD(service.Service):
         self.unsaved = 0
         self.exit_code = 0  # only the process that loaded nsqd.dat may write it
 
-        self._metadata_entries: dict[str, str] = {}  # topic name -> its nsqd.dat entry
+        self._metadata = MetadataSnapshot()
         self._scan_channels: list[Channel] | None = None
         self._scan_refresh_at = 0.0
 
@@ -365,27 +362,13 @@ class NSQD(service.Service):
         return os.path.join(self.opts.data_path, METADATA_FILE)
 
     def metadata(self) -> bytes:
-        """nsqd.dat as it should be now; each topic's entry is encoded again only
-        after it changed, so a snapshot of 10,000 topics is a join, not an encoding."""
-        entries = self._metadata_entries
-        parts = []
-        for t in self.topics.values():
-            if t.ephemeral:
-                continue
-            entry = entries.get(t.name)
-            if entry is None:
-                channels = [ChannelMeta(c.name, c.paused) for c in t.channels.values() if not c.ephemeral]
-                entry = entries[t.name] = encode_topic(TopicMeta(t.name, t.paused, channels))
-            parts.append(entry)
-        return encode_document(parts, VERSION)
+        """nsqd.dat as it should be now."""
+        return self._metadata.encode(self.topics.values())
 
     def metadata_changed(self, topic_name: str | None = None) -> None:
         """Persist nsqd.dat with the next sync (a durable commit waits for it);
         ``topic_name``: the topic whose entry changed (None: every one)."""
-        if topic_name is None:
-            self._metadata_entries.clear()
-        else:
-            self._metadata_entries.pop(topic_name, None)
+        self._metadata.changed(topic_name)
         if self.loading or not self.metadata_loaded or not self.running:
             return
         self.syncer.persist(self.metadata_path, self.metadata)
@@ -415,7 +398,7 @@ class NSQD(service.Service):
                     topic.get_channel(c.name).paused = c.paused
         finally:
             self.loading = False
-            self._metadata_entries.clear()
+            self._metadata.changed(None)
         for topic in self.topics.values():
             topic.start()
 

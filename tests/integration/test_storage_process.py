@@ -18,6 +18,7 @@ from twisted.trial import unittest
 
 from nsq_client.twisted_client import Consumer, connect
 from nsq_wire.commands import mpub
+from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, FrameReader
 from tests.integration import crashtest
 from tests.integration.procs import ServerProcess, command
 
@@ -266,10 +267,11 @@ class DeferredFileTests(StorageProcessTestCase):
         s.sendall(b"  V2SUB d c\nRDY 100\n")
         p = socket.create_connection(("127.0.0.1", port), timeout=30)
         p.sendall(b"  V2")
+        producer, consumer = FrameReader(), FrameReader()
         for i in range(0, 10_000, 100):
             p.sendall(b"".join(b"DPUB d 1\n" + struct.pack(">I", 5) + b"%05d" % (i + j) for j in range(100)))
-            _read_frames(p, 100)
-            for data in _read_frames(s, 100, skip_ok=True):
+            _read_frames(p, producer, 100, FRAME_TYPE_RESPONSE)
+            for data in _read_frames(s, consumer, 100, FRAME_TYPE_MESSAGE):
                 s.sendall(b"FIN %s\n" % data[10:26])
         sizes = {f: os.path.getsize(os.path.join(self.dir, f)) for f in os.listdir(self.dir) if "deferred" in f}
         self.assertTrue(sizes, "DPUBs went through the channel's disk queue")
@@ -279,23 +281,21 @@ class DeferredFileTests(StorageProcessTestCase):
         self.assertEqual(proc.stop(), 0)
 
 
-def _read_frames(s: socket.socket, n: int, skip_ok: bool = False) -> list[bytes]:
-    """Read ``n`` frames (responses must be OK; with ``skip_ok`` OK frames do not count)."""
+def _read_frames(s: socket.socket, reader: FrameReader, n: int, frame_type: int) -> list[bytes]:
+    """The next ``n`` frames of ``frame_type`` (others skipped; an error frame fails)."""
     out: list[bytes] = []
-    buf = b""
     while len(out) < n:
-        while len(buf) < 8 or len(buf) < 4 + struct.unpack(">i", buf[:4])[0]:
+        frame = reader.next()
+        if frame is None:
             chunk = s.recv(65536)
             if not chunk:
                 raise ConnectionError("closed")
-            buf += chunk
-        size, ft = struct.unpack(">ii", buf[:8])
-        data, buf = buf[8 : 4 + size], buf[4 + size :]
-        if ft == 0 and skip_ok:
+            reader.feed(chunk)
             continue
-        if ft == 1:
-            raise AssertionError(data)
-        out.append(data)
+        if frame[0] == FRAME_TYPE_ERROR:
+            raise AssertionError(frame[1])
+        if frame[0] == frame_type:
+            out.append(frame[1])
     return out
 
 
