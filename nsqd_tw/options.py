@@ -175,6 +175,48 @@ class NSQDOptions:
         0,
         "beyond Go: message bytes all disk queues may hold; past it publishes fail (0 = no limit)",
     )
+    max_attempts: int = opt(
+        "max-attempts",
+        INT,
+        0,
+        "beyond Go: default of every channel: deliveries before a message goes to its dead-letter topic (0 = none)",
+    )
+    dead_letter_topic: str = opt(
+        "dead-letter-topic",
+        STRING,
+        "",
+        "beyond Go: default dead-letter topic of every channel (empty = <topic>.dead)",
+    )
+    expire_to_dead_letter: bool = opt(
+        "expire-to-dead-letter",
+        BOOL,
+        False,
+        "beyond Go: default: messages past --max-age go to the channel's dead-letter topic instead of being dropped",
+    )
+    max_age: float = opt(
+        "max-age",
+        DURATION,
+        0.0,
+        "beyond Go: default message TTL of every topic and channel: older messages are never delivered (0 = none)",
+    )
+    max_depth: int = opt(
+        "max-depth",
+        INT,
+        -1,
+        "beyond Go: default bound of every topic and channel in messages (-1 = none; 0 = buffer nothing)",
+    )
+    max_queue_bytes: int = opt(
+        "max-queue-bytes",
+        INT,
+        -1,
+        "beyond Go: default bound of every topic and channel in message bytes, memory and disk (-1 = none)",
+    )
+    overflow: str = opt(
+        "overflow",
+        STRING,
+        "reject",
+        "beyond Go: what a full bounded queue does: reject (publishes fail) or drop_oldest",
+    )
     max_bytes_per_file: int = opt(
         "max-bytes-per-file", INT, 100 * 1024 * 1024, "number of bytes per diskqueue file before rolling"
     )
@@ -307,6 +349,12 @@ class NSQDOptions:
             raise ConfigError("--mem-queue-bytes must be >= 0")
         if self.max_disk_bytes < 0:
             raise ConfigError("--max-disk-bytes must be >= 0")
+        from nsqd_tw.core.settings import SettingsError, check_defaults
+
+        try:
+            check_defaults(self)
+        except SettingsError as e:
+            raise ConfigError(str(e)) from None
         if self.tls_client_auth_policy and self.tls_required == TLS_NOT_REQUIRED:
             self.tls_required = TLS_REQUIRED
         if self.tls_required != TLS_NOT_REQUIRED and not (self.tls_cert and self.tls_key):

@@ -20,6 +20,8 @@ from nsqd_tw.core.pqueue import TimeoutQueue
 from nsqd_tw.core.quantile import Quantile
 from nsqd_tw.core.queue import Context, Item, MessageQueue, as_items
 
+MAX_ATTEMPTS = 65535  # the wire's 16-bit counter stays there instead of wrapping to 0 (nsqio/nsq#1397)
+
 
 class ChannelError(Exception):
     """A refused channel operation; ``str()`` is Go's text."""
@@ -68,6 +70,7 @@ class Channel(MessageQueue):
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
+        self.dead_letter_count = 0
         self.e2e: Quantile | None = None
         if opts.e2e_processing_latency_percentiles:
             self.e2e = Quantile(
@@ -155,6 +158,34 @@ class Channel(MessageQueue):
         if mark is not None:
             self._unwrite(mark, written)
 
+    def _back(self, msg: Message) -> None:
+        """A message delivered comes back (REQ, timeout, its consumer gone): queued
+        again, or past ``max_attempts`` moved to the dead-letter topic."""
+        if not self._dead_at_return(msg):
+            self._put(msg)
+
+    def _dead_at_return(self, msg: Message) -> bool:
+        """Whether ``msg``, back from a consumer, was moved to the dead-letter topic."""
+        limit = self.policy.max_attempts
+        return bool(limit) and msg.attempts >= limit and self._dead_letter(msg, "max_attempts")
+
+    def _dead_letter(self, msg: Message, why: str) -> bool:
+        """Publish ``msg`` to the dead-letter topic (False: it has none, or it
+        could not take the message: then it stays here)."""
+        target = self.policy.dead_letter_to(self.topic_name)
+        if target is None or not self.ctx.dead_letter(self, target, msg, why):
+            return False
+        if msg.ref is not None:  # durable: done only now, so a crash before leaves it here too
+            self.backend.done(msg.ref)
+        self.dead_letter_count += 1
+        return True
+
+    def expired(self, msg: Message) -> None:
+        if self.policy.expire_to_dead_letter and self._dead_letter(msg, "max_age"):
+            self.expired_count += 1
+            return
+        super().expired(msg)
+
     def _put(self, msg: Message) -> None:
         """Queue a message coming back (REQ, timeout, release): it is never dropped."""
         if (
@@ -200,6 +231,8 @@ class Channel(MessageQueue):
         now = self.ctx.now()
         push = self.in_flight.push
         pop = self._pop
+        max_age = self.policy.max_age
+        expire_before = int((now - max_age) * 1e9) if max_age else 0
         while misses < n:
             c = consumers[i % n]
             i += 1
@@ -207,12 +240,17 @@ class Channel(MessageQueue):
                 misses += 1
                 continue
             msg = pop()
+            if expire_before:
+                while msg is not None and msg.timestamp < expire_before:
+                    self.expired(msg)  # never delivered past its TTL
+                    msg = pop()
             if msg is None:
                 break
             misses = 0
             if c.sample_rate and random.randrange(100) > c.sample_rate:
                 continue
-            msg.attempts += 1
+            if msg.attempts < MAX_ATTEMPTS:
+                msg.attempts += 1
             msg.client_id = c.id
             msg.delivery_ts = now
             push(msg, now + c.msg_timeout)
@@ -249,7 +287,7 @@ class Channel(MessageQueue):
         for msg in mine:
             self.in_flight.remove(msg.id)
             self.requeue_count += 1
-            self._put(msg)
+            self._back(msg)
         if not self.clients and self.ephemeral:
             self.ctx.channel_emptied(self)
         elif mine:
@@ -287,7 +325,9 @@ class Channel(MessageQueue):
         if delay <= 0:
             if self.exiting:
                 raise ChannelError("exiting")
-            self._put(msg)
+            self._back(msg)
+            return
+        if self._dead_at_return(msg):
             return
         if msg.id not in self.deferred:
             due = self.ctx.now() + delay
@@ -314,7 +354,7 @@ class Channel(MessageQueue):
             client = self.clients.get(msg.client_id)
             if client is not None:
                 client.timed_out_message()
-            self._put(msg)
+            self._back(msg)
         return dirty
 
     def process_deferred(self, now: float) -> bool:

@@ -25,6 +25,7 @@ METADATA_FILE = "nsqd.dat"
 class ChannelMeta:
     name: str
     paused: bool = False
+    settings: Any = None  # beyond Go: the channel's own settings (JSON), an extra key Go ignores
 
 
 @dataclass
@@ -32,6 +33,7 @@ class TopicMeta:
     name: str
     paused: bool = False
     channels: list[ChannelMeta] = field(default_factory=list)
+    settings: Any = None
 
 
 class MetadataError(Exception):
@@ -40,12 +42,18 @@ class MetadataError(Exception):
 
 def encode_topic(t: TopicMeta) -> str:
     """One topic's entry of nsqd.dat (what :func:`encode_document` joins)."""
-    doc = {
+    doc: dict[str, Any] = {
         "name": t.name,
         "paused": t.paused,
-        "channels": [{"name": c.name, "paused": c.paused} for c in t.channels] or None,
+        "channels": [_with_settings({"name": c.name, "paused": c.paused}, c.settings) for c in t.channels] or None,
     }
-    return json.dumps(doc, separators=(",", ":"))
+    return json.dumps(_with_settings(doc, t.settings), separators=(",", ":"))
+
+
+def _with_settings(doc: dict[str, Any], settings: Any) -> dict[str, Any]:
+    if settings:  # only then: with none set, nsqd.dat is Go's byte for byte
+        doc["settings"] = settings
+    return doc
 
 
 def encode_document(topics: list[str], version: str) -> bytes:
@@ -65,6 +73,7 @@ class _Queue(Protocol):
     def paused(self) -> bool: ...
     @property
     def ephemeral(self) -> bool: ...
+    def settings_json(self) -> dict[str, Any]: ...
 
 
 class _Topic(_Queue, Protocol):
@@ -95,8 +104,10 @@ class MetadataSnapshot:
                 continue
             entry = entries.get(t.name)
             if entry is None:
-                channels = [ChannelMeta(c.name, c.paused) for c in t.channels.values() if not c.ephemeral]
-                entry = entries[t.name] = encode_topic(TopicMeta(t.name, t.paused, channels))
+                channels = [
+                    ChannelMeta(c.name, c.paused, c.settings_json()) for c in t.channels.values() if not c.ephemeral
+                ]
+                entry = entries[t.name] = encode_topic(TopicMeta(t.name, t.paused, channels, t.settings_json()))
             parts.append(entry)
         return encode_document(parts, VERSION)
 
@@ -178,9 +189,26 @@ class _GoTypes:
                 cf = self.fields(
                     c, "ChannelMetadata", "topics.channels.", {"name": (str, "string"), "paused": (bool, "bool")}
                 )
-                channels.append(ChannelMeta(cf.get("name", ""), cf.get("paused", False)))
-            topics.append(TopicMeta(f.get("name", ""), f.get("paused", False), channels))
+                channels.append(ChannelMeta(cf.get("name", ""), cf.get("paused", False), _settings_of(c)))
+            topics.append(TopicMeta(f.get("name", ""), f.get("paused", False), channels, _settings_of(t)))
         return topics
+
+
+def _settings_of(obj: _Object) -> Any:
+    """Our extra ``settings`` key of a topic or channel entry, as plain JSON (None if absent)."""
+    found = None
+    for key, value in obj:
+        if key == "settings":
+            found = value
+    return _plain(found)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, _Object):
+        return {k: _plain(v) for k, v in value}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _no_constant(name: str) -> Any:

@@ -14,8 +14,10 @@ from typing import Any, Protocol
 from twisted.application import service
 from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
+from twisted.logger import LogLevel
 from twisted.python.failure import Failure
 
+from nsq_service.limits import RateLimitedLog
 from nsq_service.log import LogGate
 from nsq_service.options import StartError
 from nsq_wire.message import MESSAGE_HEADER_LENGTH, records
@@ -31,7 +33,8 @@ from nsqd_tw.core.metadata import (
     MetadataSnapshot,
     read_metadata,
 )
-from nsqd_tw.core.queue import Item
+from nsqd_tw.core.queue import Item, MessageQueue
+from nsqd_tw.core.settings import SettingsError, defaults_from_options, parse_settings
 from nsqd_tw.core.topic import Topic, TopicError
 from nsqd_tw.options import NSQDOptions
 from nsqd_tw.storage.backend import DummyBackendQueue, IBackendQueue, MemoryBackendQueue
@@ -51,6 +54,9 @@ class Client(Protocol):
     def shutdown(self) -> None:
         """nsqd is stopping: give back what it holds and close."""
 
+
+SWEEP_INTERVAL = 1.0  # seconds between passes of the TTL sweep
+SWEEP_LIMIT = 100_000  # messages a pass may expire (then the reactor serves others)
 
 BackendFactory = Callable[[str, bool], IBackendQueue]
 
@@ -109,6 +115,11 @@ class NSQD(service.Service):
         self.exit_code = 0  # only the process that loaded nsqd.dat may write it
 
         self._metadata = MetadataSnapshot()
+        # beyond Go: the flags' settings, under every queue's own; the queues with a TTL
+        self.settings_defaults = defaults_from_options(opts)
+        self._ttl_queues: dict[MessageQueue, None] = {}
+        self._ttl_swept_at = 0.0
+        self._queue_events = RateLimitedLog(self.reactor, self.log)
         self._scan_channels: list[Channel] | None = None
         self._scan_refresh_at = 0.0
 
@@ -208,6 +219,7 @@ class NSQD(service.Service):
         if topic is not None:
             return topic
         topic = Topic(name, self)
+        topic.apply_policies()
         self.topics[name] = topic
         self.log.info("TOPIC({name}): created", name=name)
         self._changed("topic_created", topic)
@@ -280,7 +292,62 @@ class NSQD(service.Service):
         self._changed("topic_deleted", topic)  # as Go: the topic's UNREGISTER, then its channels'
         topic.delete()
         del self.topics[name]
+        self._ttl_queues.pop(topic, None)
         self._scan_channels = None
+
+    # -- beyond Go: settings, dead letters, TTL ------------------------------------------
+
+    def policy_changed(self, queue: MessageQueue) -> None:
+        """A topic's or channel's policy changed: the TTL sweep looks at it or not."""
+        if queue.policy.max_age:
+            self._ttl_queues[queue] = None
+        else:
+            self._ttl_queues.pop(queue, None)
+
+    def dead_letter(self, channel: Channel, target: str, msg: Message, why: str) -> bool:
+        """Publish a copy of ``msg`` (ID, timestamp, attempts and body kept) to
+        the topic ``target``; False if it could not be stored there."""
+        if target == channel.topic_name:
+            return False
+        try:
+            topic = self.get_topic(target)
+            topic.put_items([msg.encode()], len(msg.body))
+        except Exception as e:
+            err = e
+            self._queue_events.emit(
+                (target, "failed"),
+                LogLevel.error,
+                lambda n: f"TOPIC({target}): failed to take {n['n']} dead letter(s), kept in their channel - {err}",
+                n=1,
+            )
+            return False
+        self._queue_events.emit(
+            (channel.topic_name, channel.name, why),
+            LogLevel.info,
+            lambda n: (
+                f"CHANNEL({channel.topic_name}:{channel.name}): {n['n']} message(s) moved to dead-letter topic "
+                f"{target} ({'max_attempts' if why == 'max_attempts' else 'max_age'} reached)"
+            ),
+            n=1,
+        )
+        return True
+
+    def sweep_expired(self, now: float) -> None:
+        """Drop (or dead-letter) what passed its TTL from the heads of the queues
+        with one, at most :data:`SWEEP_LIMIT` messages a pass, once a second."""
+        if not self._ttl_queues or now < self._ttl_swept_at + SWEEP_INTERVAL:
+            return
+        self._ttl_swept_at = now
+        budget = SWEEP_LIMIT
+        now_ns = int(now * 1e9)
+        for queue in list(self._ttl_queues):
+            if budget <= 0:
+                self._ttl_swept_at = now - SWEEP_INTERVAL  # more to do: again next tick
+                break
+            try:
+                budget -= queue.expire(now_ns - int(queue.policy.max_age * 1e9), budget)
+            except Exception:
+                self.log.failure("TTL: failed to expire messages of {queue}", queue=queue)
 
     def channels(self) -> list[Channel]:
         return [c for t in self.topics.values() for c in t.channels.values()]
@@ -293,6 +360,7 @@ class NSQD(service.Service):
 
     def channel_deleted(self, channel: Channel) -> None:
         self._scan_channels = None
+        self._ttl_queues.pop(channel, None)
         self._changed("channel_deleted", channel)
 
     def channel_emptied(self, channel: Channel) -> None:
@@ -340,6 +408,7 @@ class NSQD(service.Service):
             if channels is None or now >= self._scan_refresh_at:
                 channels = self._scan_channels = self.channels()
                 self._scan_refresh_at = now + self.opts.queue_scan_refresh_interval
+            self.sweep_expired(now)
             if not channels:
                 return
             num = min(self.opts.queue_scan_selection_count, len(channels))
@@ -391,16 +460,29 @@ class NSQD(service.Service):
                     continue
                 topic = self.get_topic(t.name)
                 topic.paused = t.paused
+                topic.own_settings = self._loaded_settings(t.settings, t.name)
                 for c in t.channels:
                     if not is_valid_channel_name(c.name):
                         self.log.warn("skipping creation of invalid channel {name}", name=c.name)
                         continue
-                    topic.get_channel(c.name).paused = c.paused
+                    channel = topic.get_channel(c.name)
+                    channel.paused = c.paused
+                    channel.own_settings = self._loaded_settings(c.settings, f"{t.name}:{c.name}")
+                topic.apply_policies()
         finally:
             self.loading = False
             self._metadata.changed(None)
         for topic in self.topics.values():
             topic.start()
+
+    def _loaded_settings(self, doc: Any, where: str) -> dict[str, Any]:
+        if doc is None:
+            return {}
+        try:
+            return {k: v for k, v in parse_settings(doc).items() if v is not None}
+        except SettingsError as e:
+            self.log.warn("ignoring the settings of {where} in nsqd.dat - {err}", where=where, err=e)
+            return {}
 
     def persist_metadata(self) -> None:
         self.log.info("NSQ: persisting topic/channel metadata to {path}", path=self.metadata_path)
@@ -448,6 +530,7 @@ class NSQD(service.Service):
         """Disconnect clients, let a running sync finish, then close every topic
         (each channel hands what it holds to its disk queue), persist, unlock."""
         service.Service.stopService(self)
+        self._queue_events.stop()
         self.disk_budget.enforcing = False  # what is held in memory goes to disk whatever it costs
         for client in list(self.clients.values()):
             client.shutdown()

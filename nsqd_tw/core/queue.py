@@ -16,8 +16,9 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from nsq_wire.message import MESSAGE_HEADER_LENGTH
+from nsq_wire.message import MESSAGE_HEADER_LENGTH, TIMESTAMP
 from nsqd_tw.core.message import Message
+from nsqd_tw.core.settings import Policy, settings_json
 from nsqd_tw.options import NSQDOptions
 from nsqd_tw.storage.backend import IBackendQueue
 
@@ -27,6 +28,14 @@ Item = bytes | Message
 
 def body_size(item: Item) -> int:
     return len(item) - MESSAGE_HEADER_LENGTH if isinstance(item, bytes) else len(item.body)
+
+
+def timestamp(item: Item) -> int:
+    return TIMESTAMP.unpack_from(item)[0] if isinstance(item, bytes) else item.timestamp
+
+
+class QueueFull(Exception):
+    """A publish refused by a bounded queue (``overflow: reject``); ``str()`` names the limit."""
 
 
 def as_items(msgs: Sequence[Message]) -> list[Item]:
@@ -49,6 +58,11 @@ class Context(Protocol):
     def metadata_changed(self, topic_name: str | None = None) -> None: ...
     def could_not_save(self, queue: str, lost: int, total: int, err: Exception) -> None: ...
     def could_not_close(self, what: str, err: Exception) -> None: ...
+    def policy_changed(self, queue: Any) -> None: ...
+    def dead_letter(self, channel: Any, target: str, msg: Message, why: str) -> bool: ...
+
+    settings_defaults: dict[str, Any]
+
     def channel_created(self, channel: Any) -> None: ...
     def channel_deleted(self, channel: Any) -> None: ...
     def channel_emptied(self, channel: Any) -> None: ...
@@ -78,9 +92,130 @@ class MessageQueue:
         self.memory_bytes = 0  # the bodies' bytes in self.memory
         self.backend = ctx.new_backend(backend_name, ephemeral)
         self._take_backend = False
+        # beyond Go: the queue's own settings and what applies (see nsqd_tw.core.settings)
+        self.own_settings: dict[str, Any] = {}
+        self.policy = Policy()
+        self.expired_count = 0
+        self.dropped_count = 0
 
     def depth(self) -> int:
         return len(self.memory) + self.backend.depth()
+
+    def queued_bytes(self) -> int:
+        """The bytes a ``max_bytes`` bound counts: memory_bytes + backend_bytes of /stats."""
+        return self.memory_bytes + getattr(self.backend, "queued_bytes", 0)
+
+    def settings_json(self) -> dict[str, Any]:
+        return settings_json(self.own_settings)
+
+    def set_policy(self, policy: Policy) -> None:
+        if policy != self.policy:
+            self.policy = policy
+            self.ctx.policy_changed(self)
+
+    # -- beyond Go: TTL and bounds ------------------------------------------------------
+
+    def would_overflow(self, n: int, size: int) -> str | None:
+        """Whether ``n`` more messages of ``size`` bytes would pass a bound this
+        queue rejects at: the bound's description, else None."""
+        policy = self.policy
+        if policy.overflow != "reject":
+            return None
+        if policy.max_depth is not None and self.depth() + n > policy.max_depth:
+            return f"max_depth {policy.max_depth} reached"
+        if policy.max_bytes is not None and self.queued_bytes() + size > policy.max_bytes:
+            return f"max_bytes {policy.max_bytes} reached"
+        return None
+
+    def trim(self) -> int:
+        """``overflow: drop_oldest``: drop the oldest queued messages past the bounds."""
+        policy = self.policy
+        if policy.overflow != "drop_oldest":
+            return 0
+        dropped = 0
+        while (policy.max_depth is not None and self.depth() > policy.max_depth) or (
+            policy.max_bytes is not None and self.queued_bytes() > policy.max_bytes and self.depth()
+        ):
+            msg = self._take_oldest()
+            if msg is None:
+                break
+            self._discard(msg)
+            self.dropped_count += 1
+            dropped += 1
+        return dropped
+
+    def expire(self, before_ns: int, limit: int) -> int:
+        """Drop (or dead-letter) queued messages published before ``before_ns``,
+        oldest first, at most ``limit``; a queue left empty gives its files back."""
+        n = 0
+        while n < limit:
+            mem, disk = self._heads()
+            if disk is not None and (mem is None or disk < mem):
+                if disk >= before_ns:
+                    break
+            elif mem is None or mem >= before_ns:
+                break
+            msg = self._take_oldest()
+            if msg is None:
+                break
+            if msg.timestamp >= before_ns:  # a head that could not be looked at: put it back
+                self._hold_first(msg)
+                break
+            self.expired(msg)
+            n += 1
+        if n and not self.depth():
+            self.backend.release_files()
+        return n
+
+    def expired(self, msg: Message) -> None:
+        """A message past the TTL leaves the queue (a channel may dead-letter it)."""
+        self.expired_count += 1
+        self._discard(msg)
+
+    def _discard(self, msg: Message) -> None:
+        if msg.ref is not None:
+            self.backend.done(msg.ref)
+
+    def _heads(self) -> tuple[int | None, int | None]:
+        """The publish times of memory's first message and the backend's (-1: the
+        backend's head could not be looked at; None: empty)."""
+        mem = timestamp(self.memory[0]) if self.memory else None
+        disk = None
+        if self.backend.depth():
+            record = self.backend.peek()
+            disk = timestamp(record) if record is not None and len(record) >= 8 else -1
+        return mem, disk
+
+    def oldest_timestamp(self) -> int | None:
+        mem, disk = self._heads()
+        if disk is None or disk < 0:
+            return mem
+        return disk if mem is None else min(mem, disk)
+
+    def _take_oldest(self) -> Message | None:
+        """Remove and return the older of memory's first message and the backend's."""
+        mem, disk = self._heads()
+        if disk is not None and (mem is None or disk < mem):  # a tie: memory (filled first)
+            item = self.backend.read()
+            if item is not None:
+                data, ref = item
+                try:
+                    msg = Message.decode(data)
+                except ValueError:
+                    self.backend.done(ref)
+                    return self._take_oldest()
+                msg.ref = ref
+                self.backend.take_deferred(msg.id)
+                return msg
+        if not self.memory:
+            return None
+        held = self.memory.popleft()
+        self.memory_bytes -= body_size(held)
+        return Message.decode(held) if isinstance(held, bytes) else held
+
+    def _hold_first(self, msg: Message) -> None:
+        self.memory.appendleft(msg)
+        self.memory_bytes += len(msg.body)
 
     def queued(self) -> list[Message]:
         """What memory holds, as messages (for inspection: tests and tools)."""

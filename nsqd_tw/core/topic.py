@@ -8,13 +8,15 @@ the channels.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from nsq_wire.names import is_ephemeral
 from nsqd_tw.core.channel import Channel, ChannelError
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.quantile import Quantile
-from nsqd_tw.core.queue import Context, Item, MessageQueue, as_items, body_size
+from nsqd_tw.core.queue import Context, Item, MessageQueue, QueueFull, as_items, body_size
+from nsqd_tw.core.settings import SettingsError, merge_settings, resolve
 
 PUMP_BATCH = 512
 
@@ -40,6 +42,7 @@ class Topic(MessageQueue):
 
         self.message_count = 0
         self.message_bytes = 0
+        self._bounded: list[MessageQueue] = []  # beyond Go: this topic and its channels with a bound
 
     def __repr__(self) -> str:
         return f"<Topic {self.name}>"
@@ -59,6 +62,8 @@ class Topic(MessageQueue):
         """Publish records (and deferred messages) holding ``body_bytes`` of bodies."""
         if self.exiting:
             raise TopicError("exiting")
+        if self._bounded:
+            self._check_bounds(len(items), body_bytes)
         if self._flowing():
             self._deliver(items)
         else:
@@ -66,6 +71,22 @@ class Topic(MessageQueue):
             self._schedule_pump()
         self.message_count += len(items)
         self.message_bytes += body_bytes
+        if self._bounded:
+            self._trim()
+
+    def _check_bounds(self, n: int, size: int) -> None:
+        """``overflow: reject``: refuse the whole publish if it would pass a bound."""
+        flowing = self._flowing()
+        for queue in self._bounded:
+            if queue is self and flowing:
+                continue  # nothing stays in the topic
+            reason = queue.would_overflow(n, size)
+            if reason is not None:
+                raise QueueFull(f"{queue.save_name} {reason} (overflow reject)")
+
+    def _trim(self) -> None:
+        for queue in self._bounded:
+            queue.trim()
 
     def _keep(self, items: list[Item]) -> None:
         """Keep messages until they can flow: memory first, then one backend write.
@@ -139,10 +160,14 @@ class Topic(MessageQueue):
         batch: list[Message] = []
         refs: list[object] = []
         now_ns = self.ctx.now_ns()
+        expire_before = now_ns - int(self.policy.max_age * 1e9) if self.policy.max_age else 0
         while len(batch) < PUMP_BATCH:
             msg, at = self._next()
             if msg is None:
                 break
+            if msg.timestamp < expire_before:
+                self.expired(msg)
+                continue
             if msg.ref is not None:
                 refs.append(msg.ref)  # durable mode: done once the channels hold it
                 msg.ref = None
@@ -153,6 +178,8 @@ class Topic(MessageQueue):
             self._deliver(as_items(batch), from_backlog=True)
         for ref in refs:
             self.backend.done(ref)
+        if self._bounded:
+            self._trim()
         self._schedule_pump()
 
     # -- channels --------------------------------------------------------
@@ -174,10 +201,33 @@ class Topic(MessageQueue):
         if channel is None:
             channel = Channel(self.name, name, self.ctx)
             self.channels[name] = channel
+            self.apply_policies()
             self.ctx.log.info("TOPIC({topic}): new channel({channel})", topic=self.name, channel=name)
             self.ctx.channel_created(channel)
             self._schedule_pump()
         return channel
+
+    # -- settings (beyond Go) ----------------------------------------------------
+
+    def update_settings(self, changes: Mapping[str, Any], channel: Channel | None = None) -> None:
+        """Set (a value) or clear (None) own settings of this topic or of one of
+        its channels; raises :class:`SettingsError` for a dead-letter loop."""
+        target: MessageQueue = self if channel is None else channel
+        own = merge_settings(target.own_settings, changes)
+        if own.get("dead_letter_topic") == self.name:
+            raise SettingsError("dead_letter_topic must not be the topic itself")
+        target.own_settings = own
+        self.apply_policies()
+        if not target.ephemeral:
+            self.ctx.metadata_changed(self.name)
+
+    def apply_policies(self) -> None:
+        """What applies to this topic and its channels, after a change of settings."""
+        defaults = self.ctx.settings_defaults
+        self.set_policy(resolve(self.own_settings, defaults))
+        for c in self.channels.values():
+            c.set_policy(resolve(c.own_settings, self.own_settings, defaults))
+        self._bounded = [q for q in (self, *self.channels.values()) if q.policy.bounded]
 
     def get_existing_channel(self, name: str) -> Channel:
         channel = self.channels.get(name)
@@ -192,6 +242,7 @@ class Topic(MessageQueue):
         self.ctx.log.info("TOPIC({topic}): deleting channel {channel}", topic=self.name, channel=name)
         channel.delete()
         del self.channels[name]
+        self.apply_policies()
         self.ctx.channel_deleted(channel)
         if not self.channels and self.ephemeral:
             self.ctx.topic_emptied(self)

@@ -6,6 +6,7 @@ Go's response conventions and httprouter's routing come from
 
 from __future__ import annotations
 
+import json
 import socket
 from typing import Any
 
@@ -30,6 +31,8 @@ from nsq_wire.errors import FatalClientError
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
 from nsq_wire.version import VERSION, version_string
 from nsqd_tw.core.nsqd import NSQD
+from nsqd_tw.core.queue import QueueFull
+from nsqd_tw.core.settings import SettingsError, parse_settings
 from nsqd_tw.core.topic import TopicError
 from nsqd_tw.http.stats import get_stats, print_stats
 from nsqd_tw.lookup import split_host_port
@@ -124,8 +127,8 @@ class NSQDHTTPAPI(GoHTTPAPI):
             committed = self.nsqd.publish(topic, bodies, delay)
         except Exception as e:
             self.log.error("HTTP: failed to publish to {topic} - {err}", topic=topic, err=e)
-            # Go answers EXITING to any failed put; the budget (beyond Go) is named
-            raise HTTPError(503, "DISK_BUDGET_FULL" if isinstance(e, DiskBudgetFull) else "EXITING") from None
+            # Go answers EXITING to any failed put; the budget and the bounds (beyond Go) are named
+            raise HTTPError(503, _publish_refusal(e)) from None
         if committed is None:
             return "OK"
 
@@ -284,6 +287,57 @@ class NSQDHTTPAPI(GoHTTPAPI):
         self._existing_channel(request).unpause()
         return self._persisted()
 
+    # -- beyond Go: per-topic and per-channel settings ----------------------------
+
+    SETTINGS_BODY = 64 * 1024
+
+    def _settings_changes(self, request: Request) -> dict[str, Any] | None:
+        """PUT: the settings sent (JSON object; null clears a key); GET: None."""
+        if request.method != b"PUT":
+            return None
+        data = read_body(request, self.SETTINGS_BODY + 1)
+        if len(data) > self.SETTINGS_BODY:
+            raise HTTPError(413, "BODY_TOO_BIG")
+        try:
+            return parse_settings(json.loads(data or b"null"))
+        except (ValueError, RecursionError) as e:
+            text = str(e) if isinstance(e, SettingsError) else "body is not JSON"
+            raise HTTPError(400, f"INVALID_SETTINGS: {text}") from None
+
+    def _settings_answer(self, request: Request, topic: Any, channel: Any, changes: dict[str, Any] | None) -> Any:
+        if changes is not None:
+            try:
+                topic.update_settings(changes, channel)
+            except SettingsError as e:
+                raise HTTPError(400, f"INVALID_SETTINGS: {e}") from None
+        queue = channel if channel is not None else topic
+        answer: dict[str, Any] = {"topic": topic.name}
+        if channel is not None:
+            answer["channel"] = channel.name
+        answer["settings"] = queue.settings_json()
+        answer["effective"] = queue.policy.as_json(topic.name)
+        if changes is None:
+            return answer
+        d = self._persisted()
+        return answer if d is None else d.addCallback(lambda _: answer)
+
+    @route("/topic/settings", "GET", "PUT", body=lambda api: api.SETTINGS_BODY)
+    def topic_settings(self, request: Request) -> Any:
+        changes = self._settings_changes(request)
+        _, name = self._topic_from_query(request)
+        try:
+            topic = self.nsqd.get_existing_topic(name)
+        except TopicError:
+            raise HTTPError(404, "TOPIC_NOT_FOUND") from None
+        return self._settings_answer(request, topic, None, changes)
+
+    @route("/channel/settings", "GET", "PUT", body=lambda api: api.SETTINGS_BODY)
+    def channel_settings(self, request: Request) -> Any:
+        changes = self._settings_changes(request)
+        channel = self._existing_channel(request)
+        topic = self.nsqd.get_existing_topic(channel.topic_name)
+        return self._settings_answer(request, topic, channel, changes)
+
     @route("/stats", "GET")
     def stats(self, request: Request) -> Any:
         params = self.query(request)
@@ -340,6 +394,14 @@ class NSQDHTTPAPI(GoHTTPAPI):
         if self._registry is None:
             self._registry = make_registry(self.nsqd, self.gc_pauses)
         return self.finish(request, 200, render(self._registry), CONTENT_TYPE, nsq=False)
+
+
+def _publish_refusal(e: Exception) -> str:
+    if isinstance(e, DiskBudgetFull):
+        return "DISK_BUDGET_FULL"
+    if isinstance(e, QueueFull):
+        return f"QUEUE_FULL: {e}"
+    return "EXITING"
 
 
 def _read_binary_mpub(data: bytes, max_msg: int, max_body: int) -> list[bytes]:

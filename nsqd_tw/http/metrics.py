@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from nsq_service.memstats import GCPauses, mem_stats
+from nsq_wire.gofmt import parse_duration
 from nsqd_tw.core.nsqd import NSQD
 from nsqd_tw.http.stats import get_stats
 
@@ -55,6 +56,8 @@ class NSQDCollector:
         t_paused = GaugeMetricFamily("nsq_topic_paused", "1 if the topic is paused", labels=t_labels)
         t_mem = GaugeMetricFamily("nsq_topic_memory_bytes", "message bytes held in memory", labels=t_labels)
         t_disk = GaugeMetricFamily("nsq_topic_backend_bytes", "message bytes on disk not yet read", labels=t_labels)
+        t_expired = CounterMetricFamily("nsq_topic_expired", "messages dropped past max_age", labels=t_labels)
+        t_dropped = CounterMetricFamily("nsq_topic_dropped", "messages dropped (drop_oldest)", labels=t_labels)
 
         c_labels = ["topic", "channel"]
         c_depth = GaugeMetricFamily("nsq_channel_depth", "messages queued (memory and disk)", labels=c_labels)
@@ -69,6 +72,19 @@ class NSQDCollector:
         c_mem = GaugeMetricFamily("nsq_channel_memory_bytes", "message bytes held in memory", labels=c_labels)
         c_disk = GaugeMetricFamily(
             "nsq_channel_backend_bytes", "message bytes on disk not yet read (or finished)", labels=c_labels
+        )
+        c_dead = CounterMetricFamily(
+            "nsq_channel_dead_letters", "messages moved to the dead-letter topic", labels=c_labels
+        )
+        c_expired = CounterMetricFamily("nsq_channel_expired", "messages past max_age", labels=c_labels)
+        c_dropped = CounterMetricFamily(
+            "nsq_channel_dropped", "messages dropped by overflow drop_oldest", labels=c_labels
+        )
+        setting = GaugeMetricFamily(
+            "nsq_queue_setting",
+            "settings that apply to a topic (channel empty) or channel: max_attempts, max_age_seconds, "
+            "max_depth, max_bytes",
+            labels=["topic", "channel", "setting"],
         )
         e2e = GaugeMetricFamily(
             "nsq_channel_e2e_processing_latency_seconds",
@@ -92,6 +108,9 @@ class NSQDCollector:
             t_paused.add_metric(tl, 1 if t["paused"] else 0)
             t_mem.add_metric(tl, t["memory_bytes"])
             t_disk.add_metric(tl, t["backend_bytes"])
+            t_expired.add_metric(tl, t["expired_count"])
+            t_dropped.add_metric(tl, t["dropped_count"])
+            _add_settings(setting, [t["topic_name"], ""], t.get("settings"))
             for c in t["channels"]:
                 cl = [t["topic_name"], c["channel_name"]]
                 c_depth.add_metric(cl, c["depth"])
@@ -105,6 +124,10 @@ class NSQDCollector:
                 c_paused.add_metric(cl, 1 if c["paused"] else 0)
                 c_mem.add_metric(cl, c["memory_bytes"])
                 c_disk.add_metric(cl, c["backend_bytes"])
+                c_dead.add_metric(cl, c["dead_letter_count"])
+                c_expired.add_metric(cl, c["expired_count"])
+                c_dropped.add_metric(cl, c["dropped_count"])
+                _add_settings(setting, cl, c.get("settings"))
                 for p in c["e2e_processing_latency"]["percentiles"] or []:
                     e2e.add_metric([*cl, _num(p["quantile"])], p["value"] / 1e9)
                 for k in c["clients"] or []:
@@ -114,9 +137,9 @@ class NSQDCollector:
                     k_msgs.add_metric(kl, k["message_count"])
                     k_fin.add_metric(kl, k["finish_count"])
                     k_req.add_metric(kl, k["requeue_count"])
-        yield from (t_depth, t_backend, t_msgs, t_bytes, t_paused, t_mem, t_disk)
+        yield from (t_depth, t_backend, t_msgs, t_bytes, t_paused, t_mem, t_disk, t_expired, t_dropped)
         yield from (c_depth, c_backend, c_inflight, c_deferred, c_msgs, c_requeue, c_timeout, c_clients, c_paused)
-        yield from (c_mem, c_disk, e2e)
+        yield from (c_mem, c_disk, c_dead, c_expired, c_dropped, setting, e2e)
         yield from (k_ready, k_inflight, k_msgs, k_fin, k_req)
 
         producers = CounterMetricFamily(
@@ -156,3 +179,15 @@ def make_registry(nsqd: NSQD, gc_pauses: GCPauses | None = None) -> CollectorReg
 def render(registry: CollectorRegistry) -> bytes:
     data: Any = generate_latest(registry)
     return bytes(data)
+
+
+def _add_settings(family: GaugeMetricFamily, labels: list[str], settings: dict[str, Any] | None) -> None:
+    if not settings:
+        return
+    if settings["max_attempts"]:
+        family.add_metric([*labels, "max_attempts"], settings["max_attempts"])
+    if settings["max_age"]:
+        family.add_metric([*labels, "max_age_seconds"], parse_duration(settings["max_age"]))
+    for key in ("max_depth", "max_bytes"):
+        if settings[key] is not None:
+            family.add_metric([*labels, key], settings[key])

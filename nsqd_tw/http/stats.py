@@ -97,7 +97,16 @@ def channel_stats(c: Channel, clients: list[dict[str, Any]] | None, now: float) 
         # beyond Go (after Go's keys): bytes held in memory, and on disk not yet read
         "memory_bytes": c.memory_bytes,
         "backend_bytes": getattr(c.backend, "queued_bytes", 0),
+        "dead_letter_count": c.dead_letter_count,
+        "expired_count": c.expired_count,
+        "dropped_count": c.dropped_count,
+        **_settings(c, c.topic_name),
     }
+
+
+def _settings(q: Topic | Channel, topic_name: str) -> dict[str, Any]:
+    """Beyond Go: what applies to the queue, when anything beyond Go does."""
+    return {"settings": q.policy.as_json(topic_name)} if q.policy.active else {}
 
 
 def topic_stats(t: Topic, channels: list[dict[str, Any]], now: float) -> dict[str, Any]:
@@ -113,6 +122,9 @@ def topic_stats(t: Topic, channels: list[dict[str, Any]], now: float) -> dict[st
         "e2e_processing_latency": agg.result(now) if agg is not None else EMPTY_RESULT,
         "memory_bytes": t.memory_bytes,
         "backend_bytes": getattr(t.backend, "queued_bytes", 0),
+        "expired_count": t.expired_count,
+        "dropped_count": t.dropped_count,
+        **_settings(t, t.name),
     }
 
 

@@ -65,6 +65,9 @@ def metric_lines(
         gauge(f"topic.{name}.backend_depth", t["backend_depth"])
         for p in t["e2e_processing_latency"]["percentiles"] or []:
             gauge(f"topic.{name}.e2e_processing_latency_{p['quantile'] * 100.0:.0f}", int(p["value"]))
+        if "settings" in t:  # beyond Go, and only where settings apply: Go's lines otherwise
+            for counter in ("expired_count", "dropped_count"):
+                incr(f"topic.{name}.{counter}", t[counter] - lt.get(counter, 0))
         last_channels = {c["channel_name"]: c for c in lt.get("channels") or []}
         for c in t["channels"]:
             cname = c["channel_name"]
@@ -82,6 +85,9 @@ def metric_lines(
             gauge(f"{key}.clients", c["client_count"])
             for p in c["e2e_processing_latency"]["percentiles"] or []:
                 gauge(f"{key}.e2e_processing_latency_{p['quantile'] * 100.0:.0f}", int(p["value"]))
+            if "settings" in c:
+                for counter in ("dead_letter_count", "expired_count", "dropped_count"):
+                    incr(f"{key}.{counter}", c[counter] - lc.get(counter, 0))
     mem = None
     if opts.statsd_mem_stats:
         mem = mem_stats(gc_pauses)

@@ -45,6 +45,12 @@ class IBackendQueue(Interface):
     def done(token: object | None) -> None:
         """The message read with ``token`` is finished: its record may go."""
 
+    def peek() -> bytes | None:
+        """The oldest record without removing it (None: none, or unknown)."""
+
+    def release_files() -> None:
+        """Nothing is queued: give back the storage that held what was read."""
+
     def set_deferred(msg_id: bytes, deliver_at_ns: int) -> None:
         """Remember the deliver-at time of a deferred message put in this queue."""
 
@@ -83,6 +89,12 @@ class _NoAcks:
     def done(self, token: object | None) -> None:
         pass
 
+    def peek(self) -> bytes | None:
+        return None
+
+    def release_files(self) -> None:
+        pass
+
 
 @implementer(IBackendQueue)
 class MemoryBackendQueue(_NoAcks):
@@ -101,6 +113,9 @@ class MemoryBackendQueue(_NoAcks):
 
     def get(self) -> bytes | None:
         return self._records.popleft() if self._records else None
+
+    def peek(self) -> bytes | None:
+        return self._records[0] if self._records else None
 
     def set_deferred(self, msg_id: bytes, deliver_at_ns: int) -> None:
         self._deferred_at[msg_id] = deliver_at_ns

@@ -197,12 +197,45 @@ class DiskQueue:
 
     def read(self) -> tuple[bytes, Ref | None] | None:
         """The next record and, in acknowledged mode, its :class:`Ref`."""
+        head = self._head(repair=True)
+        if head is None:
+            return None
+        pos, size, data = head
+        ref = None
+        if self.acked:
+            ref = Ref(self.read_file_num, pos, 4 + size)
+            self._outstanding.append(ref)
+            if self.deferred.at:  # its time is kept (on file) until it is done
+                msg_id = data[ID_OFFSET : ID_OFFSET + MSG_ID_LENGTH]
+                if self.deferred.take(msg_id, hold=True) is not None:
+                    ref.deferred_id = msg_id
+        else:
+            self._set_queued(self.queued_bytes - 4 - size)
+        r = self._reader
+        self.read_pos = pos + 4 + size
+        self._depth -= 1
+        self.count += 1
+        self.syncer.read(self)
+        if self.read_pos >= r.limit and self.read_file_num < self.write_file_num:
+            self._next_read_file()
+        return data, ref
+
+    def peek(self) -> bytes | None:
+        """The next record, left where it is (None: nothing queued, or a head
+        that only :meth:`read` can repair)."""
+        head = self._head(repair=False)
+        return None if head is None else head[2]
+
+    def _head(self, repair: bool) -> tuple[int, int, bytes] | None:
+        """The next record (position, size, bytes), moving past files read to
+        their end; bad bytes are skipped (``repair``) or end the look (None)."""
         r = self._reader
         while True:
             if self.read_file_num > self.write_file_num or (
                 self.read_file_num == self.write_file_num and self.read_pos >= self.write_pos
             ):
-                self._check_tail()
+                if repair:
+                    self._check_tail()
                 return None
             if r.fd is None or r.num != self.read_file_num:
                 if not self._open_read():
@@ -215,36 +248,33 @@ class DiskQueue:
                 continue
             head = r.read_at(pos, 4)
             if len(head) < 4:
-                self._corrupt(pos, "truncated record size")
-                continue
-            (size,) = RECORD_SIZE.unpack(head)
-            if size < self.min_msg_size or size > self.max_msg_size:
-                self._corrupt(pos, f"invalid message read size ({size})")
-                continue
-            if pos + 4 + size > r.limit:
-                self._corrupt(pos, f"record of {size} bytes runs past the end of the file")
-                continue
-            data = r.read_at(pos + 4, size)
-            if len(data) < size:
-                self._corrupt(pos, "truncated record")
-                continue
-            ref = None
-            if self.acked:
-                ref = Ref(self.read_file_num, pos, 4 + size)
-                self._outstanding.append(ref)
-                if self.deferred.at:  # its time is kept (on file) until it is done
-                    msg_id = data[ID_OFFSET : ID_OFFSET + MSG_ID_LENGTH]
-                    if self.deferred.take(msg_id, hold=True) is not None:
-                        ref.deferred_id = msg_id
+                problem = "truncated record size"
             else:
-                self._set_queued(self.queued_bytes - 4 - size)
-            self.read_pos = pos + 4 + size
-            self._depth -= 1
-            self.count += 1
-            self.syncer.read(self)
-            if self.read_pos >= r.limit and self.read_file_num < self.write_file_num:
-                self._next_read_file()
-            return data, ref
+                (size,) = RECORD_SIZE.unpack(head)
+                if size < self.min_msg_size or size > self.max_msg_size:
+                    problem = f"invalid message read size ({size})"
+                elif pos + 4 + size > r.limit:
+                    problem = f"record of {size} bytes runs past the end of the file"
+                else:
+                    data = r.read_at(pos + 4, size)
+                    if len(data) == size:
+                        return pos, size, data
+                    problem = "truncated record"
+            if not repair:
+                return None
+            self._corrupt(pos, problem)
+
+    def release_files(self) -> None:
+        """Nothing queued and nothing read still owned: remove the data file read
+        to its end now (as Go, it would otherwise stay until the next write rolls)."""
+        if (
+            self._depth == 0
+            and not self._outstanding
+            and not self.exiting
+            and (self.write_pos or self.write_file_num != self.read_file_num)
+        ):
+            self._skip_to_next_rw_file()
+            self.syncer.request(self)
 
     def done(self, ref: object | None) -> None:
         """Acknowledged mode: the message of ``ref`` is finished (or copied elsewhere)."""

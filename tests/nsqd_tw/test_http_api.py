@@ -339,11 +339,23 @@ class StatsTests(HTTPTestCase):
                 # beyond Go, after Go's keys
                 "memory_bytes",
                 "backend_bytes",
+                "expired_count",
+                "dropped_count",
             ],
         )
         self.assertEqual((t1["memory_bytes"], t1["backend_bytes"]), (0, 0))
         c1 = t1["channels"][0]
-        self.assertEqual(list(c1)[-3:], ["e2e_processing_latency", "memory_bytes", "backend_bytes"])
+        self.assertEqual(
+            list(c1)[-6:],
+            [
+                "e2e_processing_latency",
+                "memory_bytes",
+                "backend_bytes",
+                "dead_letter_count",
+                "expired_count",
+                "dropped_count",
+            ],
+        )
         self.assertEqual(c1["channel_name"], "c1")
         self.assertEqual((c1["message_count"], c1["client_count"]), (1, 1))
         e2e = c1["e2e_processing_latency"]

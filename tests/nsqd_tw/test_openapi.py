@@ -25,6 +25,8 @@ EXAMPLES: dict[tuple[str, str], tuple[str, bytes]] = {
     ("/mpub", "post"): ("topic=t", b"one\ntwo"),
     ("/stats", "get"): ("format=json", b""),
     ("/config/{opt}", "put"): ("", b"info"),
+    ("/topic/settings", "put"): ("topic=t", b'{"max_age": "1h", "max_depth": 5}'),
+    ("/channel/settings", "put"): ("topic=t&channel=c", b'{"max_attempts": 3, "max_depth": null}'),
     ("/debug/setblockrate", "put"): ("rate=1", b""),
     ("/debug/pprof/profile", "get"): ("seconds=1", b""),
 }

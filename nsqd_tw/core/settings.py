@@ -1,0 +1,193 @@
+"""Per-topic and per-channel settings (beyond Go): dead letters, TTL, bounds.
+
+A topic or channel has its *own* settings (set over HTTP, kept in ``nsqd.dat``
+as an extra ``settings`` key that Go's nsqd ignores). What applies to a queue,
+its :class:`Policy`, is for each key the queue's own value, else (for a
+channel) its topic's, else the default from nsqd's flags. Nothing set anywhere
+is Go's behaviour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nsq_wire.gofmt import DurationError, go_duration, parse_duration
+from nsq_wire.names import is_valid_topic_name
+
+OVERFLOW_POLICIES = ("reject", "drop_oldest")
+MAX_ATTEMPTS_LIMIT = 65535  # the wire's attempts counter is 16 bits
+
+
+class SettingsError(ValueError):
+    """A refused setting; ``str()`` says which key and why."""
+
+
+def _int_in(low: int, high: int | None) -> Callable[[str, Any], int]:
+    def check(key: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SettingsError(f"{key} must be an integer")
+        if value < low or (high is not None and value > high):
+            bound = f"[{low},{high}]" if high is not None else f">= {low}"
+            raise SettingsError(f"{key} must be {bound}")
+        return value
+
+    return check
+
+
+def _duration(key: str, value: Any) -> float:
+    if not isinstance(value, str):
+        raise SettingsError(f'{key} must be a duration string such as "30s" or "1h"')
+    try:
+        seconds = parse_duration(value)
+    except DurationError:
+        raise SettingsError(f"{key}: invalid duration {value!r}") from None
+    if seconds <= 0:
+        raise SettingsError(f"{key} must be positive")
+    return seconds
+
+
+def _topic_name(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not is_valid_topic_name(value):
+        raise SettingsError(f"{key} must be a valid topic name")
+    return value
+
+
+def _bool(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise SettingsError(f"{key} must be true or false")
+    return value
+
+
+def _overflow(key: str, value: Any) -> str:
+    if value not in OVERFLOW_POLICIES:
+        raise SettingsError(f"{key} must be one of {', '.join(OVERFLOW_POLICIES)}")
+    return str(value)
+
+
+# key -> (check a JSON value and return it as kept, how it is written back to JSON)
+_KEYS: dict[str, tuple[Callable[[str, Any], Any], Callable[[Any], Any]]] = {
+    "max_attempts": (_int_in(1, MAX_ATTEMPTS_LIMIT), int),
+    "dead_letter_topic": (_topic_name, str),
+    "expire_to_dead_letter": (_bool, bool),
+    "max_age": (_duration, lambda s: go_duration(round(s * 1e9))),
+    "max_depth": (_int_in(0, None), int),
+    "max_bytes": (_int_in(0, None), int),
+    "overflow": (_overflow, str),
+}
+KEYS = tuple(_KEYS)
+
+
+def parse_settings(doc: Any) -> dict[str, Any]:
+    """A settings object as sent over HTTP or kept in nsqd.dat: key -> value
+    kept, ``None`` for a key to clear. Raises :class:`SettingsError`."""
+    if not isinstance(doc, Mapping):
+        raise SettingsError("settings must be a JSON object")
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        if key not in _KEYS:
+            raise SettingsError(f"unknown setting {key!r} (known: {', '.join(KEYS)})")
+        out[key] = None if value is None else _KEYS[key][0](key, value)
+    return out
+
+
+def settings_json(own: Mapping[str, Any]) -> dict[str, Any]:
+    """Settings as JSON values, in the keys' order."""
+    return {k: _KEYS[k][1](own[k]) for k in KEYS if own.get(k) is not None}
+
+
+def merge_settings(own: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``own`` with ``changes`` applied: a value sets its key, None clears it."""
+    merged = dict(own)
+    for key, value in changes.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = value
+    return merged
+
+
+def default_dead_letter_topic(topic_name: str) -> str:
+    """``<topic>.dead`` (an ephemeral topic's dead letters go to a lasting topic)."""
+    return topic_name.removesuffix("#ephemeral") + ".dead"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What applies to one queue, each key resolved; the defaults are Go's behaviour."""
+
+    max_attempts: int = 0  # 0: no limit
+    dead_letter_topic: str = ""  # "" with max_attempts: <topic>.dead
+    expire_to_dead_letter: bool = False
+    max_age: float = 0.0  # seconds; 0: no TTL
+    max_depth: int | None = None  # None: no bound
+    max_bytes: int | None = None
+    overflow: str = "reject"
+
+    @property
+    def bounded(self) -> bool:
+        return self.max_depth is not None or self.max_bytes is not None
+
+    @property
+    def active(self) -> bool:
+        """Anything beyond Go applies."""
+        return bool(self.max_attempts or self.dead_letter_topic or self.max_age or self.bounded)
+
+    def dead_letter_to(self, topic_name: str) -> str | None:
+        """Where a channel of ``topic_name`` with this policy sends dead letters
+        (None: it has no dead-letter topic)."""
+        if self.dead_letter_topic:
+            return self.dead_letter_topic
+        if self.max_attempts:
+            return default_dead_letter_topic(topic_name)
+        return None
+
+    def as_json(self, topic_name: str) -> dict[str, Any]:
+        dead = self.dead_letter_to(topic_name)
+        return {
+            "max_attempts": self.max_attempts or None,
+            "dead_letter_topic": dead,
+            "expire_to_dead_letter": self.expire_to_dead_letter,
+            "max_age": go_duration(round(self.max_age * 1e9)) if self.max_age else None,
+            "max_depth": self.max_depth,
+            "max_bytes": self.max_bytes,
+            "overflow": self.overflow,
+        }
+
+
+def resolve(*layers: Mapping[str, Any]) -> Policy:
+    """The policy from layers of own settings, most specific first."""
+    values: dict[str, Any] = {}
+    for key in KEYS:
+        for layer in layers:
+            value = layer.get(key)
+            if value is not None:
+                values[key] = value
+                break
+    return Policy(**values)
+
+
+def defaults_from_options(opts: Any) -> dict[str, Any]:
+    """The flags' defaults (``--max-attempts`` ...) as a layer of settings."""
+    layer: dict[str, Any] = {
+        "max_attempts": opts.max_attempts or None,
+        "dead_letter_topic": opts.dead_letter_topic or None,
+        "expire_to_dead_letter": opts.expire_to_dead_letter or None,
+        "max_age": opts.max_age or None,
+        "max_depth": opts.max_depth if opts.max_depth >= 0 else None,
+        "max_bytes": opts.max_queue_bytes if opts.max_queue_bytes >= 0 else None,
+        "overflow": opts.overflow,
+    }
+    return layer
+
+
+def check_defaults(opts: Any) -> None:
+    """The flags' values, checked as settings are (raises SettingsError)."""
+    if opts.max_attempts:
+        _int_in(1, MAX_ATTEMPTS_LIMIT)("--max-attempts", opts.max_attempts)
+    if opts.dead_letter_topic:
+        _topic_name("--dead-letter-topic", opts.dead_letter_topic)
+    if opts.max_age < 0:
+        raise SettingsError("--max-age must be >= 0")
+    _overflow("--overflow", opts.overflow)
