@@ -20,8 +20,6 @@ from nsqd_tw.core.pqueue import TimeoutQueue
 from nsqd_tw.core.quantile import Quantile
 from nsqd_tw.core.queue import Context, Item, MessageQueue, as_items
 
-MAX_ATTEMPTS = 65535  # the wire's 16-bit counter stays there instead of wrapping to 0 (nsqio/nsq#1397)
-
 
 class ChannelError(Exception):
     """A refused channel operation; ``str()`` is Go's text."""
@@ -249,7 +247,7 @@ class Channel(MessageQueue):
             misses = 0
             if c.sample_rate and random.randrange(100) > c.sample_rate:
                 continue
-            if msg.attempts < MAX_ATTEMPTS:
+            if msg.attempts < 65535:  # the wire's 16 bits stay full instead of wrapping to 0 (nsqio/nsq#1397)
                 msg.attempts += 1
             msg.client_id = c.id
             msg.delivery_ts = now
