@@ -173,10 +173,14 @@ class Channel(MessageQueue):
         target = self.policy.dead_letter_to(self.topic_name)
         if target is None or not self.ctx.dead_letter(self, target, msg, why):
             return False
-        if msg.ref is not None:  # durable: done only now, so a crash before leaves it here too
-            self.backend.done(msg.ref)
+        if msg.ref is not None:  # durable: done once the copy is on disk; a crash before leaves it in both
+            self.ctx.after_sync(lambda ref=msg.ref: self._done_unless_closed(ref))
         self.dead_letter_count += 1
         return True
+
+    def _done_unless_closed(self, ref: object) -> None:
+        if not self.exiting:  # closed meanwhile: its record stays, read again at the next start
+            self.backend.done(ref)
 
     def expired(self, msg: Message) -> None:
         if self.policy.expire_to_dead_letter and self._dead_letter(msg, "max_age"):

@@ -332,6 +332,12 @@ class NSQD(service.Service):
         )
         return True
 
+    def after_sync(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` once everything written so far is fsynced (not if the sync fails)."""
+        d = self.syncer.commit()
+        d.addCallback(lambda _: fn())
+        d.addErrback(lambda f: None)  # the failure is logged and is the health error (_sync_result)
+
     def sweep_expired(self, now: float) -> None:
         """Drop (or dead-letter) what passed its TTL from the heads of the queues
         with one, at most :data:`SWEEP_LIMIT` messages a pass, once a second."""
