@@ -1,5 +1,6 @@
 """A consumer whose every message fails: it REQs each one at once, as a poison message makes a
-real consumer do, and prints each delivery. Stops after COUNT deliveries, or 5 s without one.
+real consumer do, and prints each delivery (ID, body, attempts). Stops after COUNT deliveries,
+or 5 s without one.
 
     python docs/examples/failing_consumer.py 127.0.0.1:4150 TOPIC CHANNEL COUNT
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from nsq_client.blocking import ConnectOptions, Connection, TLSConfig
+from nsq_client.blocking import Connection, ConnectOptions, TLSConfig
 from nsq_wire.frames import FRAME_TYPE_MESSAGE
 from nsq_wire.message import decode
 
@@ -26,7 +27,7 @@ def main(address: str, topic: str, channel: str, count: int) -> None:
             if frame_type != FRAME_TYPE_MESSAGE:
                 continue
             msg_id, body, _timestamp, attempts = decode(data)
-            print(f"{body.decode(errors='replace')} attempt {attempts}: failed, requeued")
+            print(f"{msg_id.decode()} {body.decode(errors='replace')!r} attempt {attempts}: failed, requeued")
             conn.req(msg_id)
             seen += 1
     conn.close()

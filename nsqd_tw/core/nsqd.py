@@ -24,6 +24,7 @@ from nsq_wire.message import MESSAGE_HEADER_LENGTH, records
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
 from nsq_wire.version import version_string
 from nsqd_tw.core.channel import Channel
+from nsqd_tw.core.deadletters import LEDGER_FILE, DeadLetterLedger
 from nsqd_tw.core.guid import GUIDFactory
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.metadata import (
@@ -40,7 +41,7 @@ from nsqd_tw.options import NSQDOptions
 from nsqd_tw.storage.backend import DummyBackendQueue, IBackendQueue, MemoryBackendQueue
 from nsqd_tw.storage.budget import DiskBudget
 from nsqd_tw.storage.diskqueue import DiskQueue
-from nsqd_tw.storage.files import write_atomic
+from nsqd_tw.storage.files import read_regular, write_atomic
 from nsqd_tw.storage.layout import DataDirectory
 from nsqd_tw.storage.syncer import Syncer
 
@@ -120,6 +121,8 @@ class NSQD(service.Service):
         self._ttl_queues: dict[MessageQueue, None] = {}
         self._ttl_swept_at = 0.0
         self._queue_events = RateLimitedLog(self.reactor, self.log)
+        self.dead_letters = DeadLetterLedger()
+        self._ledger_saved_at = 0.0
         self._scan_channels: list[Channel] | None = None
         self._scan_refresh_at = 0.0
 
@@ -293,6 +296,7 @@ class NSQD(service.Service):
         topic.delete()
         del self.topics[name]
         self._ttl_queues.pop(topic, None)
+        self.dead_letters.forget_topic(name)
         self._scan_channels = None
 
     # -- beyond Go: settings, dead letters, TTL ------------------------------------------
@@ -321,6 +325,14 @@ class NSQD(service.Service):
                 n=1,
             )
             return False
+        origin = {
+            "topic": channel.topic_name,
+            "channel": channel.name,
+            "attempts": msg.attempts,
+            "reason": why,
+            "timestamp": self.now_ns(),
+        }
+        self.dead_letters.record(target, msg.id, origin)
         self._queue_events.emit(
             (channel.topic_name, channel.name, why),
             LogLevel.info,
@@ -415,6 +427,7 @@ class NSQD(service.Service):
                 channels = self._scan_channels = self.channels()
                 self._scan_refresh_at = now + self.opts.queue_scan_refresh_interval
             self.sweep_expired(now)
+            self._save_dead_letters(now)
             if not channels:
                 return
             num = min(self.opts.queue_scan_selection_count, len(channels))
@@ -490,6 +503,26 @@ class NSQD(service.Service):
             self.log.warn("ignoring the settings of {where} in nsqd.dat - {err}", where=where, err=e)
             return {}
 
+    @property
+    def dead_letters_path(self) -> str:
+        return os.path.join(self.opts.data_path, LEDGER_FILE)
+
+    def _save_dead_letters(self, now: float) -> None:
+        """The dead letters' origins, with the next sync, at most once a second."""
+        if not self.dead_letters.changed or now < self._ledger_saved_at + 1.0:
+            return
+        if self.backend_factory is None and self.metadata_loaded and self.running:
+            self._ledger_saved_at = now
+            self.syncer.persist(self.dead_letters_path, self.dead_letters.encode)
+
+    def _load_dead_letters(self) -> None:
+        try:
+            self.dead_letters.load(read_regular(self.dead_letters_path))
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError) as e:
+            self.log.warn("ignoring {path} - {err}", path=self.dead_letters_path, err=e)
+
     def persist_metadata(self) -> None:
         self.log.info("NSQ: persisting topic/channel metadata to {path}", path=self.metadata_path)
         write_atomic(self.metadata_path, self.metadata())
@@ -521,6 +554,7 @@ class NSQD(service.Service):
             except MetadataError as e:
                 raise StartError(f"failed to load metadata - {e}") from None
             self.metadata_loaded = True  # from now on this process owns nsqd.dat
+            self._load_dead_letters()
             # a budget found full is unhealthy from the start, as a refused write makes it
             full = self.disk_budget.full_for(4 + MESSAGE_HEADER_LENGTH + self.opts.max_msg_size)
             if full is not None:
@@ -573,6 +607,8 @@ class NSQD(service.Service):
                 self.syncer.sync_all_now()
                 if self.metadata_loaded:
                     self.persist_metadata()
+                    if self.dead_letters.changed:
+                        write_atomic(self.dead_letters_path, self.dead_letters.encode())
             except Exception as e:
                 self.stop_errors += 1
                 self.log.error("failed to persist metadata - {err}", err=e)

@@ -338,6 +338,18 @@ class NSQDHTTPAPI(GoHTTPAPI):
         topic = self.nsqd.get_existing_topic(channel.topic_name)
         return self._settings_answer(request, topic, channel, changes)
 
+    @route("/topic/dead_letter", "GET")
+    def topic_dead_letter(self, request: Request) -> dict[str, Any]:
+        """Beyond Go: where a dead letter of topic T came from (recent ones, by message ID)."""
+        params, topic = self._topic_from_query(request)
+        if "id" not in params:
+            raise HTTPError(400, "MISSING_ARG_ID")
+        msg_id = params["id"][0]
+        origin = self.nsqd.dead_letters.origin(topic, msg_id.encode("latin-1", "replace"))
+        if origin is None:
+            raise HTTPError(404, "DEAD_LETTER_NOT_FOUND")
+        return {"id": msg_id, "dead_letter_topic": topic, **origin}
+
     @route("/stats", "GET")
     def stats(self, request: Request) -> Any:
         params = self.query(request)

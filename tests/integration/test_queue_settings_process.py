@@ -86,6 +86,8 @@ class DeadLetterProcessTests(QueueSettingsProcessTestCase):
         self.assertEqual({d["attempts"] for d in result["dead"].values()}, {4}, "3 tries, then this delivery")
         channel = (yield self.stats("jobs"))["channels"][0]
         self.assertEqual((channel["dead_letter_count"], channel["depth"]), (50, 0))
+        code, origin = yield self.call("GET", f"/topic/dead_letter?topic=jobs.dead&id={result['dead']['m7']['id']}")
+        self.assertEqual((code, origin["topic"], origin["channel"], origin["attempts"]), (200, "jobs", "work", 3))
         resp = yield treq.get(f"http://{self.http}/metrics", persistent=False)
         text = (yield resp.content()).decode()
         self.assertIn('nsq_channel_dead_letters_total{channel="work",topic="jobs"} 50.0', text)

@@ -166,6 +166,18 @@ class DeadLetterTests(Base):
         consumer.lose()
         self.assertEqual(self.nsqd.get_topic("t.dead").depth(), 1)
 
+    def test_origin_is_recorded(self) -> None:
+        self.settings("t", "c", max_attempts=1)
+        consumer = self.consumer("t", "c")
+        self.producer.pub("t", b"x")
+        (msg,) = consumer.messages()
+        consumer.command(b"REQ", msg.id, b"0")
+        origin = self.nsqd.dead_letters.origin("t.dead", msg.id)
+        self.assertEqual(
+            origin,
+            {"topic": "t", "channel": "c", "attempts": 1, "reason": "max_attempts", "timestamp": self.nsqd.now_ns()},
+        )
+
     def test_no_loop_into_its_own_topic(self) -> None:
         with self.assertRaises(SettingsError):
             self.settings("t", "c", dead_letter_topic="t")
@@ -345,6 +357,8 @@ class PersistenceTests(unittest.TestCase):
         self.assertEqual(plain, {"name": "plain", "paused": False, "channels": [{"name": "c", "paused": False}]})
         self.assertEqual(sorted(t.name for t in decode_metadata(data, "nsqd.dat")), ["plain", "t"])
 
+        self.assertFalse(os.path.exists(os.path.join(path, "dead_letters.json")), "nothing beyond Go was needed")
+
         again = make_nsqd(backend_factory=None, data_path=path)
         again.startService()
         self.addCleanup(again.stopService)
@@ -405,6 +419,21 @@ class HTTPTests(Base):
         doc = json.loads((yield resp.content()))
         self.assertEqual(doc["message"], "QUEUE_FULL: TOPIC(q) max_depth 0 reached (overflow reject)")
 
+    @defer.inlineCallbacks
+    def test_dead_letter_origin(self) -> None:
+        self.settings("t", "c", max_attempts=1, dead_letter_topic="failed")
+        consumer = self.consumer("t", "c")
+        self.producer.pub("t", b"x")
+        (msg,) = consumer.messages()
+        consumer.command(b"REQ", msg.id, b"0")
+        code, doc = yield self.call("GET", f"/topic/dead_letter?topic=failed&id={msg.id.decode()}")
+        self.assertEqual((code, doc["channel"], doc["attempts"], doc["reason"]), (200, "c", 1, "max_attempts"))
+        self.assertEqual((doc["id"], doc["dead_letter_topic"], doc["topic"]), (msg.id.decode(), "failed", "t"))
+        code, doc = yield self.call("GET", "/topic/dead_letter?topic=failed&id=0000000000000000")
+        self.assertEqual((code, doc), (404, {"message": "DEAD_LETTER_NOT_FOUND"}))
+        code, doc = yield self.call("GET", "/topic/dead_letter?topic=failed")
+        self.assertEqual((code, doc), (400, {"message": "MISSING_ARG_ID"}))
+
     def test_stats_keys_after_gos(self) -> None:
         self.settings("t", "c", max_attempts=3)
         stats = get_stats(self.nsqd)
@@ -413,3 +442,29 @@ class HTTPTests(Base):
         channel = topic["channels"][0]
         self.assertEqual(list(channel)[-4:], ["dead_letter_count", "expired_count", "dropped_count", "settings"])
         self.assertEqual(channel["settings"]["max_attempts"], 3)
+
+
+class LedgerPersistenceTests(unittest.TestCase):
+    def test_origins_survive_a_restart(self) -> None:
+        path = self.mktemp()
+        os.makedirs(path)
+        nsqd = make_nsqd(backend_factory=None, data_path=path)
+        nsqd.startService()
+        topic = nsqd.get_topic("t")
+        topic.update_settings(parse_settings({"max_attempts": 1}))
+        consumer = FakeClient(nsqd)
+        consumer.sub("t", "c", 1)
+        nsqd.publish("t", [b"x"])
+        (msg,) = consumer.messages()
+        consumer.command(b"REQ", msg.id, b"0")
+        nsqd.reactor.advance(1.5)
+        nsqd.queue_scan()  # written with the next sync, at most once a second
+        nsqd.reactor.advance(0)
+        with open(os.path.join(path, "dead_letters.json")) as f:
+            self.assertEqual(json.load(f)[0]["channel"], "c")
+        consumer.lose()
+        nsqd.stopService()
+        again = make_nsqd(backend_factory=None, data_path=path)
+        again.startService()
+        self.addCleanup(again.stopService)
+        self.assertEqual(again.dead_letters.origin("t.dead", msg.id)["channel"], "c")
