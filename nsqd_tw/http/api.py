@@ -6,6 +6,7 @@ Go's response conventions and httprouter's routing come from
 
 from __future__ import annotations
 
+import base64
 import socket
 from typing import Any
 
@@ -29,12 +30,16 @@ from nsq_service.web import body as read_body
 from nsq_wire.errors import FatalClientError
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
 from nsq_wire.version import VERSION, version_string
+from nsqd_tw.core.message import Message
 from nsqd_tw.core.nsqd import NSQD
-from nsqd_tw.core.topic import TopicError
+from nsqd_tw.core.topic import Topic, TopicError
 from nsqd_tw.http.stats import get_stats, print_stats
 from nsqd_tw.lookup import split_host_port
 from nsqd_tw.options import TLS_REQUIRED
 from nsqd_tw.storage.errors import DiskBudgetFull
+
+PEEK_DEFAULT = 10  # messages /topic/peek and /channel/peek answer with, unless ?n= says
+PEEK_MAX = 1000
 
 
 class NSQDHTTPAPI(GoHTTPAPI):
@@ -201,13 +206,16 @@ class NSQDHTTPAPI(GoHTTPAPI):
         except TopicError:
             raise HTTPError(404, "TOPIC_NOT_FOUND") from None
 
-    @route("/topic/empty", "POST")
-    def topic_empty(self, request: Request) -> None:
+    def _existing_topic(self, request: Request) -> Topic:
         _, name = self._topic_from_query(request)
         try:
-            topic = self.nsqd.get_existing_topic(name)
+            return self.nsqd.get_existing_topic(name)
         except TopicError:
             raise HTTPError(404, "TOPIC_NOT_FOUND") from None
+
+    @route("/topic/empty", "POST")
+    def topic_empty(self, request: Request) -> None:
+        topic = self._existing_topic(request)
         try:
             topic.empty()
         except Exception as e:
@@ -284,6 +292,32 @@ class NSQDHTTPAPI(GoHTTPAPI):
         self._existing_channel(request).unpause()
         return self._persisted()
 
+    # -- beyond Go: queued messages, looked at without taking them ----------------------
+
+    def _peek_count(self, request: Request) -> int:
+        """``n``: 1 to PEEK_MAX (PEEK_DEFAULT when not given)."""
+        params = self.query(request)
+        if "n" not in params:
+            return PEEK_DEFAULT
+        try:
+            n = go_parse_int(params["n"][0])
+        except ValueError:
+            raise HTTPError(400, "INVALID_N") from None
+        if not 1 <= n <= PEEK_MAX:
+            raise HTTPError(400, "INVALID_N")
+        return n
+
+    @route("/topic/peek", "GET")
+    def topic_peek(self, request: Request) -> dict[str, Any]:
+        """A topic's own backlog (a topic with no channel, a paused one)."""
+        topic = self._existing_topic(request)
+        return peek_answer(topic.peek(self._peek_count(request)))
+
+    @route("/channel/peek", "GET")
+    def channel_peek(self, request: Request) -> dict[str, Any]:
+        channel = self._existing_channel(request)
+        return peek_answer(channel.peek(self._peek_count(request)))
+
     @route("/stats", "GET")
     def stats(self, request: Request) -> Any:
         params = self.query(request)
@@ -340,6 +374,21 @@ class NSQDHTTPAPI(GoHTTPAPI):
         if self._registry is None:
             self._registry = make_registry(self.nsqd, self.gc_pauses)
         return self.finish(request, 200, render(self._registry), CONTENT_TYPE, nsq=False)
+
+
+def peek_answer(msgs: list[Message]) -> dict[str, Any]:
+    return {"messages": [message_json(m) for m in msgs]}
+
+
+def message_json(msg: Message) -> dict[str, Any]:
+    """One peeked message. Keys added later (a dead-letter origin, say) go here,
+    after these four, so that readers of these keep working."""
+    return {
+        "id": msg.id.decode("latin-1"),  # Go's IDs are 16 hex digits
+        "timestamp": msg.timestamp,
+        "attempts": msg.attempts,
+        "body": base64.b64encode(msg.body).decode("ascii"),
+    }
 
 
 def _read_binary_mpub(data: bytes, max_msg: int, max_body: int) -> list[bytes]:

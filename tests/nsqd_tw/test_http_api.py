@@ -339,11 +339,16 @@ class StatsTests(HTTPTestCase):
                 # beyond Go, after Go's keys
                 "memory_bytes",
                 "backend_bytes",
+                "oldest_message_age_ms",
+                "fin_latency",
             ],
         )
         self.assertEqual((t1["memory_bytes"], t1["backend_bytes"]), (0, 0))
         c1 = t1["channels"][0]
-        self.assertEqual(list(c1)[-3:], ["e2e_processing_latency", "memory_bytes", "backend_bytes"])
+        self.assertEqual(
+            list(c1)[-5:],
+            ["e2e_processing_latency", "memory_bytes", "backend_bytes", "oldest_message_age_ms", "fin_latency"],
+        )
         self.assertEqual(c1["channel_name"], "c1")
         self.assertEqual((c1["message_count"], c1["client_count"]), (1, 1))
         e2e = c1["e2e_processing_latency"]

@@ -24,6 +24,8 @@ EXAMPLES: dict[tuple[str, str], tuple[str, bytes]] = {
     ("/pub", "post"): ("topic=t&defer=10", b"hello"),
     ("/mpub", "post"): ("topic=t", b"one\ntwo"),
     ("/stats", "get"): ("format=json", b""),
+    ("/topic/peek", "get"): ("topic=held&n=5", b""),
+    ("/channel/peek", "get"): ("topic=t&channel=c&n=5", b""),
     ("/config/{opt}", "put"): ("", b"info"),
     ("/debug/setblockrate", "put"): ("rate=1", b""),
     ("/debug/pprof/profile", "get"): ("seconds=1", b""),
@@ -46,6 +48,7 @@ class OpenAPITests(unittest.TestCase):
         consumer = FakeClient(self.nsqd)
         consumer.sub("t", "c", rdy=1)
         FakeClient(self.nsqd).pub("t", b"x")
+        FakeClient(self.nsqd).pub("held", b"y")  # a topic with no channel: something to peek at
 
     def test_document_is_valid(self) -> None:
         validate(self.spec)
