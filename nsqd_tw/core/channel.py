@@ -17,7 +17,7 @@ from nsq_wire.message import MESSAGE_HEADER_LENGTH
 from nsq_wire.names import is_ephemeral
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.pqueue import TimeoutQueue
-from nsqd_tw.core.quantile import Quantile
+from nsqd_tw.core.quantile import Quantile, new_latency_quantile
 from nsqd_tw.core.queue import Context, Item, MessageQueue, as_items
 
 
@@ -69,11 +69,13 @@ class Channel(MessageQueue):
         self.requeue_count = 0
         self.timeout_count = 0
         self.dead_letter_count = 0
+        # --e2e-processing-latency-percentile: publish to FIN (Go's), and (beyond Go)
+        # delivery to FIN, the consumer's own time; both or neither
         self.e2e: Quantile | None = None
+        self.fin_latency: Quantile | None = None
         if opts.e2e_processing_latency_percentiles:
-            self.e2e = Quantile(
-                opts.e2e_processing_latency_window_time, opts.e2e_processing_latency_percentiles, ctx.now()
-            )
+            self.e2e = new_latency_quantile(opts, ctx.now())
+            self.fin_latency = new_latency_quantile(opts, ctx.now())
 
     def __repr__(self) -> str:
         return f"<Channel {self.topic_name}:{self.name}>"
@@ -317,8 +319,14 @@ class Channel(MessageQueue):
         if msg.ref is not None:
             self.backend.done(msg.ref)
         if self.e2e is not None:
-            self.e2e.insert(self.ctx.now_ns() - msg.timestamp, self.ctx.now())
+            self._finished_latencies(msg)
         return msg
+
+    def _finished_latencies(self, msg: Message) -> None:
+        assert self.e2e is not None and self.fin_latency is not None
+        now = self.ctx.now()
+        self.e2e.insert(self.ctx.now_ns() - msg.timestamp, now)
+        self.fin_latency.insert((now - msg.delivery_ts) * 1e9, now)
 
     def requeue_message(self, client_id: int, msg_id: bytes, delay: float) -> None:
         """REQ: back to the queue now, or after ``delay`` seconds."""

@@ -1,8 +1,11 @@
-"""End-to-end latency quantiles over a moving window (DDSketch)."""
+"""Latency quantiles over a moving window (DDSketch): end to end, and delivery to FIN."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nsqd_tw.options import NSQDOptions
 
 
 def new_sketch() -> Any:
@@ -48,6 +51,11 @@ class Quantile:
             value = merged.get_quantile_value(p) if count else None
             percentiles.append({"quantile": p, "value": float(round(value)) if value else 0.0})
         return {"count": count, "percentiles": percentiles}
+
+
+def new_latency_quantile(opts: NSQDOptions, now: float) -> Quantile:
+    """A latency quantile per --e2e-processing-latency-percentile and -window-time."""
+    return Quantile(opts.e2e_processing_latency_window_time, opts.e2e_processing_latency_percentiles, now)
 
 
 EMPTY_RESULT: dict[str, Any] = {"count": 0, "percentiles": None}

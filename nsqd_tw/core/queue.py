@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from itertools import islice
 from typing import Any, Protocol
 
 from nsq_wire.message import MESSAGE_HEADER_LENGTH, TIMESTAMP
@@ -31,7 +32,7 @@ def body_size(item: Item) -> int:
 
 
 def timestamp(item: Item) -> int:
-    return TIMESTAMP.unpack_from(item)[0] if isinstance(item, bytes) else item.timestamp
+    return int(TIMESTAMP.unpack_from(item)[0]) if isinstance(item, bytes) else item.timestamp
 
 
 class QueueFull(Exception):
@@ -165,7 +166,9 @@ class MessageQueue:
             self.expired(msg)
             n += 1
         if n and not self.depth():
-            self.backend.release_files()
+            release = getattr(self.backend, "release_files", None)
+            if release is not None:
+                release()
         return n
 
     def expired(self, msg: Message) -> None:
@@ -183,15 +186,10 @@ class MessageQueue:
         mem = timestamp(self.memory[0]) if self.memory else None
         disk = None
         if self.backend.depth():
-            record = self.backend.peek()
-            disk = timestamp(record) if record is not None and len(record) >= 8 else -1
+            disk = _backend_head(self.backend)
+            if disk is None:
+                disk = -1
         return mem, disk
-
-    def oldest_timestamp(self) -> int | None:
-        mem, disk = self._heads()
-        if disk is None or disk < 0:
-            return mem
-        return disk if mem is None else min(mem, disk)
 
     def _take_oldest(self) -> Message | None:
         """Remove and return the older of memory's first message and the backend's."""
@@ -221,6 +219,42 @@ class MessageQueue:
     def queued(self) -> list[Message]:
         """What memory holds, as messages (for inspection: tests and tools)."""
         return [Message.decode(m) if isinstance(m, bytes) else m for m in self.memory]
+
+    # -- inspection (beyond Go): what depth counts, nothing taken ----------------------
+
+    def peek(self, n: int) -> list[Message]:
+        """Up to ``n`` queued messages in the order :meth:`_next` would take them
+        (memory and backend in turns), none taken. Fresh copies: changing one
+        changes nothing queued."""
+        memory = list(islice(self.memory, max(n, 0)))
+        backend = _backend_peek(self.backend, n)
+        order: list[Item] = []
+        m = b = 0
+        take_backend = self._take_backend
+        while len(order) < n and (m < len(memory) or b < len(backend)):
+            take_backend = not take_backend
+            if b < len(backend) and (take_backend or m == len(memory)):
+                order.append(backend[b])
+                b += 1
+            else:
+                order.append(memory[m])
+                m += 1
+        return [Message.decode(i if isinstance(i, bytes) else i.encode()) for i in order]
+
+    def oldest_timestamp(self) -> int | None:
+        """The publish time (ns) of the older of the two messages next in line,
+        memory's and the backend's (None: nothing queued). Only the heads: a
+        message requeued behind others is seen when it reaches the head."""
+        heads = [timestamp(self.memory[0])] if self.memory else []
+        backend_head = _backend_head(self.backend)
+        if backend_head is not None:
+            heads.append(backend_head)
+        return min(heads, default=None)
+
+    def oldest_message_age_ms(self) -> int:
+        """How long ago (ms) the oldest queued message was published; 0 if none."""
+        ts = self.oldest_timestamp()
+        return 0 if ts is None else max(0, (self.ctx.now_ns() - ts) // 1_000_000)
 
     # -- memory ----------------------------------------------------------------------
 
@@ -353,3 +387,19 @@ class MessageQueue:
     def _empty(self) -> None:
         self._clear_memory()
         self.backend.empty()
+
+
+# IBackendQueue's peek, head_timestamp and release_files came later than the rest:
+# a backend written before them (an embedder's) shows nothing queued in it
+
+
+def _backend_head(backend: IBackendQueue) -> int | None:
+    head_timestamp = getattr(backend, "head_timestamp", None)
+    return head_timestamp() if head_timestamp is not None else None
+
+
+def _backend_peek(backend: IBackendQueue, n: int) -> list[bytes]:
+    """The backend's next ``n`` records."""
+    peek = getattr(backend, "peek", None)
+    records: list[bytes] = peek(n) if peek is not None and n > 0 else []
+    return [r for r in records if len(r) >= MESSAGE_HEADER_LENGTH]  # what _next would skip

@@ -14,7 +14,7 @@ from typing import Any
 from nsq_wire.names import is_ephemeral
 from nsqd_tw.core.channel import Channel, ChannelError
 from nsqd_tw.core.message import Message
-from nsqd_tw.core.quantile import Quantile
+from nsqd_tw.core.quantile import Quantile, new_latency_quantile
 from nsqd_tw.core.queue import Context, Item, MessageQueue, QueueFull, as_items, body_size
 from nsqd_tw.core.settings import SettingsError, merge_settings, resolve
 
@@ -186,14 +186,20 @@ class Topic(MessageQueue):
 
     def aggregate_e2e(self, now: float) -> Quantile | None:
         """The channels' end-to-end latency merged (None if none tracks it)."""
+        return self._aggregate([c.e2e for c in self.channels.values()], now)
+
+    def aggregate_fin_latency(self, now: float) -> Quantile | None:
+        """The channels' delivery-to-FIN latency merged (None if none tracks it)."""
+        return self._aggregate([c.fin_latency for c in self.channels.values()], now)
+
+    def _aggregate(self, quantiles: list[Quantile | None], now: float) -> Quantile | None:
         merged = None
-        for c in self.channels.values():
-            if c.e2e is None:
+        for q in quantiles:
+            if q is None:
                 continue
             if merged is None:
-                opts = self.ctx.opts
-                merged = Quantile(opts.e2e_processing_latency_window_time, opts.e2e_processing_latency_percentiles, now)
-            merged.merge(c.e2e, now)
+                merged = new_latency_quantile(self.ctx.opts, now)
+            merged.merge(q, now)
         return merged
 
     def get_channel(self, name: str) -> Channel:

@@ -6,6 +6,7 @@ Go's response conventions and httprouter's routing come from
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 from typing import Any
@@ -30,14 +31,18 @@ from nsq_service.web import body as read_body
 from nsq_wire.errors import FatalClientError
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
 from nsq_wire.version import VERSION, version_string
+from nsqd_tw.core.message import Message
 from nsqd_tw.core.nsqd import NSQD
 from nsqd_tw.core.queue import QueueFull
 from nsqd_tw.core.settings import SettingsError, parse_settings
-from nsqd_tw.core.topic import TopicError
+from nsqd_tw.core.topic import Topic, TopicError
 from nsqd_tw.http.stats import get_stats, print_stats
 from nsqd_tw.lookup import split_host_port
 from nsqd_tw.options import TLS_REQUIRED
 from nsqd_tw.storage.errors import DiskBudgetFull
+
+PEEK_DEFAULT = 10  # messages /topic/peek and /channel/peek answer with, unless ?n= says
+PEEK_MAX = 1000
 
 
 class NSQDHTTPAPI(GoHTTPAPI):
@@ -204,13 +209,16 @@ class NSQDHTTPAPI(GoHTTPAPI):
         except TopicError:
             raise HTTPError(404, "TOPIC_NOT_FOUND") from None
 
-    @route("/topic/empty", "POST")
-    def topic_empty(self, request: Request) -> None:
+    def _existing_topic(self, request: Request) -> Topic:
         _, name = self._topic_from_query(request)
         try:
-            topic = self.nsqd.get_existing_topic(name)
+            return self.nsqd.get_existing_topic(name)
         except TopicError:
             raise HTTPError(404, "TOPIC_NOT_FOUND") from None
+
+    @route("/topic/empty", "POST")
+    def topic_empty(self, request: Request) -> None:
+        topic = self._existing_topic(request)
         try:
             topic.empty()
         except Exception as e:
@@ -350,6 +358,37 @@ class NSQDHTTPAPI(GoHTTPAPI):
             raise HTTPError(404, "DEAD_LETTER_NOT_FOUND")
         return {"id": msg_id, "dead_letter_topic": topic, **origin}
 
+    # -- beyond Go: queued messages, looked at without taking them ----------------------
+
+    def _peek_count(self, request: Request) -> int:
+        """``n``: 1 to PEEK_MAX (PEEK_DEFAULT when not given)."""
+        params = self.query(request)
+        if "n" not in params:
+            return PEEK_DEFAULT
+        try:
+            n = go_parse_int(params["n"][0])
+        except ValueError:
+            raise HTTPError(400, "INVALID_N") from None
+        if not 1 <= n <= PEEK_MAX:
+            raise HTTPError(400, "INVALID_N")
+        return n
+
+    @route("/topic/peek", "GET")
+    def topic_peek(self, request: Request) -> dict[str, Any]:
+        """A topic's own backlog (a topic with no channel, a paused one)."""
+        topic = self._existing_topic(request)
+        return self._peek_answer(topic.name, topic.peek(self._peek_count(request)))
+
+    @route("/channel/peek", "GET")
+    def channel_peek(self, request: Request) -> dict[str, Any]:
+        channel = self._existing_channel(request)
+        return self._peek_answer(channel.topic_name, channel.peek(self._peek_count(request)))
+
+    def _peek_answer(self, topic: str, msgs: list[Message]) -> dict[str, Any]:
+        """The messages as JSON; a dead letter with where it came from (``dead_letter``)."""
+        origin = self.nsqd.dead_letters.origin
+        return {"messages": [message_json(m, origin(topic, m.id)) for m in msgs]}
+
     @route("/stats", "GET")
     def stats(self, request: Request) -> Any:
         params = self.query(request)
@@ -414,6 +453,20 @@ def _publish_refusal(e: Exception) -> str:
     if isinstance(e, QueueFull):
         return f"QUEUE_FULL: {e}"
     return "EXITING"
+
+
+def message_json(msg: Message, dead_letter: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One peeked message. Keys added later go after these four, so that readers
+    of these keep working: ``dead_letter``, where a dead letter came from."""
+    doc: dict[str, Any] = {
+        "id": msg.id.decode("latin-1"),  # Go's IDs are 16 hex digits
+        "timestamp": msg.timestamp,
+        "attempts": msg.attempts,
+        "body": base64.b64encode(msg.body).decode("ascii"),
+    }
+    if dead_letter is not None:
+        doc["dead_letter"] = dead_letter
+    return doc
 
 
 def _read_binary_mpub(data: bytes, max_msg: int, max_body: int) -> list[bytes]:

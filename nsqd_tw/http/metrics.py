@@ -56,6 +56,9 @@ class NSQDCollector:
         t_paused = GaugeMetricFamily("nsq_topic_paused", "1 if the topic is paused", labels=t_labels)
         t_mem = GaugeMetricFamily("nsq_topic_memory_bytes", "message bytes held in memory", labels=t_labels)
         t_disk = GaugeMetricFamily("nsq_topic_backend_bytes", "message bytes on disk not yet read", labels=t_labels)
+        t_age = GaugeMetricFamily(
+            "nsq_topic_oldest_message_age_seconds", "age of the oldest message the topic holds", labels=t_labels
+        )
         t_expired = CounterMetricFamily("nsq_topic_expired", "messages dropped past max_age", labels=t_labels)
         t_dropped = CounterMetricFamily("nsq_topic_dropped", "messages dropped (drop_oldest)", labels=t_labels)
 
@@ -72,6 +75,9 @@ class NSQDCollector:
         c_mem = GaugeMetricFamily("nsq_channel_memory_bytes", "message bytes held in memory", labels=c_labels)
         c_disk = GaugeMetricFamily(
             "nsq_channel_backend_bytes", "message bytes on disk not yet read (or finished)", labels=c_labels
+        )
+        c_age = GaugeMetricFamily(
+            "nsq_channel_oldest_message_age_seconds", "age of the oldest queued message", labels=c_labels
         )
         c_dead = CounterMetricFamily(
             "nsq_channel_dead_letters", "messages moved to the dead-letter topic", labels=c_labels
@@ -91,6 +97,11 @@ class NSQDCollector:
             "end-to-end processing latency quantiles (--e2e-processing-latency-percentile)",
             labels=[*c_labels, "quantile"],
         )
+        fin = GaugeMetricFamily(
+            "nsq_channel_fin_latency_seconds",
+            "delivery-to-FIN latency quantiles (--e2e-processing-latency-percentile)",
+            labels=[*c_labels, "quantile"],
+        )
 
         k_labels = ["topic", "channel", "client_id", "remote_address"]
         k_ready = GaugeMetricFamily("nsq_client_ready_count", "the consumer's RDY count", labels=k_labels)
@@ -108,6 +119,7 @@ class NSQDCollector:
             t_paused.add_metric(tl, 1 if t["paused"] else 0)
             t_mem.add_metric(tl, t["memory_bytes"])
             t_disk.add_metric(tl, t["backend_bytes"])
+            t_age.add_metric(tl, t["oldest_message_age_ms"] / 1e3)
             t_expired.add_metric(tl, t["expired_count"])
             t_dropped.add_metric(tl, t["dropped_count"])
             _add_settings(setting, [t["topic_name"], ""], t.get("settings"))
@@ -124,12 +136,13 @@ class NSQDCollector:
                 c_paused.add_metric(cl, 1 if c["paused"] else 0)
                 c_mem.add_metric(cl, c["memory_bytes"])
                 c_disk.add_metric(cl, c["backend_bytes"])
+                c_age.add_metric(cl, c["oldest_message_age_ms"] / 1e3)
+                _add_quantiles(e2e, cl, c["e2e_processing_latency"])
+                _add_quantiles(fin, cl, c["fin_latency"])
                 c_dead.add_metric(cl, c["dead_letter_count"])
                 c_expired.add_metric(cl, c["expired_count"])
                 c_dropped.add_metric(cl, c["dropped_count"])
                 _add_settings(setting, cl, c.get("settings"))
-                for p in c["e2e_processing_latency"]["percentiles"] or []:
-                    e2e.add_metric([*cl, _num(p["quantile"])], p["value"] / 1e9)
                 for k in c["clients"] or []:
                     kl = [*cl, k["client_id"], k["remote_address"]]
                     k_ready.add_metric(kl, k["ready_count"])
@@ -137,9 +150,9 @@ class NSQDCollector:
                     k_msgs.add_metric(kl, k["message_count"])
                     k_fin.add_metric(kl, k["finish_count"])
                     k_req.add_metric(kl, k["requeue_count"])
-        yield from (t_depth, t_backend, t_msgs, t_bytes, t_paused, t_mem, t_disk, t_expired, t_dropped)
+        yield from (t_depth, t_backend, t_msgs, t_bytes, t_paused, t_mem, t_disk, t_age, t_expired, t_dropped)
         yield from (c_depth, c_backend, c_inflight, c_deferred, c_msgs, c_requeue, c_timeout, c_clients, c_paused)
-        yield from (c_mem, c_disk, c_dead, c_expired, c_dropped, setting, e2e)
+        yield from (c_mem, c_disk, c_age, c_dead, c_expired, c_dropped, setting, e2e, fin)
         yield from (k_ready, k_inflight, k_msgs, k_fin, k_req)
 
         producers = CounterMetricFamily(
@@ -168,6 +181,12 @@ class NSQDCollector:
 
 def _num(q: float) -> str:
     return f"{q:g}"
+
+
+def _add_quantiles(family: GaugeMetricFamily, labels: list[str], result: dict[str, Any]) -> None:
+    """A latency's percentiles (ns in the stats) as seconds, labelled by quantile."""
+    for p in result["percentiles"] or []:
+        family.add_metric([*labels, _num(p["quantile"])], p["value"] / 1e9)
 
 
 def make_registry(nsqd: NSQD, gc_pauses: GCPauses | None = None) -> CollectorRegistry:

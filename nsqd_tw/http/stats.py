@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from nsq_wire.gofmt import go_duration
-from nsqd_tw.core.quantile import EMPTY_RESULT
+from nsqd_tw.core.quantile import EMPTY_RESULT, Quantile
 
 if TYPE_CHECKING:
     from nsqd_tw.core.channel import Channel
@@ -36,6 +36,11 @@ def result_string(r: dict[str, Any]) -> str:
 
 
 # -- the snapshot ---------------------------------------------------------------
+
+
+def latency(q: Quantile | None, now: float) -> dict[str, Any]:
+    """A latency quantile's figures in Go's shape (no quantile: Go's empty one)."""
+    return q.result(now) if q is not None else EMPTY_RESULT
 
 
 def client_stats(client: ClientV2, topic_filter: str = "") -> dict[str, Any]:
@@ -93,10 +98,12 @@ def channel_stats(c: Channel, clients: list[dict[str, Any]] | None, now: float) 
         "client_count": len(c.clients),
         "clients": clients,
         "paused": c.paused,
-        "e2e_processing_latency": c.e2e.result(now) if c.e2e is not None else EMPTY_RESULT,
+        "e2e_processing_latency": latency(c.e2e, now),
         # beyond Go (after Go's keys): bytes held in memory, and on disk not yet read
         "memory_bytes": c.memory_bytes,
         "backend_bytes": getattr(c.backend, "queued_bytes", 0),
+        "oldest_message_age_ms": c.oldest_message_age_ms(),
+        "fin_latency": latency(c.fin_latency, now),
         "dead_letter_count": c.dead_letter_count,
         "expired_count": c.expired_count,
         "dropped_count": c.dropped_count,
@@ -110,7 +117,6 @@ def _settings(q: Topic | Channel, topic_name: str) -> dict[str, Any]:
 
 
 def topic_stats(t: Topic, channels: list[dict[str, Any]], now: float) -> dict[str, Any]:
-    agg = t.aggregate_e2e(now)
     return {
         "topic_name": t.name,
         "channels": channels,
@@ -119,9 +125,11 @@ def topic_stats(t: Topic, channels: list[dict[str, Any]], now: float) -> dict[st
         "message_count": t.message_count,
         "message_bytes": t.message_bytes,
         "paused": t.paused,
-        "e2e_processing_latency": agg.result(now) if agg is not None else EMPTY_RESULT,
+        "e2e_processing_latency": latency(t.aggregate_e2e(now), now),
         "memory_bytes": t.memory_bytes,
         "backend_bytes": getattr(t.backend, "queued_bytes", 0),
+        "oldest_message_age_ms": t.oldest_message_age_ms(),
+        "fin_latency": latency(t.aggregate_fin_latency(now), now),
         "expired_count": t.expired_count,
         "dropped_count": t.dropped_count,
         **_settings(t, t.name),

@@ -52,6 +52,10 @@ def metric_lines(
     def gauge(stat: str, n: int) -> None:
         lines.append(f"{prefix}{stat}:{n}|g\n".encode())
 
+    def percentiles(stat: str, result: dict[str, Any]) -> None:
+        for p in result["percentiles"] or []:
+            gauge(f"{stat}_{p['quantile'] * 100.0:.0f}", int(p["value"]))
+
     stats = get_stats(nsqd, include_clients=False)
     last_topics = {t["topic_name"]: t for t in last.get("topics") or []}
     for t in stats["topics"] or []:
@@ -63,8 +67,8 @@ def metric_lines(
         incr(f"topic.{name}.message_bytes", t["message_bytes"] - lt.get("message_bytes", 0))
         gauge(f"topic.{name}.depth", t["depth"])
         gauge(f"topic.{name}.backend_depth", t["backend_depth"])
-        for p in t["e2e_processing_latency"]["percentiles"] or []:
-            gauge(f"topic.{name}.e2e_processing_latency_{p['quantile'] * 100.0:.0f}", int(p["value"]))
+        percentiles(f"topic.{name}.e2e_processing_latency", t["e2e_processing_latency"])
+        percentiles(f"topic.{name}.fin_latency", t["fin_latency"])  # beyond Go
         if "settings" in t:  # beyond Go, and only where settings apply: Go's lines otherwise
             for counter in ("expired_count", "dropped_count"):
                 incr(f"topic.{name}.{counter}", t[counter] - lt.get(counter, 0))
@@ -83,8 +87,8 @@ def metric_lines(
             incr(f"{key}.requeue_count", c["requeue_count"] - lc.get("requeue_count", 0))
             incr(f"{key}.timeout_count", c["timeout_count"] - lc.get("timeout_count", 0))
             gauge(f"{key}.clients", c["client_count"])
-            for p in c["e2e_processing_latency"]["percentiles"] or []:
-                gauge(f"{key}.e2e_processing_latency_{p['quantile'] * 100.0:.0f}", int(p["value"]))
+            percentiles(f"{key}.e2e_processing_latency", c["e2e_processing_latency"])
+            percentiles(f"{key}.fin_latency", c["fin_latency"])  # beyond Go
             if "settings" in c:
                 for counter in ("dead_letter_count", "expired_count", "dropped_count"):
                     incr(f"{key}.{counter}", c[counter] - lc.get(counter, 0))

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from itertools import islice
 
 from zope.interface import Attribute, Interface, implementer
+
+from nsq_wire.message import TIMESTAMP
 
 
 class IBackendQueue(Interface):
@@ -45,9 +48,6 @@ class IBackendQueue(Interface):
     def done(token: object | None) -> None:
         """The message read with ``token`` is finished: its record may go."""
 
-    def peek() -> bytes | None:
-        """The oldest record without removing it (None: none, or unknown)."""
-
     def release_files() -> None:
         """Nothing is queued: give back the storage that held what was read."""
 
@@ -59,6 +59,15 @@ class IBackendQueue(Interface):
 
     def depth() -> int:
         """The number of records held."""
+
+    def peek(n: int) -> list[bytes]:
+        """Up to ``n`` of the oldest records, in order, none of them taken
+        (for inspection; a backend without it shows none)."""
+
+    def head_timestamp() -> int | None:
+        """The message timestamp (ns) of the oldest record, ``None`` if there is
+        none; called for every ``/stats``, so it must be cheap (a backend
+        without it counts as empty in ``oldest_message_age_ms``)."""
 
     def empty() -> None:
         """Drop every record."""
@@ -89,9 +98,6 @@ class _NoAcks:
     def done(self, token: object | None) -> None:
         pass
 
-    def peek(self) -> bytes | None:
-        return None
-
     def release_files(self) -> None:
         pass
 
@@ -114,8 +120,11 @@ class MemoryBackendQueue(_NoAcks):
     def get(self) -> bytes | None:
         return self._records.popleft() if self._records else None
 
-    def peek(self) -> bytes | None:
-        return self._records[0] if self._records else None
+    def peek(self, n: int) -> list[bytes]:
+        return list(islice(self._records, max(n, 0)))
+
+    def head_timestamp(self) -> int | None:
+        return int(TIMESTAMP.unpack_from(self._records[0])[0]) if self._records else None
 
     def set_deferred(self, msg_id: bytes, deliver_at_ns: int) -> None:
         self._deferred_at[msg_id] = deliver_at_ns
@@ -152,6 +161,12 @@ class DummyBackendQueue(_NoAcks):
         pass
 
     def get(self) -> bytes | None:
+        return None
+
+    def peek(self, n: int) -> list[bytes]:
+        return []
+
+    def head_timestamp(self) -> int | None:
         return None
 
     def depth(self) -> int:

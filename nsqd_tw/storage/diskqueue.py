@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from zope.interface import implementer
 
-from nsq_wire.message import ID_OFFSET, MSG_ID_LENGTH
+from nsq_wire.message import ID_OFFSET, MSG_ID_LENGTH, TIMESTAMP
 from nsqd_tw.storage.backend import IBackendQueue
 from nsqd_tw.storage.budget import DiskBudget
 from nsqd_tw.storage.deferred import DeferredTimes
@@ -94,6 +94,7 @@ class DiskQueue:
         self.count = 0  # writes and reads since the last sync
 
         self._outstanding: deque[Ref] = deque()
+        self._head: tuple[tuple[int, int], int | None] | None = None  # (read position, its timestamp)
 
         self.files = QueueFiles(data_path, name, min_msg_size, max_msg_size, log, directory)
         self._reader = RecordReader()
@@ -175,6 +176,7 @@ class DiskQueue:
         except OSError as e:
             self.log.error("DISKQUEUE({name}) failed to take back a failed write - {err}", name=self.name, err=e)
         self.write_file_num, self.write_pos, self._depth = mark.file, mark.pos, mark.depth
+        self._head = None  # the head may have been one of the records cut
 
     def _commit_write(self, file_num: int, pos: int, n: int) -> None:
         self.write_file_num, self.write_pos = file_num, pos
@@ -197,45 +199,12 @@ class DiskQueue:
 
     def read(self) -> tuple[bytes, Ref | None] | None:
         """The next record and, in acknowledged mode, its :class:`Ref`."""
-        head = self._head(repair=True)
-        if head is None:
-            return None
-        pos, size, data = head
-        ref = None
-        if self.acked:
-            ref = Ref(self.read_file_num, pos, 4 + size)
-            self._outstanding.append(ref)
-            if self.deferred.at:  # its time is kept (on file) until it is done
-                msg_id = data[ID_OFFSET : ID_OFFSET + MSG_ID_LENGTH]
-                if self.deferred.take(msg_id, hold=True) is not None:
-                    ref.deferred_id = msg_id
-        else:
-            self._set_queued(self.queued_bytes - 4 - size)
-        r = self._reader
-        self.read_pos = pos + 4 + size
-        self._depth -= 1
-        self.count += 1
-        self.syncer.read(self)
-        if self.read_pos >= r.limit and self.read_file_num < self.write_file_num:
-            self._next_read_file()
-        return data, ref
-
-    def peek(self) -> bytes | None:
-        """The next record, left where it is (None: nothing queued, or a head
-        that only :meth:`read` can repair)."""
-        head = self._head(repair=False)
-        return None if head is None else head[2]
-
-    def _head(self, repair: bool) -> tuple[int, int, bytes] | None:
-        """The next record (position, size, bytes), moving past files read to
-        their end; bad bytes are skipped (``repair``) or end the look (None)."""
         r = self._reader
         while True:
             if self.read_file_num > self.write_file_num or (
                 self.read_file_num == self.write_file_num and self.read_pos >= self.write_pos
             ):
-                if repair:
-                    self._check_tail()
+                self._check_tail()
                 return None
             if r.fd is None or r.num != self.read_file_num:
                 if not self._open_read():
@@ -248,21 +217,36 @@ class DiskQueue:
                 continue
             head = r.read_at(pos, 4)
             if len(head) < 4:
-                problem = "truncated record size"
+                self._corrupt(pos, "truncated record size")
+                continue
+            (size,) = RECORD_SIZE.unpack(head)
+            if size < self.min_msg_size or size > self.max_msg_size:
+                self._corrupt(pos, f"invalid message read size ({size})")
+                continue
+            if pos + 4 + size > r.limit:
+                self._corrupt(pos, f"record of {size} bytes runs past the end of the file")
+                continue
+            data = r.read_at(pos + 4, size)
+            if len(data) < size:
+                self._corrupt(pos, "truncated record")
+                continue
+            ref = None
+            if self.acked:
+                ref = Ref(self.read_file_num, pos, 4 + size)
+                self._outstanding.append(ref)
+                if self.deferred.at:  # its time is kept (on file) until it is done
+                    msg_id = data[ID_OFFSET : ID_OFFSET + MSG_ID_LENGTH]
+                    if self.deferred.take(msg_id, hold=True) is not None:
+                        ref.deferred_id = msg_id
             else:
-                (size,) = RECORD_SIZE.unpack(head)
-                if size < self.min_msg_size or size > self.max_msg_size:
-                    problem = f"invalid message read size ({size})"
-                elif pos + 4 + size > r.limit:
-                    problem = f"record of {size} bytes runs past the end of the file"
-                else:
-                    data = r.read_at(pos + 4, size)
-                    if len(data) == size:
-                        return pos, size, data
-                    problem = "truncated record"
-            if not repair:
-                return None
-            self._corrupt(pos, problem)
+                self._set_queued(self.queued_bytes - 4 - size)
+            self.read_pos = pos + 4 + size
+            self._depth -= 1
+            self.count += 1
+            self.syncer.read(self)
+            if self.read_pos >= r.limit and self.read_file_num < self.write_file_num:
+                self._next_read_file()
+            return data, ref
 
     def release_files(self) -> None:
         """Nothing queued and nothing read still owned: remove the data file read
@@ -292,6 +276,74 @@ class DiskQueue:
             while out and out[0].done:
                 out.popleft()
             self._remove_files_before(self._cursor()[0], first_file)
+
+    # -- peeking (beyond Go): the next records, left where they are -------------------
+
+    def peek(self, n: int) -> list[bytes]:
+        """Up to ``n`` records from the read position on, not read (the read
+        position, the reader and its buffer stay as they are)."""
+        found: list[bytes] = []
+        if n <= 0:
+            return found
+        reader = RecordReader()
+        try:
+            for pos, size in self._unread(reader):
+                data = reader.read_at(pos + 4, size)
+                if len(data) < size:
+                    break
+                found.append(data)
+                if len(found) == n:
+                    break
+        finally:
+            reader.close()
+        return found
+
+    def head_timestamp(self) -> int | None:
+        """The timestamp (ns) of the next record to read (None: none), read again
+        only when the read position has moved, and from the reader's buffer when
+        it holds it: cheap enough for every /stats."""
+        if not self._depth:
+            return None
+        at = (self.read_file_num, self.read_pos)
+        if self._head is None or self._head[0] != at:
+            self._head = (at, self._read_head_timestamp())
+        return self._head[1]
+
+    def _read_head_timestamp(self) -> int | None:
+        end = 4 + TIMESTAMP.size
+        head = self._reader.buffered(self.read_file_num, self.read_pos, end)
+        if head is not None and self.min_msg_size <= RECORD_SIZE.unpack_from(head)[0] <= self.max_msg_size:
+            return int(TIMESTAMP.unpack_from(head, 4)[0])
+        reader = RecordReader(chunk=end)
+        try:
+            for pos, _ in self._unread(reader):
+                data = reader.read_at(pos + 4, TIMESTAMP.size)
+                return int(TIMESTAMP.unpack(data)[0]) if len(data) == TIMESTAMP.size else None
+            return None
+        finally:
+            reader.close()
+
+    def _unread(self, reader: RecordReader) -> Iterator[tuple[int, int]]:
+        """The position and size of each record not read yet, in order, found
+        through ``reader``; they end at the write position, a missing file, or
+        anything that is not a record (:meth:`read` deals with those)."""
+        num, pos = self.read_file_num, self.read_pos
+        while (num, pos) < (self.write_file_num, self.write_pos):
+            if reader.num != num:
+                limit = self.write_pos if num == self.write_file_num else None
+                if not reader.open(self.files.data_file(num), num, limit):
+                    return
+            if pos >= reader.limit:
+                num, pos = num + 1, 0
+                continue
+            head = reader.read_at(pos, 4)
+            if len(head) < 4:
+                return
+            (size,) = RECORD_SIZE.unpack(head)
+            if size < self.min_msg_size or size > self.max_msg_size or pos + 4 + size > reader.limit:
+                return
+            yield pos, size
+            pos += 4 + size
 
     # -- emptying and closing --------------------------------------------------------
 

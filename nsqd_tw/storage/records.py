@@ -18,10 +18,12 @@ READ_CHUNK = 1 << 20
 class RecordReader:
     """The data file being read: its number, the bytes readable in it, a buffer."""
 
-    def __init__(self) -> None:
+    def __init__(self, chunk: int = READ_CHUNK) -> None:
+        """``chunk``: the most one ``pread`` reads ahead."""
         self.fd: int | None = None
         self.num = -1
         self.limit = 0  # bytes readable in the open file
+        self._chunk = chunk
         self._buf = b""
         self._buf_start = 0
 
@@ -43,11 +45,18 @@ class RecordReader:
         start = pos - self._buf_start
         if 0 <= start and start + n <= len(self._buf):
             return self._buf[start : start + n]
-        want = max(n, min(READ_CHUNK, self.limit - pos))
+        want = max(n, min(self._chunk, self.limit - pos))
         assert self.fd is not None
         self._buf = os.pread(self.fd, want, pos)
         self._buf_start = pos
         return self._buf[:n]
+
+    def buffered(self, num: int, pos: int, n: int) -> bytes | None:
+        """``n`` bytes at ``pos`` of file ``num`` if the buffer holds them (no I/O)."""
+        start = pos - self._buf_start
+        if self.num != num or start < 0 or start + n > len(self._buf):
+            return None
+        return self._buf[start : start + n]
 
     def drop_buffer(self) -> None:
         self._buf = b""

@@ -1,13 +1,16 @@
-"""The HTTP API of a real nsqd process: HTTPS, non-HTTP clients, statsd, Prometheus."""
+"""The HTTP API of a real nsqd process: HTTPS, non-HTTP clients, statsd, Prometheus, peek."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import socket
 
 import treq
 from treq.client import HTTPClient
 from twisted.internet import defer, protocol, reactor, ssl
+from twisted.internet.task import deferLater
 from twisted.trial import unittest
 from twisted.web.client import Agent, BrowserLikePolicyForHTTPS, HTTPConnectionPool
 
@@ -68,6 +71,109 @@ class PlainHTTPTests(HTTPProcessTestCase):
         resp = yield treq.get(f"http://{http}/metrics", persistent=False)
         text = (yield resp.content()).decode()
         self.assertIn('nsq_topic_messages_total{topic="web"} 3.0', text)
+
+
+@defer.inlineCallbacks
+def get_json(url: str):
+    resp = yield treq.get(url, persistent=False)
+    content = yield resp.content()
+    assert resp.code == 200, (url, resp.code, content)
+    return json.loads(content)
+
+
+@defer.inlineCallbacks
+def eventually(check, timeout: float = 30.0):
+    """Poll ``check()`` (a Deferred) until what it fires with is true; return that."""
+    deadline = reactor.seconds() + timeout
+    while True:
+        found = yield check()
+        if found:
+            return found
+        if reactor.seconds() >= deadline:
+            raise AssertionError("condition not met in time")
+        yield deferLater(reactor, 0.05, lambda: None)
+
+
+class InspectProcessTests(HTTPProcessTestCase):
+    """Beyond Go: peek, the oldest message's age and the delivery-to-FIN latency."""
+
+    @defer.inlineCallbacks
+    def test_peek_a_disk_backed_channel_then_consume_what_it_showed(self):
+        proc = self.start("--mem-queue-size", "2", "--e2e-processing-latency-percentile", "0.99,0.5")
+        http = f"http://{proc.addresses['HTTP']}"
+        for path in ("/topic/create?topic=orders", "/channel/create?topic=orders&channel=billing"):
+            resp = yield treq.post(f"{http}{path}", persistent=False)
+            self.assertEqual(resp.code, 200)
+            yield resp.content()
+        bodies = [b"order %d" % i for i in range(6)]
+        resp = yield treq.post(f"{http}/mpub?topic=orders", b"\n".join(bodies), persistent=False)
+        self.assertEqual((yield resp.content()), b"OK")
+
+        peek = yield get_json(f"{http}/channel/peek?topic=orders&channel=billing&n=1000")
+        peeked = [(m["id"], base64.b64decode(m["body"])) for m in peek["messages"]]
+        self.assertEqual(sorted(body for _, body in peeked), bodies)
+
+        def billing():
+            d = get_json(f"{http}/stats?format=json&topic=orders&channel=billing")
+            return d.addCallback(lambda s: s["topics"][0]["channels"][0])
+
+        channel = yield eventually(lambda: billing().addCallback(lambda c: c["oldest_message_age_ms"] > 0 and c))
+        self.assertEqual((channel["depth"], channel["backend_depth"]), (6, 4), "peeking took nothing")
+        self.assertEqual(
+            channel["fin_latency"],
+            {"count": 0, "percentiles": [{"quantile": 0.99, "value": 0.0}, {"quantile": 0.5, "value": 0.0}]},
+        )
+
+        metrics = yield self.metrics(http)
+        self.assertGreater(metrics['nsq_channel_oldest_message_age_seconds{channel="billing",topic="orders"}'], 0)
+
+        got = []
+        all_in: defer.Deferred = defer.Deferred()
+
+        def handle(msg):
+            got.append((msg.id.decode(), msg.body))
+            if len(got) == len(bodies):
+                all_in.callback(None)
+
+        consumer = yield Consumer.connect(reactor, "127.0.0.1", proc.port(), "orders", "billing", handle, 10)
+        yield all_in
+        yield consumer.close()
+        self.assertEqual(got, peeked, "the consumer got what peek showed, in that order")
+
+        channel = yield eventually(lambda: billing().addCallback(lambda c: c["fin_latency"]["count"] == 6 and c))
+        self.assertEqual((channel["depth"], channel["oldest_message_age_ms"]), (0, 0))
+        self.assertGreater(channel["fin_latency"]["percentiles"][0]["value"], 0)
+        metrics = yield self.metrics(http)
+        self.assertEqual(metrics['nsq_channel_oldest_message_age_seconds{channel="billing",topic="orders"}'], 0)
+        self.assertGreater(
+            metrics['nsq_channel_fin_latency_seconds{channel="billing",quantile="0.99",topic="orders"}'], 0
+        )
+
+    @defer.inlineCallbacks
+    def metrics(self, http: str):
+        """/metrics as {name and labels: value}."""
+        resp = yield treq.get(f"{http}/metrics", persistent=False)
+        text = (yield resp.content()).decode()
+        lines = [line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#")]
+        return {key: float(value) for key, value in lines}
+
+    @defer.inlineCallbacks
+    def test_a_topic_without_channels(self):
+        proc = self.start("--mem-queue-size", "1")
+        http = f"http://{proc.addresses['HTTP']}"
+        resp = yield treq.post(f"{http}/mpub?topic=dead", b"a\nb\nc", persistent=False)
+        yield resp.content()
+        peek = yield get_json(f"{http}/topic/peek?topic=dead&n=2")
+        self.assertEqual(sorted(base64.b64decode(m["body"]) for m in peek["messages"]), [b"a", b"b"])
+
+        def dead():
+            d = get_json(f"{http}/stats?format=json&topic=dead")
+            return d.addCallback(lambda s: s["topics"][0])
+
+        topic = yield eventually(lambda: dead().addCallback(lambda t: t["oldest_message_age_ms"] > 0 and t))
+        self.assertEqual((topic["depth"], topic["backend_depth"]), (3, 2))
+        resp = yield treq.get(f"{http}/topic/peek?topic=dead&n=1001", persistent=False)
+        self.assertEqual((resp.code, (yield resp.content())), (400, b'{"message":"INVALID_N"}'))
 
 
 def exchange(address: str, request: bytes, timeout: float = 10.0) -> bytes:

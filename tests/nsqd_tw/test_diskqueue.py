@@ -350,3 +350,81 @@ class DeferredTimesTests(Base):
         data, _ = again.read()
         self.assertEqual(Message.decode(data).id, ids[0])
         self.assertEqual(again.take_deferred(ids[0]), 1_800_000_000_000_000_000)
+
+
+class PeekTests(Base):
+    """peek() and head_timestamp(): the next records, read without being taken."""
+
+    def test_peek_leaves_the_read_position(self) -> None:
+        q = self.queue()
+        q.put_many([record(i) for i in range(5)])
+        self.assertEqual([number(r) for r in q.peek(3)], [0, 1, 2])
+        self.assertEqual([number(r) for r in q.peek(10)], [0, 1, 2, 3, 4])
+        self.assertEqual((q.depth(), q.read_file_num, q.read_pos), (5, 0, 0))
+        self.assertEqual(number(q.get()), 0)
+        self.assertEqual([number(r) for r in q.peek(2)], [1, 2])
+        self.assertEqual(self.drain(q), [1, 2, 3, 4])
+        self.assertEqual(q.peek(10), [])
+
+    def test_peek_crosses_files(self) -> None:
+        size = 4 + len(record(0))
+        q = self.queue(max_bytes=2 * size)
+        q.put_many([record(i) for i in range(7)])  # files of 2, 2, 2, 1
+        self.assertEqual([number(q.get()) for _ in range(2)], [0, 1])  # the reader is at the end of file 0
+        self.assertEqual([number(r) for r in q.peek(4)], [2, 3, 4, 5])
+        self.assertEqual(self.drain(q), [2, 3, 4, 5, 6])
+
+    def test_peek_in_acknowledged_mode_starts_after_what_was_read(self) -> None:
+        q = self.queue(acked=True)
+        q.put_many([record(i) for i in range(4)])
+        q.read()  # in flight: not done, no longer queued
+        self.assertEqual([number(r) for r in q.peek(10)], [1, 2, 3])
+        self.assertEqual(q.depth(), 3)
+
+    def test_peek_stops_at_what_is_not_a_record(self) -> None:
+        q = self.queue()
+        q.put_many([record(i) for i in range(3)])
+        with open(q.files.data_file(0), "r+b") as f:
+            f.seek(2 * (4 + len(record(0))))
+            f.write(b"\xff\xff\xff\xff")  # the third record's size
+        self.assertEqual([number(r) for r in q.peek(10)], [0, 1])
+
+    def test_head_timestamp(self) -> None:
+        q = self.queue()
+        self.assertIsNone(q.head_timestamp())
+        q.put_many([record(i) for i in range(3)])
+        self.assertEqual(q.head_timestamp(), 1_700_000_000_000_000_000)
+        q.get()
+        self.assertEqual(q.head_timestamp(), 1_700_000_000_000_000_001)
+        self.drain(q)
+        self.assertIsNone(q.head_timestamp())
+
+    def test_head_timestamp_is_read_again_only_when_the_head_moves(self) -> None:
+        q = self.queue()
+        q.put_many([record(i) for i in range(3)])
+        q.get()
+        q.close()
+        q = self.queue()  # nothing read through this queue's own reader yet
+        reads: list[int] = []
+        pread = os.pread
+        self.patch(records.os, "pread", lambda fd, n, pos: reads.append(n) or pread(fd, n, pos))
+        for _ in range(3):
+            self.assertEqual(q.head_timestamp(), 1_700_000_000_000_000_001)
+        self.assertEqual(len(reads), 1, "one small read, then the cached time")
+        self.assertLessEqual(reads[0], 12)
+        q.put(record(7))
+        self.assertEqual(q.head_timestamp(), 1_700_000_000_000_000_001)
+        self.assertEqual(len(reads), 1, "a write does not move the head")
+        q.get()
+        del reads[:]
+        self.assertEqual(q.head_timestamp(), 1_700_000_000_000_000_002)
+        self.assertEqual(reads, [], "the reader's buffer holds the new head")
+
+    def test_head_timestamp_after_a_batch_is_taken_back(self) -> None:
+        q = self.queue()
+        mark = q.put_many([record(5)])
+        self.assertEqual(q.head_timestamp(), 1_700_000_000_000_000_005)
+        q.unput(mark)
+        self.assertIsNone(q.head_timestamp())
+        q.put(record(6))  # written where the taken-back one was
+        self.assertEqual(q.head_timestamp(), 1_700_000_000_000_000_006)

@@ -339,6 +339,8 @@ class StatsTests(HTTPTestCase):
                 # beyond Go, after Go's keys
                 "memory_bytes",
                 "backend_bytes",
+                "oldest_message_age_ms",
+                "fin_latency",
                 "expired_count",
                 "dropped_count",
             ],
@@ -346,11 +348,13 @@ class StatsTests(HTTPTestCase):
         self.assertEqual((t1["memory_bytes"], t1["backend_bytes"]), (0, 0))
         c1 = t1["channels"][0]
         self.assertEqual(
-            list(c1)[-6:],
+            list(c1)[-8:],
             [
                 "e2e_processing_latency",
                 "memory_bytes",
                 "backend_bytes",
+                "oldest_message_age_ms",
+                "fin_latency",
                 "dead_letter_count",
                 "expired_count",
                 "dropped_count",

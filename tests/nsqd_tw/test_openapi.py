@@ -24,6 +24,8 @@ EXAMPLES: dict[tuple[str, str], tuple[str, bytes]] = {
     ("/pub", "post"): ("topic=t&defer=10", b"hello"),
     ("/mpub", "post"): ("topic=t", b"one\ntwo"),
     ("/stats", "get"): ("format=json", b""),
+    ("/topic/peek", "get"): ("topic=held&n=5", b""),
+    ("/channel/peek", "get"): ("topic=t&channel=c&n=5", b""),
     ("/config/{opt}", "put"): ("", b"info"),
     ("/topic/settings", "put"): ("topic=t", b'{"max_age": "1h", "max_depth": 5}'),
     ("/channel/settings", "put"): ("topic=t&channel=c", b'{"max_attempts": 3, "max_depth": null}'),
@@ -48,6 +50,7 @@ class OpenAPITests(unittest.TestCase):
         consumer = FakeClient(self.nsqd)
         consumer.sub("t", "c", rdy=1)
         FakeClient(self.nsqd).pub("t", b"x")
+        FakeClient(self.nsqd).pub("held", b"y")  # a topic with no channel: something to peek at
 
     def test_document_is_valid(self) -> None:
         validate(self.spec)

@@ -429,6 +429,9 @@ class HTTPTests(Base):
         code, doc = yield self.call("GET", f"/topic/dead_letter?topic=failed&id={msg.id.decode()}")
         self.assertEqual((code, doc["channel"], doc["attempts"], doc["reason"]), (200, "c", 1, "max_attempts"))
         self.assertEqual((doc["id"], doc["dead_letter_topic"], doc["topic"]), (msg.id.decode(), "failed", "t"))
+        code, doc = yield self.call("GET", "/topic/peek?topic=failed")
+        (peeked,) = doc["messages"]
+        self.assertEqual((peeked["id"], peeked["dead_letter"]["channel"]), (msg.id.decode(), "c"))
         code, doc = yield self.call("GET", "/topic/dead_letter?topic=failed&id=0000000000000000")
         self.assertEqual((code, doc), (404, {"message": "DEAD_LETTER_NOT_FOUND"}))
         code, doc = yield self.call("GET", "/topic/dead_letter?topic=failed")

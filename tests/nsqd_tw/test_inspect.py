@@ -1,0 +1,312 @@
+"""What an operator watches (beyond Go): the oldest queued message's age, the
+delivery-to-FIN latency, and peeking at a queue without consuming it."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+
+from treq.testing import StubTreq
+from twisted.internet import defer
+from twisted.trial import unittest
+
+from nsqd_tw.core.nsqd import NSQD
+from nsqd_tw.http.api import NSQDHTTPAPI
+from nsqd_tw.http.metrics import make_registry, render
+from nsqd_tw.http.stats import get_stats, print_stats
+from nsqd_tw.http.statsd import metric_lines
+from tests.helpers import FakeClient, make_nsqd
+from tests.nsqd_tw.test_channel import FakeConsumer
+
+
+def bodies(msgs: list) -> list[bytes]:
+    return [m.body for m in msgs]
+
+
+class OldestMessageAgeTests(unittest.TestCase):
+    def setUp(self) -> None:
+        self.nsqd = make_nsqd(mem_queue_size=2)
+        self.clock = self.nsqd.reactor
+        self.topic = self.nsqd.get_topic("t")
+        self.channel = self.topic.get_channel("c")
+
+    def test_zero_when_empty(self) -> None:
+        self.assertEqual((self.channel.oldest_message_age_ms(), self.topic.oldest_message_age_ms()), (0, 0))
+
+    def test_from_memory_and_backend(self) -> None:
+        self.nsqd.publish("t", [b"m0", b"m1"])  # memory
+        self.clock.advance(10)
+        self.nsqd.publish("t", [b"d0", b"d1", b"d2", b"d3"])  # memory is full: the backend
+        self.clock.advance(10)
+        self.assertEqual((len(self.channel.memory), self.channel.backend.depth()), (2, 4))
+        self.assertEqual(self.channel.oldest_message_age_ms(), 20_000)
+        c = FakeConsumer(1, rdy=4)
+        self.channel.add_client(c)
+        self.channel.kick()
+        self.assertEqual(sorted(bodies(c.got)), [b"d0", b"d1", b"m0", b"m1"])
+        self.assertEqual(len(self.channel.memory), 0)
+        self.assertEqual(self.channel.oldest_message_age_ms(), 10_000, "the backend's head, once memory is empty")
+
+    def test_in_flight_and_deferred_are_not_queued(self) -> None:
+        c = FakeConsumer(1, rdy=1)
+        self.channel.add_client(c)
+        self.nsqd.publish("t", [b"a"])
+        self.nsqd.publish("t", [b"later"], delay=60)
+        self.clock.advance(5)
+        self.assertEqual(self.channel.oldest_message_age_ms(), 0)
+
+    def test_a_requeued_message_keeps_its_publish_time(self) -> None:
+        c = FakeConsumer(1, rdy=1)
+        self.channel.add_client(c)
+        self.nsqd.publish("t", [b"a"])
+        self.clock.advance(3)
+        self.channel.requeue_message(1, c.got[0].id, 0)
+        self.assertEqual(self.channel.oldest_message_age_ms(), 3000)
+
+    def test_a_topics_own_backlog(self) -> None:
+        self.nsqd.publish("held", [b"a", b"b", b"c"])
+        self.clock.advance(1.5)
+        self.assertEqual(self.nsqd.topics["held"].oldest_message_age_ms(), 1500)
+        self.assertEqual(self.topic.oldest_message_age_ms(), 0, "a topic with a channel hands everything on")
+
+    def test_in_stats_after_gos_keys(self) -> None:
+        self.nsqd.publish("t", [b"a"])
+        self.clock.advance(2)
+        (t,) = get_stats(self.nsqd)["topics"]
+        for keys in (list(t), list(t["channels"][0])):
+            at = keys.index("backend_bytes")
+            self.assertEqual(keys[at : at + 3], ["backend_bytes", "oldest_message_age_ms", "fin_latency"])
+        self.assertEqual((t["oldest_message_age_ms"], t["channels"][0]["oldest_message_age_ms"]), (0, 2000))
+
+    def test_not_in_the_text_format(self) -> None:
+        self.nsqd.publish("t", [b"a"])
+        text = print_stats(get_stats(self.nsqd), None, "OK", 0.0, self.nsqd.now(), "nsqd v1.3.0")
+        self.assertNotIn("oldest", text)
+        self.assertNotIn("fin", text)
+
+
+class FinLatencyTests(unittest.TestCase):
+    def setUp(self) -> None:
+        self.nsqd = make_nsqd(e2e_processing_latency_percentiles=[0.99, 0.5])
+        self.clock = self.nsqd.reactor
+
+    def test_from_delivery_to_fin(self) -> None:
+        self.nsqd.publish("t", [b"a"])
+        channel = self.nsqd.topics["t"].get_channel("c")
+        self.clock.advance(0)
+        self.clock.advance(1.0)  # waiting: counts in the end-to-end latency only
+        c = FakeConsumer(1, rdy=1)
+        channel.add_client(c)
+        channel.kick()
+        self.clock.advance(0.25)
+        channel.finish_message(1, c.got[0].id)
+        now = self.nsqd.now()
+        e2e = channel.e2e.result(now)["percentiles"][0]["value"]
+        assert channel.fin_latency is not None
+        fin = channel.fin_latency.result(now)
+        self.assertEqual(fin["count"], 1)
+        self.assertLess(abs(fin["percentiles"][0]["value"] - 0.25e9), 0.25e9 * 0.02)  # DDSketch: 1%
+        self.assertLess(abs(e2e - 1.25e9), 1.25e9 * 0.02)
+
+    def test_a_redelivery_counts_from_its_own_delivery(self) -> None:
+        channel = self.nsqd.get_topic("t").get_channel("c")
+        c = FakeConsumer(1, rdy=1, msg_timeout=5)
+        channel.add_client(c)
+        self.nsqd.publish("t", [b"a"])
+        self.clock.advance(5.1)
+        channel.process_queues(self.nsqd.now())  # timed out: sent again
+        self.clock.advance(0.5)
+        channel.finish_message(1, c.got[1].id)
+        assert channel.fin_latency is not None
+        value = channel.fin_latency.result(self.nsqd.now())["percentiles"][0]["value"]
+        self.assertLess(abs(value - 0.5e9), 0.5e9 * 0.02)
+
+    def test_in_stats_statsd_and_prometheus(self) -> None:
+        consumer = FakeClient(self.nsqd)
+        consumer.sub("t", "c", rdy=1)
+        FakeClient(self.nsqd).pub("t", b"x")
+        (msg,) = consumer.messages()
+        self.clock.advance(0.1)
+        consumer.fin(msg.id)
+        (t,) = get_stats(self.nsqd)["topics"]
+        for fin in (t["fin_latency"], t["channels"][0]["fin_latency"]):
+            self.assertEqual(fin["count"], 1)
+            self.assertEqual([p["quantile"] for p in fin["percentiles"]], [0.99, 0.5])
+        lines = b"".join(metric_lines(self.nsqd, {}, None)[0]).decode()
+        self.assertRegex(lines, r"\.topic\.t\.fin_latency_99:1\d{8}\|g\n")
+        self.assertRegex(lines, r"\.topic\.t\.channel\.c\.fin_latency_50:1\d{8}\|g\n")
+        text = render(make_registry(self.nsqd)).decode()
+        self.assertRegex(text, r'nsq_channel_fin_latency_seconds\{channel="c",quantile="0.99",topic="t"\} 0\.1\d*')
+        self.assertIn('nsq_channel_oldest_message_age_seconds{channel="c",topic="t"} 0.0', text)
+        self.assertIn('nsq_topic_oldest_message_age_seconds{topic="t"} 0.0', text)
+
+    def test_off_without_the_percentiles(self) -> None:
+        nsqd = make_nsqd()
+        channel = nsqd.get_topic("t").get_channel("c")
+        self.assertIsNone(channel.fin_latency)
+        (t,) = get_stats(nsqd)["topics"]
+        self.assertEqual(t["channels"][0]["fin_latency"], {"count": 0, "percentiles": None})
+        self.assertNotIn(b"fin_latency", b"".join(metric_lines(nsqd, {}, None)[0]))
+
+
+class PeekTests(unittest.TestCase):
+    def setUp(self) -> None:
+        self.nsqd = make_nsqd(mem_queue_size=2)
+        self.channel = self.nsqd.get_topic("t").get_channel("c")
+
+    def test_in_delivery_order_without_consuming(self) -> None:
+        self.nsqd.publish("t", [b"%d" % i for i in range(5)])  # memory 0 1, backend 2 3 4
+        peeked = self.channel.peek(10)
+        self.assertEqual(bodies(self.channel.peek(3)), bodies(peeked[:3]))
+        self.assertEqual(self.channel.depth(), 5)
+        c = FakeConsumer(1, rdy=10)
+        self.channel.add_client(c)
+        self.channel.kick()
+        self.assertEqual([(m.id, m.body, m.timestamp) for m in c.got], [(m.id, m.body, m.timestamp) for m in peeked])
+        self.assertEqual(sorted(bodies(peeked)), [b"0", b"1", b"2", b"3", b"4"])
+
+    def test_the_turn_of_memory_and_backend_is_kept(self) -> None:
+        self.nsqd.publish("t", [b"%d" % i for i in range(5)])
+        c = FakeConsumer(1, rdy=1)
+        self.channel.add_client(c)
+        self.channel.kick()
+        peeked = self.channel.peek(10)
+        self.channel.finish_message(1, c.got[0].id)
+        c.in_flight_count = 0
+        c.ready_count = 10
+        self.channel.kick()
+        self.assertEqual(bodies(c.got[1:]), bodies(peeked))
+
+    def test_a_requeued_message_shows_its_attempts(self) -> None:
+        c = FakeConsumer(1, rdy=1)
+        self.channel.add_client(c)
+        self.nsqd.publish("t", [b"a"])
+        self.channel.requeue_message(1, c.got[0].id, 0)
+        (m,) = self.channel.peek(10)
+        self.assertEqual((m.body, m.attempts), (b"a", 1))
+
+    def test_a_topics_backlog(self) -> None:
+        self.nsqd.publish("held", [b"a", b"b", b"c"])
+        self.assertEqual(sorted(bodies(self.nsqd.topics["held"].peek(10))), [b"a", b"b", b"c"])
+        self.assertEqual(self.nsqd.topics["held"].depth(), 3)
+
+
+class DiskTests(unittest.TestCase):
+    """With disk queues: peek and the oldest age read the disk queue's head."""
+
+    def setUp(self) -> None:
+        self.dir = os.path.abspath(self.mktemp())
+        os.makedirs(self.dir)
+
+    def start(self, **kw) -> NSQD:
+        n = make_nsqd(backend_factory=None, data_path=self.dir, **kw)
+        n.privilegedStartService()
+        n.startService()
+        self.addCleanup(lambda: n.running and n.stopService())
+        return n
+
+    def test_peek_spills_to_disk(self) -> None:
+        n = self.start(mem_queue_size=2)
+        ch = n.get_topic("t").get_channel("c")
+        n.publish("t", [b"%d" % i for i in range(6)])
+        self.assertEqual((len(ch.memory), ch.backend.depth()), (2, 4))
+        peeked = ch.peek(10)
+        self.assertEqual(sorted(bodies(peeked)), [b"%d" % i for i in range(6)])
+        self.assertEqual((ch.depth(), ch.backend.depth()), (6, 4))
+        c = FakeConsumer(1, rdy=10)
+        ch.add_client(c)
+        ch.kick()
+        self.assertEqual([(m.id, m.body) for m in c.got], [(m.id, m.body) for m in peeked])
+
+    def test_oldest_age_from_the_disk_head_after_memory_empties(self) -> None:
+        n = self.start(mem_queue_size=2)
+        ch = n.get_topic("t").get_channel("c")
+        n.publish("t", [b"m0", b"m1"])
+        n.reactor.advance(7)
+        n.publish("t", [b"d0", b"d1", b"d2"])
+        n.reactor.advance(3)
+        self.assertEqual(ch.oldest_message_age_ms(), 10_000)
+        c = FakeConsumer(1, rdy=4)  # memory and disk take turns: m0 m1 d0 d1
+        ch.add_client(c)
+        ch.kick()
+        self.assertEqual((len(ch.memory), ch.backend.depth()), (0, 1))
+        self.assertEqual(ch.oldest_message_age_ms(), 3000)
+
+    def test_durable_mode(self) -> None:
+        n = self.start(mem_queue_size=0, sync_every=1)
+        ch = n.get_topic("t").get_channel("c")
+        n.publish("t", [b"a", b"b", b"c"])
+        n.reactor.advance(0)
+        c = FakeConsumer(1, rdy=1)
+        ch.add_client(c)
+        ch.kick()
+        self.assertEqual(bodies(c.got), [b"a"])
+        n.reactor.advance(4)
+        self.assertEqual(bodies(ch.peek(10)), [b"b", b"c"], "what is in flight is not queued")
+        self.assertEqual(ch.oldest_message_age_ms(), 4000)
+        self.assertEqual(ch.depth(), 2)
+
+
+class PeekRouteTests(unittest.TestCase):
+    def setUp(self) -> None:
+        self.nsqd = make_nsqd(mem_queue_size=2)
+        self.treq = StubTreq(NSQDHTTPAPI(self.nsqd).resource())
+
+    @defer.inlineCallbacks
+    def get(self, path: str):
+        resp = yield self.treq.get("http://nsqd" + path)
+        content = yield resp.content()
+        return resp.code, content
+
+    @defer.inlineCallbacks
+    def test_channel_peek(self):
+        self.nsqd.get_topic("t").get_channel("c")
+        self.nsqd.publish("t", [b"one", b"\x00\xff", b"three"])
+        code, content = yield self.get("/channel/peek?topic=t&channel=c&n=2")
+        self.assertEqual(code, 200)
+        data = json.loads(content)
+        self.assertEqual(list(data), ["messages"])
+        self.assertEqual(len(data["messages"]), 2)
+        expected = self.nsqd.topics["t"].channels["c"].peek(2)
+        for got, m in zip(data["messages"], expected, strict=True):
+            self.assertEqual(list(got), ["id", "timestamp", "attempts", "body"])
+            self.assertEqual(
+                (got["id"], got["timestamp"], got["attempts"], base64.b64decode(got["body"])),
+                (m.id.decode(), m.timestamp, 0, m.body),
+            )
+        _, content = yield self.get("/channel/peek?topic=t&channel=c")
+        self.assertEqual(len(json.loads(content)["messages"]), 3, "n is 10 by default")
+        self.assertEqual(self.nsqd.topics["t"].channels["c"].depth(), 3)
+
+    @defer.inlineCallbacks
+    def test_topic_peek(self):
+        self.nsqd.publish("dead", [b"x"])
+        code, content = yield self.get("/topic/peek?topic=dead&n=1000")
+        self.assertEqual(code, 200)
+        self.assertEqual([base64.b64decode(m["body"]) for m in json.loads(content)["messages"]], [b"x"])
+        self.nsqd.get_topic("empty")
+        _, content = yield self.get("/topic/peek?topic=empty")
+        self.assertEqual(content, b'{"messages":[]}')
+
+    @defer.inlineCallbacks
+    def test_errors(self):
+        self.nsqd.get_topic("t").get_channel("c")
+        for path, code, message in [
+            ("/channel/peek?channel=c", 400, "MISSING_ARG_TOPIC"),
+            ("/channel/peek?topic=t", 400, "MISSING_ARG_CHANNEL"),
+            ("/channel/peek?topic=bad!&channel=c", 400, "INVALID_ARG_TOPIC"),
+            ("/channel/peek?topic=nope&channel=c", 404, "TOPIC_NOT_FOUND"),
+            ("/channel/peek?topic=t&channel=nope", 404, "CHANNEL_NOT_FOUND"),
+            ("/channel/peek?topic=t&channel=c&n=1001", 400, "INVALID_N"),
+            ("/channel/peek?topic=t&channel=c&n=0", 400, "INVALID_N"),
+            ("/channel/peek?topic=t&channel=c&n=ten", 400, "INVALID_N"),
+            ("/topic/peek", 400, "MISSING_ARG_TOPIC"),
+            ("/topic/peek?topic=bad!", 400, "INVALID_TOPIC"),
+            ("/topic/peek?topic=nope", 404, "TOPIC_NOT_FOUND"),
+            ("/topic/peek?topic=t&n=-1", 400, "INVALID_N"),
+        ]:
+            got = yield self.get(path)
+            self.assertEqual(got, (code, json.dumps({"message": message}).replace(" ", "").encode()), path)
+        resp = yield self.treq.post("http://nsqd/channel/peek?topic=t&channel=c")
+        self.assertEqual(resp.code, 405)
