@@ -41,6 +41,9 @@ class Context(Protocol):
     log: Any
     health_error: BaseException | None
 
+    @property
+    def draining(self) -> bool: ...
+
     def now(self) -> float: ...
     def now_ns(self) -> int: ...
     def schedule(self, fn: Any) -> None: ...
@@ -217,3 +220,11 @@ class MessageQueue:
     def _empty(self) -> None:
         self._clear_memory()
         self.backend.empty()
+
+    def _release_backend(self, retire: bool) -> None:
+        """At close: keep the backend's records for the next start, or (``retire``,
+        a queue that held nothing) delete its storage."""
+        if retire:
+            self.backend.delete()
+        else:
+            self.backend.close()
