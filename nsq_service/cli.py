@@ -33,13 +33,14 @@ def run_server(
     from nsq_service.log import GoLogObserver
     from nsq_service.serving import ignore_stop_signals, install_stop_signals
 
-    install_stop_signals(reactor)
+    signals = install_stop_signals(reactor)
     observer = GoLogObserver(sys.stderr, opts.log_prefix, opts.log_level)
     globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False, discardBuffer=False)
     try:
         top = make_service(opts, reactor)
     except ConfigError as e:
         return fatal(opts.log_prefix, f"{instantiate_error} - {e}")
+    signals.serve(top)
     try:
         top.privilegedStartService()
         top.startService()

@@ -193,12 +193,29 @@ class ServerService(service.MultiService):
         self.instantiate_error = instantiate_error
         self.log_prefix = log_prefix
         self.exit_on_start_failure = False
+        # SIGTERM, if the server takes it itself (returns True; nsqd's drain mode)
+        self.on_sigterm: Callable[[], bool] | None = None
+        # the front end's stop of the process (nsq_service.serving.StopSignals.stop)
+        self.stopper: Callable[[], None] | None = None
+
+    def stop_process(self) -> None:
+        """Stop as SIGTERM does: the whole process under ``nsqd`` or ``twistd nsqd``;
+        embedded in another program (no front end), these services only."""
+        if self.stopper is not None:
+            self.stopper()
+        elif self.running:
+            self.stopService()
 
     @property
     def exit_code(self) -> int:
         """The status to exit with once stopped: a child's ``exit_code`` (the nsqd
         core's is 1 when its stop could not write everything), else 0."""
         return max((getattr(child, "exit_code", 0) for child in self), default=0)
+
+    def stopService(self) -> Any:
+        if not self.running:
+            return None  # stopped already (stop_process without a front end, then its parent)
+        return super().stopService()
 
     def privilegedStartService(self) -> None:
         self._guarded(super().privilegedStartService)

@@ -17,34 +17,69 @@ from twisted.python import usage
 from nsq_service.options import ConfigError, Kind, build_argparser, exit_fatal, flag_fields, resolve_namespace
 
 
-def install_stop_signals(reactor: Any) -> None:
-    """SIGTERM and SIGINT stop the reactor cleanly from now on, as Go's nsqd.
+class StopSignals:
+    """What SIGTERM and SIGINT do to a server process, under either front end.
+
+    The first stops the reactor cleanly, as Go's nsqd; the server may take
+    SIGTERM itself instead (nsqd's ``--sigterm-mode drain``: the top service's
+    ``on_sigterm`` returns True), and ask for the same stop later
+    (:meth:`stop`, which :meth:`serve` hands it as its ``stopper``). Once a stop
+    has begun, further signals are ignored (Go's nsqd, too).
+    """
+
+    def __init__(self, reactor: Any) -> None:
+        self.reactor = reactor
+        self.stopping = False
+        self.server: Any = None
+        self._sig_int, self._sig_term = reactor.sigInt, reactor.sigTerm
+
+    def serve(self, server: Any) -> None:
+        """From now on ``server`` (the top service) sees SIGTERM first and may stop the process."""
+        self.server = server
+        if hasattr(server, "stopper"):
+            server.stopper = self.stop
+
+    def handler(self, signum: int, frame: Any) -> None:
+        import signal
+
+        if self.stopping:
+            return
+        if signum == signal.SIGTERM and getattr(self.server, "on_sigterm", None) is not None:
+            if self.server.on_sigterm():
+                return
+        self.stopping = True
+        (self._sig_int if signum == signal.SIGINT else self._sig_term)(signum, frame)
+
+    def stop(self) -> None:
+        """Stop the process as a signal would, without one (the reactor stops; exit 0)."""
+        if self.stopping:
+            return
+        self.stopping = True
+        self.reactor.callFromThread(self.reactor.stop)
+
+
+def install_stop_signals(reactor: Any) -> StopSignals:
+    """SIGTERM and SIGINT stop the reactor cleanly from now on (see :class:`StopSignals`).
 
     A signal that comes before the reactor runs queues the stop for when it
     does; SIGINT is caught even when the process inherited it ignored (started
-    with ``&``), as Go's signal.Notify does; signals after the first are ignored
-    (Go's nsqd, too). The reactor installs handlers of its own when it starts
-    (they call ``reactor.sigTerm``...): those are ours too, and ours go back in
-    place once it runs. :func:`ignore_stop_signals` covers the process's exit.
+    with ``&``), as Go's signal.Notify does. The reactor installs handlers of
+    its own when it starts (they call ``reactor.sigTerm``...): those are ours
+    too, and ours go back in place once it runs. :func:`ignore_stop_signals`
+    covers the process's exit.
     """
     import signal
 
-    stopping: list[int] = []
-    sig_int, sig_term = reactor.sigInt, reactor.sigTerm
-
-    def handler(signum: int, frame: Any) -> None:
-        if stopping:
-            return
-        stopping.append(signum)
-        (sig_int if signum == signal.SIGINT else sig_term)(signum, frame)
+    signals = StopSignals(reactor)
 
     def install() -> None:
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, signals.handler)
+        signal.signal(signal.SIGINT, signals.handler)
 
-    reactor.sigInt = reactor.sigTerm = handler
+    reactor.sigInt = reactor.sigTerm = signals.handler
     install()
     reactor.callWhenRunning(install)
+    return signals
 
 
 def ignore_stop_signals() -> None:
@@ -142,7 +177,7 @@ class TwistdServiceMaker(ServiceMaker):
 
         # twistd installs its signal handlers only when the reactor runs, after the
         # listening lines: a supervisor's early SIGTERM must still stop cleanly
-        install_stop_signals(reactor)
+        signals = install_stop_signals(reactor)
         try:
             top = super().makeService(options)
         except ConfigError as e:
@@ -151,4 +186,5 @@ class TwistdServiceMaker(ServiceMaker):
             exit_fatal(prefix, f"failed to instantiate {self.tapname} - {e}")
         if hasattr(top, "exit_on_start_failure"):
             top.exit_on_start_failure = True
+        signals.serve(top)
         return top

@@ -87,8 +87,20 @@ class _TLSMinVersion(Kind):
         return TLS_VERSIONS[value]
 
 
+SIGTERM_MODES = ("shutdown", "drain")
+
+
+class _SigtermMode(Kind):
+    def from_flag(self, text: str) -> str:
+        mode = text.lower()
+        if mode not in SIGTERM_MODES:
+            raise ConfigError(f'unknown sigterm mode "{text}" (shutdown or drain)')
+        return mode
+
+
 TLS_REQUIRED_KIND = _TLSRequired()
 TLS_MIN_VERSION = _TLSMinVersion()
+SIGTERM_MODE = _SigtermMode()
 
 
 def default_node_id() -> int:
@@ -222,6 +234,19 @@ class NSQDOptions:
     )
     sync_every: int = opt("sync-every", INT, 2500, "number of messages per diskqueue fsync")
     sync_timeout: float = opt("sync-timeout", DURATION, 2.0, "duration of time per diskqueue fsync")
+    sigterm_mode: str = opt(
+        "sigterm-mode",
+        SIGTERM_MODE,
+        "shutdown",
+        "beyond Go: what SIGTERM does: shutdown (stop now, keeping what is queued for the next start) "
+        "or drain (refuse new messages, deliver every queued one, then stop)",
+    )
+    drain_timeout: float = opt(
+        "drain-timeout",
+        DURATION,
+        0.0,
+        "beyond Go: how long a drain may last before nsqd stops anyway, keeping what is left on disk (0 = no limit)",
+    )
 
     queue_scan_worker_pool_max: int = opt(
         "queue-scan-worker-pool-max",
@@ -349,6 +374,10 @@ class NSQDOptions:
             raise ConfigError("--mem-queue-bytes must be >= 0")
         if self.max_disk_bytes < 0:
             raise ConfigError("--max-disk-bytes must be >= 0")
+        if self.sigterm_mode not in SIGTERM_MODES:
+            raise ConfigError(f'--sigterm-mode must be shutdown or drain, not "{self.sigterm_mode}"')
+        if self.drain_timeout < 0:
+            raise ConfigError("--drain-timeout must be >= 0")
         from nsqd_tw.core.settings import SettingsError, check_defaults
 
         try:

@@ -81,6 +81,8 @@ def makeService(config: Any, reactor: Any = None) -> ServerService:
     nsqd = NSQD(opts, reactor)
     raise_fd_limit(nsqd.log_gate.logger("nsq_service.limits"))
     nsqd.setServiceParent(top)
+    top.on_sigterm = nsqd.sigterm  # --sigterm-mode drain
+    nsqd.request_stop = top.stop_process  # a drain's end, PUT /config/shutdown
     gc_pauses = GCPauses()  # the GC pauses /stats, statsd and /metrics report
     gc_pauses.setServiceParent(top)
     bound = Bound()

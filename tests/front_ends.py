@@ -39,6 +39,7 @@ SAMPLES: dict[type, list[tuple[str, Any]]] = {
     type(machinery.FLOAT_LIST): [("0.5,0.99", [0.99, 0.5]), ("1.0", [1.0])],
     type(o.TLS_MIN_VERSION): [("tls1.2", "tls1.2"), ("TLS1.3", "tls1.3")],
     type(machinery.LOG_LEVEL): [("debug", "debug"), ("WARN", "warn")],
+    type(o.SIGTERM_MODE): [("drain", "drain"), ("SHUTDOWN", "shutdown")],
 }
 
 

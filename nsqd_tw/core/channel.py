@@ -69,6 +69,7 @@ class Channel(MessageQueue):
         self.requeue_count = 0
         self.timeout_count = 0
         self.dead_letter_count = 0
+        self.finish_count = 0
         # --e2e-processing-latency-percentile: publish to FIN (Go's), and (beyond Go)
         # delivery to FIN, the consumer's own time; both or neither
         self.e2e: Quantile | None = None
@@ -318,6 +319,7 @@ class Channel(MessageQueue):
             raise self._refusal(msg)
         if msg.ref is not None:
             self.backend.done(msg.ref)
+        self.finish_count += 1
         if self.e2e is not None:
             self._finished_latencies(msg)
         return msg
@@ -414,13 +416,20 @@ class Channel(MessageQueue):
         self.empty()
         self.backend.delete()
 
-    def close(self) -> None:
-        """Close consumers and hand everything still held to the backend."""
+    def is_empty(self) -> bool:
+        """Nothing queued, in flight or deferred."""
+        return not self.in_flight and not self.deferred and not self.depth()
+
+    def close(self, retire_empty: bool = False) -> None:
+        """Close consumers and hand everything still held to the backend.
+        ``retire_empty`` (a drained nsqd): a channel that holds nothing deletes
+        its backend's files instead of keeping them for the next start."""
+        retire = retire_empty and self.is_empty()
         self.exiting = True
         self.ctx.log.info("CHANNEL({name}): closing", name=self.name)
         self._close_clients()
         self._flush()
-        self.backend.close()
+        self._release_backend(retire)
 
     def _close_clients(self) -> None:
         for client in list(self._consumers):

@@ -1,4 +1,4 @@
-"""NSQD: the topics, the clients, health, storage and the queue scan.
+"""NSQD: the topics, the clients, health, storage, the queue scan and draining.
 
 One reactor thread owns all of it. Time and scheduling come from the injected
 reactor (any ``IReactorTime``), so tests drive it with ``task.Clock``.
@@ -19,12 +19,13 @@ from twisted.python.failure import Failure
 
 from nsq_service.limits import RateLimitedLog
 from nsq_service.log import LogGate
-from nsq_service.options import StartError
+from nsq_service.options import DURATION, StartError
 from nsq_wire.message import MESSAGE_HEADER_LENGTH, records
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
 from nsq_wire.version import version_string
 from nsqd_tw.core.channel import Channel
 from nsqd_tw.core.deadletters import LEDGER_FILE, DeadLetterLedger
+from nsqd_tw.core.drain import Drain
 from nsqd_tw.core.guid import GUIDFactory
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.metadata import (
@@ -36,7 +37,7 @@ from nsqd_tw.core.metadata import (
 )
 from nsqd_tw.core.queue import Item, MessageQueue
 from nsqd_tw.core.settings import SettingsError, defaults_from_options, parse_settings
-from nsqd_tw.core.topic import Topic, TopicError
+from nsqd_tw.core.topic import DrainingError, Topic, TopicError
 from nsqd_tw.options import NSQDOptions
 from nsqd_tw.storage.backend import DummyBackendQueue, IBackendQueue, MemoryBackendQueue
 from nsqd_tw.storage.budget import DiskBudget
@@ -115,6 +116,11 @@ class NSQD(service.Service):
         self.unsaved = 0
         self.exit_code = 0  # only the process that loaded nsqd.dat may write it
 
+        self.drain: Drain | None = None
+        # how nsqd stops its process (a drain's end, PUT /config/shutdown): makeService
+        # sets the top service's; by default this service alone stops
+        self.request_stop: Callable[[], None] = self._stop_alone
+
         self._metadata = MetadataSnapshot()
         # beyond Go: the flags' settings, under every queue's own; the queues with a TTL
         self.settings_defaults = defaults_from_options(opts)
@@ -173,6 +179,48 @@ class NSQD(service.Service):
             return f"NOK - {self.health_error}"
         return "OK"
 
+    # -- draining (beyond Go) -------------------------------------------
+
+    @property
+    def draining(self) -> bool:
+        return self.drain is not None
+
+    def sigterm(self) -> bool:
+        """SIGTERM arrived: True when nsqd takes it itself (``--sigterm-mode drain``:
+        a drain starts, or goes on), False when it stops nsqd as usual."""
+        if self.opts.sigterm_mode != "drain":
+            return False
+        if self.drain is None:
+            self.start_drain("SIGTERM")
+        else:
+            self.log.info("DRAIN: SIGTERM during the drain changes nothing (SIGINT or PUT /config/shutdown stops now)")
+        return True
+
+    def start_drain(self, why: str) -> None:
+        """Refuse new messages, topics and channels from now on; stop once every
+        queue is empty (see :mod:`nsqd_tw.core.drain`). A drain cannot be undone."""
+        if self.drain is not None:
+            self.log.info("DRAIN: already draining ({why} changes nothing)", why=why)
+            return
+        timeout = self.opts.drain_timeout
+        self.drain = Drain(self.reactor, self.log, self.topics.values, timeout, lambda: self.request_stop())
+        self.log.info(
+            "DRAIN: started by {why}: refusing new messages, topics and channels; {left} left; stopping when "
+            "every queue is empty{limit}",
+            why=why,
+            left=self.drain.left().text(),
+            limit=f" or after --drain-timeout {DURATION.show(timeout)}" if timeout else "",
+        )
+        self.drain.start()
+
+    def _refuse_while_draining(self) -> None:
+        if self.drain is not None:
+            raise DrainingError()
+
+    def _stop_alone(self) -> None:
+        if self.running:
+            self.stopService()
+
     # -- clients ----------------------------------------------------------
 
     def add_client(self, client: Client) -> int:
@@ -221,6 +269,7 @@ class NSQD(service.Service):
         topic = self.topics.get(name)
         if topic is not None:
             return topic
+        self._refuse_while_draining()
         topic = Topic(name, self)
         topic.apply_policies()
         self.topics[name] = topic
@@ -239,7 +288,8 @@ class NSQD(service.Service):
                 return
             for channel in channels:
                 if is_valid_channel_name(channel) and not channel.endswith("#ephemeral"):
-                    topic.get_channel(channel)
+                    # what the cluster has (for a topic made before a drain began) is no new channel
+                    topic.get_channel(channel, while_draining=True)
 
         def start(result: Any) -> Any:
             if isinstance(result, Failure):
@@ -261,11 +311,12 @@ class NSQD(service.Service):
         """Publish message bodies to a topic, as PUB/MPUB/DPUB do.
 
         ``delay`` (seconds) defers delivery like DPUB. Raises :class:`TopicError`
-        for a topic being deleted, or the backend's error (then nothing of the
-        batch is stored). In durable mode returns a Deferred that fires once the
-        messages are fsynced (answer OK then); otherwise ``None``: they are
-        stored already.
+        for a topic being deleted, :class:`DrainingError` while nsqd drains, or
+        the backend's error (then nothing of the batch is stored). In durable
+        mode returns a Deferred that fires once the messages are fsynced (answer
+        OK then); otherwise ``None``: they are stored already.
         """
+        self._refuse_while_draining()
         ts = self.now_ns()
         ids = self.guid.new_ids(len(bodies))
         items: list[Item]
@@ -571,6 +622,8 @@ class NSQD(service.Service):
         (each channel hands what it holds to its disk queue), persist, unlock."""
         service.Service.stopService(self)
         self._queue_events.stop()
+        if self.drain is not None:
+            self.drain.cancel()
         self.disk_budget.enforcing = False  # what is held in memory goes to disk whatever it costs
         for client in list(self.clients.values()):
             client.shutdown()
@@ -597,9 +650,10 @@ class NSQD(service.Service):
 
     def _close_storage(self) -> None:
         self.log.info("NSQ: closing topics")
+        # after a drain, a queue left empty leaves no files (nsqd.dat still lists it)
         for topic in list(self.topics.values()):
             try:
-                topic.close()
+                topic.close(retire_empty=self.draining)
             except Exception as e:
                 self.could_not_close(f"topic {topic.name}", e)
         if self.backend_factory is None:

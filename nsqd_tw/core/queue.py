@@ -51,6 +51,9 @@ class Context(Protocol):
     log: Any
     health_error: BaseException | None
 
+    @property
+    def draining(self) -> bool: ...
+
     def now(self) -> float: ...
     def now_ns(self) -> int: ...
     def schedule(self, fn: Any) -> None: ...
@@ -387,6 +390,14 @@ class MessageQueue:
     def _empty(self) -> None:
         self._clear_memory()
         self.backend.empty()
+
+    def _release_backend(self, retire: bool) -> None:
+        """At close: keep the backend's records for the next start, or (``retire``,
+        a queue that held nothing) delete its storage."""
+        if retire:
+            self.backend.delete()
+        else:
+            self.backend.close()
 
 
 # IBackendQueue's peek, head_timestamp and release_files came later than the rest:

@@ -25,6 +25,13 @@ class TopicError(Exception):
     """A refused topic operation; ``str()`` is Go's text."""
 
 
+class DrainingError(TopicError):
+    """nsqd is draining: it takes no new message, topic or channel."""
+
+    def __init__(self) -> None:
+        super().__init__("nsqd is draining")
+
+
 class Topic(MessageQueue):
     write_error = "TOPIC({name}) ERROR: failed to write message to backend - {err}"
 
@@ -202,9 +209,13 @@ class Topic(MessageQueue):
             merged.merge(q, now)
         return merged
 
-    def get_channel(self, name: str) -> Channel:
+    def get_channel(self, name: str, *, while_draining: bool = False) -> Channel:
+        """The channel, created if it does not exist; while nsqd drains a new one
+        is refused (:class:`DrainingError`) unless ``while_draining``."""
         channel = self.channels.get(name)
         if channel is None:
+            if self.ctx.draining and not while_draining:
+                raise DrainingError()
             channel = Channel(self.name, name, self.ctx)
             self.channels[name] = channel
             self.apply_policies()
@@ -283,13 +294,15 @@ class Topic(MessageQueue):
         self.empty()
         self.backend.delete()
 
-    def close(self) -> None:
-        """Close every channel and hand what is held to the backend."""
+    def close(self, retire_empty: bool = False) -> None:
+        """Close every channel and hand what is held to the backend;
+        ``retire_empty``: see :meth:`Channel.close`."""
+        retire = retire_empty and not self.depth()
         self.exiting = True
         self.ctx.log.info("TOPIC({name}): closing", name=self.name)
         for channel in self.channels.values():
             try:
-                channel.close()
+                channel.close(retire_empty)
             except Exception as e:
                 self.ctx.could_not_close(f"channel {self.name}:{channel.name}", e)
         if self.memory:
@@ -297,4 +310,4 @@ class Topic(MessageQueue):
                 "TOPIC({name}): flushing {n} memory messages to backend", name=self.name, n=len(self.memory)
             )
             self._save(self._clear_memory(), [])
-        self.backend.close()
+        self._release_backend(retire)

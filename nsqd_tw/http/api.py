@@ -15,13 +15,14 @@ from twisted.web.server import Request, Site
 
 from nsq_service.listen import Bound
 from nsq_service.memstats import GCPauses
-from nsq_service.options import DURATION
+from nsq_service.options import BOOL, DURATION, ConfigError
 from nsq_service.pprof import add_debug_routes
 from nsq_service.web import (
     BOOL_PARAMS,
     JSON_TYPE,
     GoHTTPAPI,
     HTTPError,
+    JSONValue,
     Router,
     content_length,
     go_parse_int,
@@ -35,7 +36,7 @@ from nsqd_tw.core.message import Message
 from nsqd_tw.core.nsqd import NSQD
 from nsqd_tw.core.queue import QueueFull
 from nsqd_tw.core.settings import SettingsError, parse_settings
-from nsqd_tw.core.topic import Topic, TopicError
+from nsqd_tw.core.topic import DrainingError, Topic, TopicError
 from nsqd_tw.http.stats import get_stats, print_stats
 from nsqd_tw.lookup import split_host_port
 from nsqd_tw.options import TLS_REQUIRED
@@ -43,6 +44,7 @@ from nsqd_tw.storage.errors import DiskBudgetFull
 
 PEEK_DEFAULT = 10  # messages /topic/peek and /channel/peek answer with, unless ?n= says
 PEEK_MAX = 1000
+DRAINING = "DRAINING"  # beyond Go: a refused publish or creation while nsqd drains
 
 
 class NSQDHTTPAPI(GoHTTPAPI):
@@ -80,6 +82,8 @@ class NSQDHTTPAPI(GoHTTPAPI):
     def ping(self, request: Request) -> str:
         if not self.nsqd.is_healthy():
             raise HTTPError(500, self.nsqd.get_health())
+        if self.nsqd.draining:
+            raise HTTPError(503, f"NOK - {DrainingError()}")  # out of a load balancer's rotation
         return self.nsqd.get_health()
 
     @route("/info", "GET")
@@ -98,7 +102,12 @@ class NSQDHTTPAPI(GoHTTPAPI):
             "max_output_buffer_size": opts.max_output_buffer_size,
             "max_output_buffer_timeout": DURATION.to_http(opts.max_output_buffer_timeout),
             "max_deflate_level": opts.max_deflate_level,
+            **self._draining(),
         }
+
+    def _draining(self) -> dict[str, bool]:
+        """Beyond Go, after Go's keys: ``"draining": true`` while nsqd drains."""
+        return {"draining": True} if self.nsqd.draining else {}
 
     def _topic_from_query(self, request: Request) -> tuple[dict[str, list[str]], str]:
         params = self.query(request)
@@ -130,6 +139,8 @@ class NSQDHTTPAPI(GoHTTPAPI):
     def _publish(self, topic: str, bodies: list[bytes], delay: float = 0.0) -> Any:
         try:
             committed = self.nsqd.publish(topic, bodies, delay)
+        except DrainingError:
+            raise HTTPError(503, DRAINING) from None
         except Exception as e:
             self.log.error("HTTP: failed to publish to {topic} - {err}", topic=topic, err=e)
             # Go answers EXITING to any failed put; the budget and the bounds (beyond Go) are named
@@ -197,7 +208,10 @@ class NSQDHTTPAPI(GoHTTPAPI):
     @route("/topic/create", "POST")
     def topic_create(self, request: Request) -> None:
         _, name = self._topic_from_query(request)
-        self.nsqd.get_topic(name)
+        try:
+            self.nsqd.get_topic(name)
+        except DrainingError:
+            raise HTTPError(503, DRAINING) from None
 
     @route("/topic/delete", "POST")
     def topic_delete(self, request: Request) -> None:
@@ -259,7 +273,10 @@ class NSQDHTTPAPI(GoHTTPAPI):
     @route("/channel/create", "POST")
     def channel_create(self, request: Request) -> None:
         topic, name = self._existing_topic_channel(request)
-        topic.get_channel(name)
+        try:
+            topic.get_channel(name)
+        except DrainingError:
+            raise HTTPError(503, DRAINING) from None
 
     @route("/channel/delete", "POST")
     def channel_delete(self, request: Request) -> None:
@@ -414,16 +431,16 @@ class NSQDHTTPAPI(GoHTTPAPI):
         if mem is not None:
             out["memory"] = mem
         out["producers"] = stats["producers"]
+        out.update(self._draining())
         return out
 
     @route("/config/<opt>", "GET", "PUT", body=lambda api: api.nsqd.opts.max_msg_size)
     def config(self, request: Request, opt: str) -> Any:
         opts = self.nsqd.opts
+        if opt in ("drain", "shutdown"):
+            return self._stop_config(request, opt)
         if request.method == b"PUT":
-            max_size = opts.max_msg_size
-            body = read_body(request, max_size + 1)
-            if len(body) == max_size + 1 or not body:
-                raise HTTPError(413, "INVALID_VALUE")
+            body = self._config_body(request)
             field, value = self.parse_option(opts, opt, body)
             if field == "lookupd_tcp_addresses":
                 # the whole list or nothing: a peer per address is made from it
@@ -436,6 +453,32 @@ class NSQDHTTPAPI(GoHTTPAPI):
             self.set_option(opts, field, value)
             self.nsqd.options_changed(field)
         return self.get_option(opts, opt)
+
+    def _config_body(self, request: Request) -> bytes:
+        max_size = self.nsqd.opts.max_msg_size
+        body = read_body(request, max_size + 1)
+        if len(body) == max_size + 1 or not body:
+            raise HTTPError(413, "INVALID_VALUE")
+        return body
+
+    def _stop_config(self, request: Request, name: str) -> JSONValue:
+        """Beyond Go: ``/config/drain`` (GET: whether nsqd drains; PUT ``true``: drain, as
+        SIGTERM does with --sigterm-mode drain) and ``/config/shutdown`` (PUT ``true``:
+        stop now, as SIGINT does). Neither can be undone: ``false`` is an INVALID_VALUE."""
+        if request.method == b"PUT":
+            try:
+                wanted = BOOL.from_flag(self._config_body(request).decode("utf-8", "replace").strip())
+            except ConfigError:
+                raise HTTPError(400, "INVALID_VALUE") from None
+            if not wanted:
+                raise HTTPError(400, "INVALID_VALUE")
+            if name == "drain":
+                self.nsqd.start_drain("PUT /config/drain")
+            else:
+                self.log.info("NSQ: stopping: PUT /config/shutdown")
+                self.nsqd.reactor.callLater(0, self.nsqd.request_stop)  # once this answer is written
+                return JSONValue(True)
+        return JSONValue(self.nsqd.draining if name == "drain" else not self.nsqd.running)
 
     @route("/metrics", "GET", style="raw", access_log=False)
     def metrics(self, request: Request) -> bytes:

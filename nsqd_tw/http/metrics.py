@@ -35,6 +35,9 @@ class NSQDCollector:
         healthy = GaugeMetricFamily("nsq_healthy", "1 if nsqd is healthy (GET /ping answers OK)")
         healthy.add_metric([], 1 if nsqd.is_healthy() else 0)
         yield healthy
+        draining = GaugeMetricFamily("nsq_draining", "1 while nsqd drains (PUT /config/drain, --sigterm-mode drain)")
+        draining.add_metric([], 1 if nsqd.draining else 0)
+        yield draining
         start = GaugeMetricFamily("nsq_start_time_seconds", "when nsqd started (unix time)")
         start.add_metric([], nsqd.start_time)
         yield start

@@ -26,6 +26,7 @@ from nsq_wire.parser import Command
 from nsqd_tw.auth import AuthClient, AuthState
 from nsqd_tw.core.channel import ChannelError
 from nsqd_tw.core.nsqd import NSQD
+from nsqd_tw.core.topic import DrainingError
 from nsqd_tw.tcp.client import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED
 from nsqd_tw.tcp.connection import CommandConnection, Pause, text
 from nsqd_tw.tcp.identify import apply_identify, decode_identify, negotiate
@@ -71,13 +72,13 @@ class V2Protocol(CommandConnection):
         topic = self._topic = self._topic_name(b"MPUB", cmd.params[1])
         wait = self.client.check_auth("MPUB", topic, "", self.nsqd.now())
         if wait is None:
-            self.nsqd.get_topic(topic)
+            self._mpub_topic(topic)
             return None
+        return Pause(wait.addCallback(lambda _: self._mpub_topic(topic)), pause_reading=True)
 
-        def authorized(_: Any) -> None:
+    def _mpub_topic(self, topic: str) -> None:
+        if not self.nsqd.draining:  # draining, the body's publish is refused (E_MPUB_FAILED)
             self.nsqd.get_topic(topic)
-
-        return Pause(wait.addCallback(authorized), pause_reading=True)
 
     def _topic_name(self, verb: bytes, raw: bytes) -> str:
         if not is_valid_topic_name(raw):
@@ -176,10 +177,10 @@ class V2Protocol(CommandConnection):
         return Pause(wait.addCallback(lambda _: self._subscribe(topic, channel)), pause_reading=True)
 
     def _subscribe(self, topic_name: str, channel_name: str) -> bytes:
-        channel = self.nsqd.get_topic(topic_name).get_channel(channel_name)
         try:
+            channel = self.nsqd.get_topic(topic_name).get_channel(channel_name)
             channel.add_client(self.client)
-        except ChannelError as e:
+        except (ChannelError, DrainingError) as e:
             raise FatalClientError("E_SUB_FAILED", f"SUB failed {e}") from None
         self.client.state = STATE_SUBSCRIBED
         self.client.channel = channel

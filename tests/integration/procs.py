@@ -148,6 +148,30 @@ class ServerProcess:
             raise AssertionError("; ".join(self.unsafe))
 
 
+def eventually(check: Any, timeout: float = 60.0, step: float = 0.1) -> Any:
+    """Poll ``check()`` (which may return a Deferred) on the reactor until it is true;
+    a Deferred that fires with that value.
+
+    The timeout only bounds a failing test; a passing one waits as long as its
+    condition takes, so keep it generous for a machine running other suites.
+    """
+    from twisted.internet import defer, reactor
+    from twisted.internet.task import deferLater
+
+    @defer.inlineCallbacks
+    def poll() -> Any:
+        deadline = reactor.seconds() + timeout
+        while True:
+            ok = yield defer.maybeDeferred(check)
+            if ok:
+                return ok
+            if reactor.seconds() >= deadline:
+                raise AssertionError("condition not met in time")
+            yield deferLater(reactor, step, lambda: None)
+
+    return poll()
+
+
 def storm(address: str, clients: int, request: bytes, answered: bytes, deadline: float = 30.0) -> list[float | None]:
     """Connect ``clients`` sockets at once, send ``request`` on each, and time (from
     the start) until the answer holds ``answered``; None for those never answered."""

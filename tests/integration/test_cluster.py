@@ -11,12 +11,11 @@ from pathlib import Path
 
 import treq
 from twisted.internet import defer, reactor
-from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.trial import unittest
 
 from nsq_client.twisted_client import LookupdConsumer
-from tests.integration.procs import ServerProcess, command
+from tests.integration.procs import ServerProcess, command, eventually
 
 LOOPBACK = ("-tcp-address", "127.0.0.1:0", "-http-address", "127.0.0.1:0")
 START_TIMEOUT = 60.0  # a process start on a machine running other suites
@@ -35,23 +34,6 @@ def post(url: str, data: bytes = b""):
     body = yield resp.content()
     assert resp.code == 200, (url, resp.code, body)
     return body
-
-
-@defer.inlineCallbacks
-def eventually(check, timeout: float = 60.0, step: float = 0.1):
-    """Poll ``check()`` (which may return a Deferred) until it is true.
-
-    The timeout only bounds a failing test; a passing one waits as long as its
-    condition takes, so keep it generous for a machine running other suites.
-    """
-    deadline = reactor.seconds() + timeout
-    while True:
-        ok = yield defer.maybeDeferred(check)
-        if ok:
-            return ok
-        if reactor.seconds() >= deadline:
-            raise AssertionError("condition not met in time")
-        yield deferLater(reactor, step, lambda: None)
 
 
 class _Cluster:

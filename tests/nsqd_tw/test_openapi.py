@@ -115,3 +115,23 @@ class OpenAPITests(unittest.TestCase):
             key = "/config/{opt}" if path.startswith("/config/") else path
             self.assertEqual(str(resp.code), status)
             self.check(resp, content, self.spec["paths"][key][method.lower()], f"{method} {url}")
+
+    @defer.inlineCallbacks
+    def test_draining_answers_as_documented(self):
+        self.nsqd.start_drain("test")
+        for method, url, status in [
+            ("GET", "/ping", "503"),
+            ("GET", "/info", "200"),
+            ("GET", "/stats?format=json", "200"),
+            ("POST", "/pub?topic=t", "503"),
+            ("POST", "/mpub?topic=t", "503"),
+            ("POST", "/topic/create?topic=new", "503"),
+            ("POST", "/channel/create?topic=t&channel=new", "503"),
+            ("GET", "/config/drain", "200"),
+        ]:
+            resp = yield self.treq.request(method, "http://nsqd" + url, data=b"x", allow_redirects=False)
+            content = yield resp.content()
+            path = url.split("?")[0]
+            key = "/config/{opt}" if path.startswith("/config/") else path
+            self.assertEqual(str(resp.code), status, url)
+            self.check(resp, content, self.spec["paths"][key][method.lower()], f"{method} {url}")

@@ -184,6 +184,29 @@ unknown_key = "ignored"
         opts, _ = parse_command_line("nsqd", NSQDOptions, ["--version"])
         self.assertIsNone(opts)
 
+    def test_drain_options(self) -> None:
+        """Beyond Go: off by default; flags and TOML keys; bad values said clearly."""
+        o = parse()
+        self.assertEqual((o.sigterm_mode, o.drain_timeout), ("shutdown", 0.0))
+        o = parse("--sigterm-mode", "drain", "-drain-timeout=1m30s")
+        self.assertEqual((o.sigterm_mode, o.drain_timeout), ("drain", 90.0))
+        o = parse(config='sigterm_mode = "drain"\ndrain_timeout = "10s"\n')
+        self.assertEqual((o.sigterm_mode, o.drain_timeout), ("drain", 10.0))
+        err = io.StringIO()
+        self.patch(sys, "stderr", err)
+        e = self.assertRaises(SystemExit, parse, "--sigterm-mode", "later")
+        self.assertEqual(e.code, 2)
+        self.assertIn(
+            'invalid value "later" for flag -sigterm-mode: unknown sigterm mode "later" (shutdown or drain)',
+            err.getvalue(),
+        )
+        e = self.assertRaises(ConfigError, parse, config='sigterm_mode = "later"\n')
+        self.assertEqual(
+            str(e),
+            "Resolve failed to coerce value 'later' for field sigterm_mode - "
+            'unknown sigterm mode "later" (shutdown or drain)',
+        )
+
 
 class ValidateTests(unittest.TestCase):
     def check(self, text: str, **kwargs) -> None:
@@ -196,6 +219,10 @@ class ValidateTests(unittest.TestCase):
         self.check("cannot require TLS client connections without TLS key and cert", tls_required=TLS_REQUIRED)
         self.check("invalid E2E processing latency percentile: 1.5", e2e_processing_latency_percentiles=[1.5])
         self.check("--auth-http-request-method must be post or get", auth_http_request_method="put")
+
+    def test_drain_options(self) -> None:
+        self.check('--sigterm-mode must be shutdown or drain, not "later"', sigterm_mode="later")
+        self.check("--drain-timeout must be >= 0", drain_timeout=-1.0)
 
     def test_client_auth_policy_implies_tls_required(self) -> None:
         o = NSQDOptions(tls_client_auth_policy="require", tls_cert="c", tls_key="k")
