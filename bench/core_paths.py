@@ -1,0 +1,74 @@
+"""The core's per-message paths in one process, without sockets: publish, and deliver + FIN.
+
+    python bench/core_paths.py                      # this checkout
+    python bench/core_paths.py --tree /other/checkout --runs 5
+
+``publish``: 500,000 messages of 200 bytes as MPUBs of 200 straight into
+``NSQD.publish_to`` (a topic with no channel: what bench_writer measures).
+``consume``: 200,000 queued messages delivered to a consumer on a test transport
+(``tests.helpers.FakeClient``) with RDY 2500, each read of frames answered with
+one batch of FINs. A figure per run, msg/s; ``--tree`` measures another checkout
+(its own code and test helpers), for a before/after on one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+BODY = b"a" * 200
+
+
+def publish(make_nsqd: Any) -> float:
+    nsqd = make_nsqd(mem_queue_size=2_000_000)
+    topic = nsqd.get_topic("t")
+    bodies = [BODY] * 200
+    started = time.perf_counter()
+    for _ in range(2500):
+        nsqd.publish_to(topic, bodies)
+    return 500_000 / (time.perf_counter() - started)
+
+
+def consume(make_nsqd: Any, fake_client: Any, message_type: int) -> float:
+    nsqd = make_nsqd(mem_queue_size=2_000_000)
+    topic = nsqd.get_topic("t")
+    client = fake_client(nsqd)
+    client.sub("t", "c", 0)
+    for _ in range(1000):
+        nsqd.publish_to(topic, [BODY] * 200)
+    channel = topic.channels["c"]
+    while topic.depth():
+        nsqd.reactor.advance(0)  # the topic's pump hands its backlog to the channel
+    started = time.perf_counter()
+    n = 0
+    while channel.depth() or len(channel.in_flight):
+        client.command(b"RDY", b"2500")
+        ids = [data[10:26] for frame_type, data in client.frames() if frame_type == message_type]
+        client.send(b"".join(b"FIN " + msg_id + b"\n" for msg_id in ids))
+        n += len(ids)
+    return n / (time.perf_counter() - started)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="core_paths", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--tree", default=str(Path(__file__).resolve().parents[1]), help="the checkout to measure")
+    p.add_argument("--runs", type=int, default=3)
+    a = p.parse_args(argv)
+    sys.path.insert(0, a.tree)
+    from nsq_wire.frames import FRAME_TYPE_MESSAGE
+    from tests.helpers import FakeClient, make_nsqd
+
+    pubs, subs = [], []
+    for _ in range(a.runs):
+        pubs.append(publish(make_nsqd))
+        subs.append(consume(make_nsqd, FakeClient, FRAME_TYPE_MESSAGE))
+        print(f"publish {pubs[-1]:,.0f} msg/s  consume {subs[-1]:,.0f} msg/s", flush=True)
+    print(f"median: publish {statistics.median(pubs):,.0f} msg/s  consume {statistics.median(subs):,.0f} msg/s")
+
+
+if __name__ == "__main__":
+    main()
