@@ -316,7 +316,8 @@ class NSQD(service.Service):
         mode returns a Deferred that fires once the messages are fsynced (answer
         OK then); otherwise ``None``: they are stored already.
         """
-        self._refuse_while_draining()
+        if self.drain is not None:  # _refuse_while_draining inline: once per publish
+            raise DrainingError()
         ts = self.now_ns()
         ids = self.guid.new_ids(len(bodies))
         items: list[Item]
