@@ -169,7 +169,8 @@ def throughput(a: argparse.Namespace, servers: dict[str, str]) -> None:
     for r, name, exe in rounds_of(servers, a.rounds):
         with running(exe, ["--mem-queue-size", str(a.mem_queue_size)]) as s:
             s.post("/topic/create?topic=sub_bench")
-            s.post("/channel/create?topic=sub_bench&channel=ch")
+            if not a.topic_backlog:
+                s.post("/channel/create?topic=sub_bench&channel=ch")
             addr = ["-nsqd-tcp-address", s.tcp, "-runfor", a.runfor]
             w = subprocess.run(
                 [str(go_bin / "bench_writer"), *addr, *size, "-batch-size", str(a.batch_size)],
@@ -424,6 +425,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--size", type=int, default=200, help="message size")
     p.add_argument("--batch-size", type=int, default=200, help="throughput: MPUB batch")
     p.add_argument("--mem-queue-size", type=int, default=1_000_000, help="throughput: as Go's bench.sh")
+    p.add_argument(
+        "--topic-backlog",
+        action="store_true",
+        help="throughput: no channel until the reader's SUB (Go's bench.sh): the writer's messages wait in the topic",
+    )
     p.add_argument("--messages", type=int, default=200_000, help="memory: messages queued")
     p.add_argument("--count", type=int, default=200, help="create: SUBs per round")
     p.add_argument("--rates", default="10000,50000", help="latency: msg/s, comma-separated")

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from itertools import islice
 from typing import Any, Protocol
 
-from nsq_wire.message import MESSAGE_HEADER_LENGTH, TIMESTAMP
+from nsq_wire.message import ID_OFFSET, MESSAGE_HEADER_LENGTH, TIMESTAMP
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.settings import Policy, settings_json
 from nsqd_tw.options import NSQDOptions
@@ -337,6 +337,26 @@ class MessageQueue:
             self.memory_bytes -= len(held.body)
             return held, None
         return None, None
+
+    def _next_item(self) -> tuple[Item | None, object | None, int | None]:
+        """:meth:`_next` for a queue that only hands its messages on (a topic's
+        pump): the item as held (a record is not decoded), the backend's ref
+        (durable mode) and deliver-at time (ns) of one read from the backend."""
+        self._take_backend = not self._take_backend
+        if self._take_backend or not self.memory:
+            backend = self.backend
+            while (read := backend.read()) is not None:
+                data, ref = read
+                if len(data) < MESSAGE_HEADER_LENGTH:
+                    self.ctx.log.error("failed to decode message - invalid message buffer size ({n})", n=len(data))
+                    backend.done(ref)
+                    continue
+                return data, ref, backend.take_deferred(data[ID_OFFSET:MESSAGE_HEADER_LENGTH])
+        if self.memory:
+            held = self.memory.popleft()
+            self.memory_bytes -= body_size(held)
+            return held, None, None
+        return None, None, None
 
     def _save(self, items: Sequence[Item], deferred: Sequence[Message]) -> None:
         """On close: write what is held to the backend, with the DPUB delays of

@@ -15,7 +15,7 @@ from nsq_wire.names import is_ephemeral
 from nsqd_tw.core.channel import Channel, ChannelError
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.quantile import Quantile, new_latency_quantile
-from nsqd_tw.core.queue import Context, Item, MessageQueue, QueueFull, as_items, body_size
+from nsqd_tw.core.queue import Context, Item, MessageQueue, QueueFull, as_items, body_size, timestamp
 from nsqd_tw.core.settings import SettingsError, merge_settings, resolve
 
 PUMP_BATCH = 512
@@ -160,29 +160,38 @@ class Topic(MessageQueue):
         self.ctx.schedule(self._pump)
 
     def _pump(self) -> None:
-        """Hand one batch of the backlog to the channels."""
+        """Hand one batch of the backlog to the channels, records as they are held
+        (decoded only for a deferred message, which needs its delay)."""
         self._pump_scheduled = False
         if self.exiting or self.paused or not self.channels:
             return
-        batch: list[Message] = []
+        batch: list[Item] = []
         refs: list[object] = []
         now_ns = self.ctx.now_ns()
         expire_before = now_ns - int(self.policy.max_age * 1e9) if self.policy.max_age else 0
+        next_item = self._next_item
         while len(batch) < PUMP_BATCH:
-            msg, at = self._next()
-            if msg is None:
+            item, ref, at = next_item()
+            if item is None:
                 break
-            if msg.timestamp < expire_before:
-                self.expired(msg)
+            if ref is not None:
+                refs.append(ref)  # durable mode: done once the channels hold it
+            if not isinstance(item, bytes):  # a DPUB held in memory, or one put back
+                if item.ref is not None:
+                    refs.append(item.ref)
+                    item.ref = None
+                if not item.deferred:
+                    item = item.encode()
+            if expire_before and timestamp(item) < expire_before:
+                self.expired_count += 1  # its ref, if any, is done below with the others
                 continue
-            if msg.ref is not None:
-                refs.append(msg.ref)  # durable mode: done once the channels hold it
-                msg.ref = None
             if at is not None and at > now_ns:
+                msg = Message.decode(item)  # type: ignore[arg-type]
                 msg.deferred = (at - now_ns) / 1e9
-            batch.append(msg)
+                item = msg
+            batch.append(item)
         if batch:
-            self._deliver(as_items(batch), from_backlog=True)
+            self._deliver(batch, from_backlog=True)
         for ref in refs:
             self.backend.done(ref)
         if self._bounded:
