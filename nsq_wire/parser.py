@@ -53,6 +53,8 @@ class Command:
 
 _LINE, _SIZE, _BODY, _MPUB_COUNT, _MPUB_SIZE, _MPUB_BODY = range(6)
 
+_FIN_LINE = 21  # b"FIN " + a 16-byte message ID + b"\n"
+
 
 class V2Parser:
     """An incremental parser for the commands a V2 client sends.
@@ -89,6 +91,26 @@ class V2Parser:
         else:
             self._parts.append(data)
             self._parts_len += len(data)
+
+    def take_fins(self) -> list[bytes]:
+        """The IDs of the ``FIN <16-byte ID>\\n`` lines next in the buffer, taken: a
+        consumer's read is mostly these, and they need no :class:`Command` each.
+        Anything else (another command, a FIN of another shape, a line the read
+        cut) is left for :meth:`next`, which parses it as it always does."""
+        ids: list[bytes] = []
+        if self._state != _LINE:
+            return ids
+        buf = self._buf
+        pos = self._pos
+        last = len(buf) - _FIN_LINE
+        while pos <= last and buf.startswith(b"FIN ", pos) and buf[pos + _FIN_LINE - 1] == 10:
+            msg_id = buf[pos + 4 : pos + _FIN_LINE - 1]
+            if b" " in msg_id or b"\n" in msg_id:
+                break
+            ids.append(msg_id)
+            pos += _FIN_LINE
+        self._pos = pos
+        return ids
 
     def buffered(self) -> int:
         return len(self._buf) - self._pos + self._parts_len

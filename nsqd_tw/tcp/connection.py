@@ -106,6 +106,18 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
     _headers: dict[bytes, Callable[[Any, Command], Pause | None]] = {}
     _handlers: dict[bytes, Callable[[Any, Command], Any]] = {}
 
+    def fins_in_bulk(self) -> bool:
+        """Whether the FIN lines of a read may be handled as one run (:meth:`finish_ids`)."""
+        return False
+
+    def finish_ids(self, ids: list[bytes]) -> None:
+        """FIN each message of ``ids``, as FIN commands would (the subclass's)."""
+
+    def client_error(self, e: ClientError) -> None:
+        """A command refused without closing the connection: logged, answered."""
+        self.log.error("[{client}] - {err}", client=self.client, err=e)
+        self.responses.respond(FRAME_TYPE_ERROR, e.wire())
+
     def end_batch(self) -> None:
         """Handle the held run of commands and answer each (the subclass's)."""
         self._batch = None
@@ -238,8 +250,15 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
         tls_required = self.nsqd.opts.tls_required != TLS_NOT_REQUIRED
         batch_verb = self.batch_verb
         read_one = False  # a whole command was read: the read deadline moves on
+        fins = self.fins_in_bulk()
         try:
             while not self._halted and not client.blocked:
+                if fins and (ids := parser.take_fins()):
+                    if self._batch is not None:
+                        self.end_batch()
+                    read_one = True
+                    self.finish_ids(ids)
+                    continue
                 cmd = parser.next()
                 if cmd is None:
                     break
@@ -269,8 +288,7 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
                 except ClientError as e:
                     if e.fatal:
                         raise
-                    self.log.error("[{client}] - {err}", client=client, err=e)
-                    self.responses.respond(FRAME_TYPE_ERROR, e.wire())
+                    self.client_error(e)
                     continue
                 if response is None:
                     continue

@@ -323,6 +323,16 @@ class FinReqTouchTests(ProtocolTestCase):
         self.assertFalse(c.disconnected)
         self.assertEqual(c.pub("elsewhere", b"x"), OK)
 
+    def test_fins_of_one_read(self) -> None:
+        c = self.consumer(rdy=10)
+        self.client().mpub("t", [b"1", b"2", b"3"])
+        msgs = c.messages()
+        lines = [b"FIN " + msgs[0].id + b"\n", b"FIN 0123456789abcdef\n", b"FIN " + msgs[1].id + b"\n"]
+        c.send(b"".join(lines) + b"RDY 0\nFIN " + msgs[2].id + b"\n")
+        self.assertEqual(c.frames(), [err("E_FIN_FAILED FIN 0123456789abcdef failed ID not in flight")])
+        self.assertEqual((c.proto.client.finish_count, c.proto.client.in_flight_count), (3, 0))
+        self.assertEqual(c.proto.client.ready_count, 0)
+
     def test_fin_by_another_client(self) -> None:
         a = self.consumer()
         b = self.consumer()

@@ -158,6 +158,39 @@ class ParserTests(unittest.TestCase):
             [(b"NOP", [b"NOP"]), (b"RDY", [b"RDY", b"10"]), (b"FIN", [b"FIN", b"0123456789abcdef"])],
         )
 
+    def test_take_fins(self) -> None:
+        p = self.parser()
+        p.feed(b"FIN 0123456789abcdef\nFIN fedcba9876543210\nRDY 5\nFIN 0123456789abcdef\n")
+        self.assertEqual(p.take_fins(), [b"0123456789abcdef", b"fedcba9876543210"])
+        self.assertEqual(p.take_fins(), [])  # RDY is next: for next()
+        self.assertEqual(p.next().params, [b"RDY", b"5"])  # type: ignore[union-attr]
+        self.assertEqual(p.take_fins(), [b"0123456789abcdef"])
+        self.assertIsNone(p.next())
+
+    def test_take_fins_leaves_other_shapes_to_next(self) -> None:
+        for data, params in [
+            (b"FIN 0123456789abcdef\r\n", [b"FIN", b"0123456789abcdef"]),
+            (b"FIN 0123456789 abcde\n", [b"FIN", b"0123456789", b"abcde"]),
+            (b"FIN 0123\nFIN 0123456789\n", [b"FIN", b"0123"]),
+            (b"FIN 0123456789abcdefX\n", [b"FIN", b"0123456789abcdefX"]),
+        ]:
+            p = self.parser()
+            p.feed(data)
+            self.assertEqual(p.take_fins(), [], data)
+            self.assertEqual(p.next().params, params, data)  # type: ignore[union-attr]
+
+    def test_take_fins_cut_by_the_read(self) -> None:
+        data = b"FIN 0123456789abcdef\n" * 3
+        for cut in range(1, len(data)):
+            p = self.parser()
+            p.feed(data[:cut])
+            ids = p.take_fins()
+            p.feed(data[cut:])
+            while (cmd := p.next()) is not None:
+                ids.append(cmd.params[1])
+                ids += p.take_fins()
+            self.assertEqual(ids, [b"0123456789abcdef"] * 3, cut)
+
     def test_empty_line_is_an_empty_command(self) -> None:
         cmds = parse_all(self.parser(), b"\n")
         self.assertEqual(cmds[0].name, b"")
