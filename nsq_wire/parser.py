@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import struct
 
 from nsq_wire.errors import FatalClientError
@@ -54,6 +55,7 @@ class Command:
 _LINE, _SIZE, _BODY, _MPUB_COUNT, _MPUB_SIZE, _MPUB_BODY = range(6)
 
 _FIN_LINE = 21  # b"FIN " + a 16-byte message ID + b"\n"
+_FIN_RUN = re.compile(rb"(?:FIN [^ \r\n]{16}\n)+")  # what next() would parse as FIN ID, and nothing else
 
 
 class V2Parser:
@@ -97,20 +99,16 @@ class V2Parser:
         consumer's read is mostly these, and they need no :class:`Command` each.
         Anything else (another command, a FIN of another shape, a line the read
         cut) is left for :meth:`next`, which parses it as it always does."""
-        ids: list[bytes] = []
         if self._state != _LINE:
-            return ids
-        buf = self._buf
+            return []
         pos = self._pos
-        last = len(buf) - _FIN_LINE
-        while pos <= last and buf.startswith(b"FIN ", pos) and buf[pos + _FIN_LINE - 1] == 10:
-            msg_id = buf[pos + 4 : pos + _FIN_LINE - 1]
-            if b" " in msg_id or b"\n" in msg_id:
-                break
-            ids.append(msg_id)
-            pos += _FIN_LINE
-        self._pos = pos
-        return ids
+        run = _FIN_RUN.match(self._buf, pos)
+        if run is None:
+            return []
+        buf = self._buf
+        end = run.end()
+        self._pos = end
+        return [buf[at : at + 16] for at in range(pos + 4, end, _FIN_LINE)]
 
     def buffered(self) -> int:
         return len(self._buf) - self._pos + self._parts_len

@@ -173,6 +173,7 @@ class ParserTests(unittest.TestCase):
             (b"FIN 0123456789 abcde\n", [b"FIN", b"0123456789", b"abcde"]),
             (b"FIN 0123\nFIN 0123456789\n", [b"FIN", b"0123"]),
             (b"FIN 0123456789abcdefX\n", [b"FIN", b"0123456789abcdefX"]),
+            (b"FIN 0123456789abcde\r\n", [b"FIN", b"0123456789abcde"]),
         ]:
             p = self.parser()
             p.feed(data)
