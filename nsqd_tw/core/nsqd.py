@@ -366,6 +366,8 @@ class NSQD(service.Service):
         if target == channel.topic_name:
             return False
         try:
+            if not is_valid_topic_name(target):  # <topic>.dead of a 60-character topic name
+                raise TopicError(f"invalid topic name {target!r}: set the channel's dead_letter_topic")
             topic = self.get_topic(target)
             topic.put_items([msg.encode()], len(msg.body))
         except Exception as e:

@@ -178,6 +178,17 @@ class DeadLetterTests(Base):
             {"topic": "t", "channel": "c", "attempts": 1, "reason": "max_attempts", "timestamp": self.nsqd.now_ns()},
         )
 
+    def test_a_default_name_too_long_keeps_the_message(self) -> None:
+        name = "t" * 60  # t...t.dead is 65 characters: not a topic name
+        self.settings(name, "c", max_attempts=1)
+        consumer = self.consumer(name, "c")
+        self.producer.pub(name, b"x")
+        (msg,) = consumer.messages()
+        consumer.command(b"REQ", msg.id, b"0")
+        (again,) = consumer.messages()  # still delivered: never lost
+        self.assertEqual((again.id, again.attempts), (msg.id, 2))
+        self.assertNotIn(name + ".dead", self.nsqd.topics)
+
     def test_no_loop_into_its_own_topic(self) -> None:
         with self.assertRaises(SettingsError):
             self.settings("t", "c", dead_letter_topic="t")
