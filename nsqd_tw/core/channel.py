@@ -214,12 +214,18 @@ class Channel(MessageQueue):
 
     def _pop(self) -> Message | None:
         """The next queued message due now; one deferred (durable mode) waits its time."""
-        while True:
-            msg, at = self._next()
-            if at is None or at <= self.ctx.now_ns():
-                return msg
+        msg, at = self._next()
+        return msg if at is None else self._due(msg, at)
+
+    def _due(self, msg: Message | None, at: int | None) -> Message | None:
+        """``msg`` has a deliver-at time (ns; durable mode): it waits in the deferred
+        queue if that is to come, and the next message due now is returned."""
+        now_ns = self.ctx.now_ns()
+        while at is not None and at > now_ns:
             assert msg is not None
             self.deferred.push(msg, at / 1e9)
+            msg, at = self._next()
+        return msg
 
     def _dispatch(self) -> None:
         """Send queued messages to consumers with RDY capacity, round-robin."""
@@ -235,6 +241,7 @@ class Channel(MessageQueue):
         misses = 0
         now = self.ctx.now()
         push = self.in_flight.push
+        next_ = self._next
         pop = self._pop
         max_age = self.policy.max_age
         expire_before = int((now - max_age) * 1e9) if max_age else 0
@@ -244,7 +251,9 @@ class Channel(MessageQueue):
             if c.in_flight_count >= c.ready_count or c.blocked:
                 misses += 1
                 continue
-            msg = pop()
+            msg, at = next_()  # _pop inline: once per message delivered
+            if at is not None:
+                msg = self._due(msg, at)
             if expire_before:
                 while msg is not None and msg.timestamp < expire_before:
                     self.expired(msg)  # never delivered past its TTL
