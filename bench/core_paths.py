@@ -2,6 +2,7 @@
 
     python bench/core_paths.py                      # this checkout
     python bench/core_paths.py --tree /other/checkout --runs 5
+    python bench/core_paths.py --calls              # function calls per consumed message (cProfile)
 
 ``publish``: 500,000 messages of 200 bytes as MPUBs of 200 straight into
 ``NSQD.publish_to`` (a topic with no channel: what bench_writer measures).
@@ -33,7 +34,7 @@ def publish(make_nsqd: Any) -> float:
     return 500_000 / (time.perf_counter() - started)
 
 
-def consume(make_nsqd: Any, fake_client: Any, message_type: int) -> float:
+def consume(make_nsqd: Any, fake_client: Any, message_type: int, profile: Any = None) -> float:
     nsqd = make_nsqd(mem_queue_size=2_000_000)
     topic = nsqd.get_topic("t")
     client = fake_client(nsqd)
@@ -45,23 +46,43 @@ def consume(make_nsqd: Any, fake_client: Any, message_type: int) -> float:
         nsqd.reactor.advance(0)  # the topic's pump hands its backlog to the channel
     started = time.perf_counter()
     n = 0
+    if profile is not None:
+        profile.enable()
     while channel.depth() or len(channel.in_flight):
         client.command(b"RDY", b"2500")
         ids = [data[10:26] for frame_type, data in client.frames() if frame_type == message_type]
         client.send(b"".join(b"FIN " + msg_id + b"\n" for msg_id in ids))
         n += len(ids)
+    if profile is not None:
+        profile.disable()
+        return n
     return n / (time.perf_counter() - started)
+
+
+def calls_per_message(make_nsqd: Any, fake_client: Any, message_type: int) -> float:
+    """Function calls (Python and built-in, cProfile's count) per message delivered and FINed,
+    the harness's two (a list comprehension and a generator expression) included."""
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    n = consume(make_nsqd, fake_client, message_type, profile)
+    return sum(row[1] for row in pstats.Stats(profile).stats.values()) / n
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="core_paths", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--tree", default=str(Path(__file__).resolve().parents[1]), help="the checkout to measure")
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--calls", action="store_true", help="count the function calls per consumed message instead")
     a = p.parse_args(argv)
     sys.path.insert(0, a.tree)
     from nsq_wire.frames import FRAME_TYPE_MESSAGE
     from tests.helpers import FakeClient, make_nsqd
 
+    if a.calls:
+        print(f"{calls_per_message(make_nsqd, FakeClient, FRAME_TYPE_MESSAGE):.1f} function calls per consumed message")
+        return
     pubs, subs = [], []
     for _ in range(a.runs):
         pubs.append(publish(make_nsqd))
