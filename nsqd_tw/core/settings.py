@@ -48,6 +48,10 @@ def _duration(key: str, value: Any) -> float:
     return seconds
 
 
+def _duration_text(seconds: float) -> str:
+    return go_duration(round(seconds * 1e9))
+
+
 def _topic_name(key: str, value: Any) -> str:
     if not isinstance(value, str) or not is_valid_topic_name(value):
         raise SettingsError(f"{key} must be a valid topic name")
@@ -71,7 +75,7 @@ _KEYS: dict[str, tuple[Callable[[str, Any], Any], Callable[[Any], Any]]] = {
     "max_attempts": (_int_in(1, MAX_ATTEMPTS_LIMIT), int),
     "dead_letter_topic": (_topic_name, str),
     "expire_to_dead_letter": (_bool, bool),
-    "max_age": (_duration, lambda s: go_duration(round(s * 1e9))),
+    "max_age": (_duration, _duration_text),
     "max_depth": (_int_in(0, None), int),
     "max_bytes": (_int_in(0, None), int),
     "overflow": (_overflow, str),
@@ -149,7 +153,7 @@ class Policy:
             "max_attempts": self.max_attempts or None,
             "dead_letter_topic": dead,
             "expire_to_dead_letter": self.expire_to_dead_letter,
-            "max_age": go_duration(round(self.max_age * 1e9)) if self.max_age else None,
+            "max_age": _duration_text(self.max_age) if self.max_age else None,
             "max_depth": self.max_depth,
             "max_bytes": self.max_bytes,
             "overflow": self.overflow,

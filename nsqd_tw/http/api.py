@@ -329,7 +329,7 @@ class NSQDHTTPAPI(GoHTTPAPI):
             text = str(e) if isinstance(e, SettingsError) else "body is not JSON"
             raise HTTPError(400, f"INVALID_SETTINGS: {text}") from None
 
-    def _settings_answer(self, request: Request, topic: Any, channel: Any, changes: dict[str, Any] | None) -> Any:
+    def _settings_answer(self, topic: Any, channel: Any, changes: dict[str, Any] | None) -> Any:
         if changes is not None:
             try:
                 topic.update_settings(changes, channel)
@@ -349,19 +349,14 @@ class NSQDHTTPAPI(GoHTTPAPI):
     @route("/topic/settings", "GET", "PUT", body=lambda api: api.SETTINGS_BODY)
     def topic_settings(self, request: Request) -> Any:
         changes = self._settings_changes(request)
-        _, name = self._topic_from_query(request)
-        try:
-            topic = self.nsqd.get_existing_topic(name)
-        except TopicError:
-            raise HTTPError(404, "TOPIC_NOT_FOUND") from None
-        return self._settings_answer(request, topic, None, changes)
+        return self._settings_answer(self._existing_topic(request), None, changes)
 
     @route("/channel/settings", "GET", "PUT", body=lambda api: api.SETTINGS_BODY)
     def channel_settings(self, request: Request) -> Any:
         changes = self._settings_changes(request)
         channel = self._existing_channel(request)
         topic = self.nsqd.get_existing_topic(channel.topic_name)
-        return self._settings_answer(request, topic, channel, changes)
+        return self._settings_answer(topic, channel, changes)
 
     @route("/topic/dead_letter", "GET")
     def topic_dead_letter(self, request: Request) -> dict[str, Any]:
