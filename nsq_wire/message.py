@@ -9,7 +9,7 @@ the disk queue's recovery finds records with the offsets.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
 from nsq_wire.frames import FRAME_TYPE_MESSAGE
@@ -64,6 +64,18 @@ def frame(m: Fields) -> bytes:
         )
         + m.id
         + m.body
+    )
+
+
+def frames(msgs: Sequence[Fields]) -> bytes:
+    """The message frames of ``msgs`` back to back: a burst to one consumer, one buffer."""
+    pack = _FRAME_HEADER.pack
+    size = MESSAGE_HEADER_LENGTH + 4
+    return b"".join(
+        [
+            pack(len(m.body) + size, FRAME_TYPE_MESSAGE, m.timestamp & _U64, m.attempts & 0xFFFF) + m.id + m.body
+            for m in msgs
+        ]
     )
 
 

@@ -35,7 +35,7 @@ class Consumer(Protocol):
     sample_rate: int
     blocked: bool  # its connection is backed up: send it nothing for now
 
-    def send_message(self, msg: Message) -> None: ...
+    def send_messages(self, msgs: list[Message]) -> None: ...
     def timed_out_message(self) -> None: ...
     def empty(self) -> None: ...
     def close(self) -> None: ...
@@ -228,48 +228,108 @@ class Channel(MessageQueue):
         return msg
 
     def _dispatch(self) -> None:
-        """Send queued messages to consumers with RDY capacity, round-robin."""
+        """Send queued messages to consumers with RDY capacity, round-robin: each
+        gets a burst (its fair share of what is queued, as far as its RDY allows)
+        as one buffer, then the next one's turn."""
         consumers = self._consumers
         if self.paused or not consumers:
             return
-        memory = self.memory
-        backend = self.backend
-        if not memory and not backend.depth():
+        queued = len(self.memory) + self.backend.depth()
+        if not queued:
             return
+        ready = 0
+        for c in consumers:
+            if c.in_flight_count < c.ready_count and not c.blocked:
+                ready += 1
+        if not ready:
+            return
+        share = -(-queued // ready)  # 6 queued, 2 consumers ready: 3 each
         n = len(consumers)
         i = self._rr
         misses = 0
         now = self.ctx.now()
-        push = self.in_flight.push
-        next_ = self._next
-        pop = self._pop
         max_age = self.policy.max_age
         expire_before = int((now - max_age) * 1e9) if max_age else 0
+        push_many = self.in_flight.push_many
+        take = self._take
         while misses < n:
             c = consumers[i % n]
             i += 1
-            if c.in_flight_count >= c.ready_count or c.blocked:
+            room = c.ready_count - c.in_flight_count
+            if room <= 0 or c.blocked:
                 misses += 1
                 continue
-            msg, at = next_()  # _pop inline: once per message delivered
-            if at is not None:
-                msg = self._due(msg, at)
-            if expire_before:
-                while msg is not None and msg.timestamp < expire_before:
-                    self.expired(msg)  # never delivered past its TTL
-                    msg = pop()
-            if msg is None:
-                break
             misses = 0
-            if c.sample_rate and random.randrange(100) > c.sample_rate:
+            if expire_before or c.sample_rate:
+                if not self._deliver_one(c, now, expire_before):
+                    break
                 continue
+            want = room if room < share else share
+            burst = take(want, c.id, now)
+            if burst:
+                push_many(burst, now + c.msg_timeout)
+                c.send_messages(burst)
+            if len(burst) < want:
+                break  # nothing more queued (due now)
+            queued -= want
+            if want == room and ready > 1:  # it is full: the others share what it could not take
+                ready -= 1
+                share = max(1, -(-queued // ready))
+        self._rr = i % n
+
+    def _take(self, n: int, client_id: int, now: float) -> list[Message]:
+        """Up to ``n`` queued messages due now, in :meth:`_next`'s order, as
+        delivered to consumer ``client_id`` at ``now`` (an attempt more)."""
+        burst: list[Message] = []
+        memory = self.memory
+        if not self.backend.depth():  # memory alone: _next inline, once per message delivered
+            decode = Message.decode
+            size = 0
+            while memory and len(burst) < n:
+                held = memory.popleft()
+                if isinstance(held, bytes):
+                    size += len(held) - MESSAGE_HEADER_LENGTH
+                    held = decode(held)
+                else:
+                    size += len(held.body)
+                burst.append(held)
+            self.memory_bytes -= size
+            if len(burst) & 1:  # as many turns as _next would have taken
+                self._take_backend = not self._take_backend
+        else:
+            next_ = self._next
+            while len(burst) < n:
+                msg, at = next_()
+                if at is not None:
+                    msg = self._due(msg, at)
+                if msg is None:
+                    break
+                burst.append(msg)
+        for msg in burst:
             if msg.attempts < 65535:  # the wire's 16 bits stay full instead of wrapping to 0 (nsqio/nsq#1397)
                 msg.attempts += 1
-            msg.client_id = c.id
+            msg.client_id = client_id
             msg.delivery_ts = now
-            push(msg, now + c.msg_timeout)
-            c.send_message(msg)
-        self._rr = i % n
+        return burst
+
+    def _deliver_one(self, c: Consumer, now: float, expire_before: int) -> bool:
+        """One message to ``c``, for a channel with a TTL or a consumer with a sample
+        rate: False when nothing is queued (due now)."""
+        msg = self._pop()
+        while expire_before and msg is not None and msg.timestamp < expire_before:
+            self.expired(msg)  # never delivered past its TTL
+            msg = self._pop()
+        if msg is None:
+            return False
+        if c.sample_rate and random.randrange(100) > c.sample_rate:
+            return True  # sampled out: gone from the channel, as in Go
+        if msg.attempts < 65535:
+            msg.attempts += 1
+        msg.client_id = c.id
+        msg.delivery_ts = now
+        self.in_flight.push(msg, now + c.msg_timeout)
+        c.send_messages([msg])
+        return True
 
     def kick(self) -> None:
         """A consumer may have gained capacity (RDY, FIN, REQ, unpause)."""
@@ -332,6 +392,20 @@ class Channel(MessageQueue):
         if self.e2e is not None:
             self._finished_latencies(msg)
         return msg
+
+    def finish_messages(self, client_id: int, ids: list[bytes]) -> tuple[int, list[tuple[bytes, ChannelError]]]:
+        """:meth:`finish_message` of each of ``ids`` (the FINs of one read): how
+        many were finished, and the IDs refused with why."""
+        done, refused = self.in_flight.take_owned(client_id, ids)
+        backend = self.backend
+        for msg in done:
+            if msg.ref is not None:
+                backend.done(msg.ref)
+        self.finish_count += len(done)
+        if self.e2e is not None:
+            for msg in done:
+                self._finished_latencies(msg)
+        return len(done), [(msg_id, ChannelError(why)) for msg_id, why in refused]
 
     def _finished_latencies(self, msg: Message) -> None:
         assert self.e2e is not None and self.fin_latency is not None

@@ -41,23 +41,33 @@ class TimeoutQueue:
     def values(self) -> list[Message]:
         return list(self._index.values())
 
+    def _bucket(self, due: float) -> dict[bytes, Message]:
+        if due == self._last_due:
+            return self._last_bucket
+        key = int(due // self.resolution)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = {}
+            heapq.heappush(self._keys, key)
+        self._last_due, self._last_bucket = due, bucket
+        return bucket
+
     def push(self, msg: Message, due: float) -> None:
         """Queue ``msg`` until ``due``; the caller checks the ID is not queued."""
         msg.pri = due
-        if due == self._last_due:
-            bucket = self._last_bucket
-        else:
-            key = int(due // self.resolution)
-            found = self._buckets.get(key)
-            if found is None:
-                bucket = self._buckets[key] = {}
-                heapq.heappush(self._keys, key)
-            else:
-                bucket = found
-            self._last_due, self._last_bucket = due, bucket
+        bucket = self._bucket(due)
         bucket[msg.id] = msg
         msg.bucket = bucket  # so removal needs no search
         self._index[msg.id] = msg
+
+    def push_many(self, msgs: list[Message], due: float) -> None:
+        """:meth:`push` for messages sent together (a burst to one consumer)."""
+        bucket = self._bucket(due)
+        index = self._index
+        for msg in msgs:
+            msg.pri = due
+            msg.bucket = bucket
+            bucket[msg.id] = index[msg.id] = msg
 
     def remove(self, msg_id: bytes) -> Message | None:
         msg = self._index.pop(msg_id, None)
@@ -67,6 +77,27 @@ class TimeoutQueue:
                 bucket.pop(msg_id, None)  # (a bucket already released is not looked at again)
                 msg.bucket = None
         return msg
+
+    def take_owned(self, owner: int, ids: list[bytes]) -> tuple[list[Message], list[tuple[bytes, str]]]:
+        """Remove the messages of ``ids`` held by ``owner`` (their ``client_id``): those
+        removed, and the IDs refused with why (not queued, or another owner's: it stays)."""
+        index = self._index
+        taken: list[Message] = []
+        refused: list[tuple[bytes, str]] = []
+        for msg_id in ids:
+            msg = index.pop(msg_id, None)
+            if msg is None:
+                refused.append((msg_id, "ID not in flight"))
+            elif msg.client_id != owner:
+                index[msg_id] = msg  # still in its bucket: nothing else changed
+                refused.append((msg_id, "client does not own message"))
+            else:
+                bucket = msg.bucket
+                if bucket is not None:
+                    bucket.pop(msg_id, None)
+                    msg.bucket = None
+                taken.append(msg)
+        return taken, refused
 
     def pop_due(self, now: float) -> Iterator[Message]:
         """Remove and yield every message due at or before ``now``."""

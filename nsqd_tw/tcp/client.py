@@ -15,6 +15,7 @@ from twisted.python.failure import Failure
 
 from nsq_wire.errors import FatalClientError
 from nsq_wire.gofmt import go_quote
+from nsq_wire.message import frames
 from nsqd_tw import tls as tls_sessions
 from nsqd_tw.auth import AuthClient, AuthState
 from nsqd_tw.core.message import Message
@@ -84,12 +85,13 @@ class ClientV2:
 
     # -- what the channel calls ----------------------------------------------------
 
-    def send_message(self, msg: Message) -> None:
-        """The message is now in flight to this client."""
-        self.in_flight_count += 1
-        self.message_count += 1
+    def send_messages(self, msgs: list[Message]) -> None:
+        """The messages are now in flight to this client: their frames go out as one buffer."""
+        n = len(msgs)
+        self.in_flight_count += n
+        self.message_count += n
         assert self.output is not None
-        self.output.message(msg.frame())
+        self.output.message(frames(msgs))
 
     def timed_out_message(self) -> None:
         self.in_flight_count -= 1
@@ -108,9 +110,9 @@ class ClientV2:
 
     # -- what its commands do ---------------------------------------------------------
 
-    def finished(self) -> None:
-        self.finish_count += 1
-        self.in_flight_count -= 1
+    def finished(self, n: int = 1) -> None:
+        self.finish_count += n
+        self.in_flight_count -= n
 
     def requeued(self) -> None:
         self.requeue_count += 1

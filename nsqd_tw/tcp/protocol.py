@@ -232,19 +232,14 @@ class V2Protocol(CommandConnection):
         )
 
     def finish_ids(self, ids: list[bytes]) -> None:
-        """The FIN lines of one read, in order, each as :meth:`FIN` does it."""
+        """The FIN lines of one read, each as :meth:`FIN` does it (a FIN that
+        succeeds writes nothing, so the refusals answered after them keep their order)."""
         client = self.client
         assert client.channel is not None
-        finish = client.channel.finish_message
-        finished = client.finished
-        client_id = client.id
-        for msg_id in ids:
-            try:
-                finish(client_id, msg_id)
-            except ChannelError as e:
-                self.client_error(ClientError("E_FIN_FAILED", f"FIN {text(msg_id)} failed {e}"))
-                continue
-            finished()
+        finished, refused = client.channel.finish_messages(client.id, ids)
+        client.finished(finished)
+        for msg_id, e in refused:
+            self.client_error(ClientError("E_FIN_FAILED", f"FIN {text(msg_id)} failed {e}"))
         self._kick = True
 
     def REQ(self, cmd: Command) -> None:

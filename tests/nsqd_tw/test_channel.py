@@ -14,10 +14,15 @@ class _Recording:
 
     def __init__(self) -> None:
         self.got: list[Message] = []
+        self.writes = 0
         self.closed = False
 
-    def message(self, frame: bytes) -> None:
-        self.got.append(Message.decode(frame[8:]))
+    def message(self, frames: bytes) -> None:
+        self.writes += 1
+        while frames:
+            size = int.from_bytes(frames[:4], "big")
+            self.got.append(Message.decode(frames[8 : 4 + size]))
+            frames = frames[4 + size :]
 
     def close(self) -> None:
         self.closed = True
@@ -79,6 +84,39 @@ class ChannelTests(unittest.TestCase):
         self.channel.add_client(b)
         self.put(6)
         self.assertEqual((len(a.got), len(b.got)), (3, 3))
+
+    def test_a_burst_is_one_buffer(self) -> None:
+        c = FakeConsumer(1, rdy=100)
+        self.channel.add_client(c)
+        self.channel.stage([m.encode() for m in (new_msg(self.nsqd) for _ in range(8))])
+        self.channel.kick()
+        self.assertEqual((len(c.got), c.conn.writes), (8, 1))  # type: ignore[attr-defined]
+        self.assertEqual([m.attempts for m in c.got], [1] * 8)
+        self.assertEqual(len(self.channel.in_flight), 8)
+
+    def test_bursts_share_what_is_queued(self) -> None:
+        consumers = [FakeConsumer(1, rdy=1), FakeConsumer(2, rdy=100), FakeConsumer(3, rdy=100)]
+        for c in consumers:
+            self.channel.add_client(c)
+        self.channel.stage([m.encode() for m in (new_msg(self.nsqd) for _ in range(9))])
+        self.channel.kick()
+        # a fair share is 3 each; the first has room for 1, the rest goes to the others
+        self.assertEqual([len(c.got) for c in consumers], [1, 4, 4])
+        self.assertEqual(sum(c.in_flight_count for c in consumers), 9)
+
+    def test_finish_messages_reports_refusals_in_order(self) -> None:
+        a, b = FakeConsumer(1, rdy=10), FakeConsumer(2, rdy=10)
+        self.channel.add_client(a)
+        self.channel.add_client(b)
+        self.put(4)
+        ids = [m.id for m in a.got] + [b.got[0].id, b"0123456789abcdef"]
+        finished, refused = self.channel.finish_messages(1, ids)
+        self.assertEqual(finished, 2)
+        self.assertEqual(
+            [(i, str(e)) for i, e in refused],
+            [(b.got[0].id, "client does not own message"), (b"0123456789abcdef", "ID not in flight")],
+        )
+        self.assertEqual((self.channel.finish_count, len(self.channel.in_flight)), (2, 2))
 
     def test_overflow_goes_to_backend_and_comes_back(self) -> None:
         msgs = self.put(25)

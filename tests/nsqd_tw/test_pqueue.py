@@ -35,6 +35,34 @@ class TimeoutQueueTests(unittest.TestCase):
         self.assertEqual(list(q.pop_due(2.0)), [])
         self.assertEqual(list(q.pop_due(5.0)), [a])
 
+    def test_push_many_is_push_of_each(self) -> None:
+        q = TimeoutQueue()
+        burst = [msg(i) for i in range(3)]
+        q.push_many(burst, 2.0)
+        q.push(msg(9), 1.0)
+        self.assertEqual([m.pri for m in burst], [2.0, 2.0, 2.0])
+        self.assertIs(q.remove(burst[1].id), burst[1])
+        self.assertEqual([m.id for m in q.pop_due(2.0)], [msg(9).id, burst[0].id, burst[2].id])
+        self.assertEqual(len(q), 0)
+
+    def test_take_owned(self) -> None:
+        q = TimeoutQueue()
+        mine, theirs = msg(1), msg(2)
+        mine.client_id, theirs.client_id = 7, 8
+        q.push_many([mine, theirs], 1.0)
+        taken, refused = q.take_owned(7, [mine.id, theirs.id, b"0123456789abcdef", mine.id])
+        self.assertEqual(taken, [mine])
+        self.assertEqual(
+            refused,
+            [
+                (theirs.id, "client does not own message"),
+                (b"0123456789abcdef", "ID not in flight"),
+                (mine.id, "ID not in flight"),
+            ],
+        )
+        self.assertIsNone(mine.bucket)
+        self.assertEqual(list(q.pop_due(1.0)), [theirs])  # the refused one stayed as it was
+
     def test_removed_messages_leave_nothing_behind(self) -> None:
         q = TimeoutQueue()
         keep = [msg(i) for i in range(10)]
