@@ -3,6 +3,7 @@
     python bench/core_paths.py                      # this checkout
     python bench/core_paths.py --tree /other/checkout --runs 5
     python bench/core_paths.py --calls              # function calls per consumed message (cProfile)
+    python bench/core_paths.py --disk [--calls]     # consume with half the backlog in a disk queue
 
 ``publish``: 500,000 messages of 200 bytes as MPUBs of 200 straight into
 ``NSQD.publish_to`` (a topic with no channel: what bench_writer measures).
@@ -15,8 +16,10 @@ one batch of FINs. A figure per run, msg/s; ``--tree`` measures another checkout
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,8 +37,12 @@ def publish(make_nsqd: Any) -> float:
     return 500_000 / (time.perf_counter() - started)
 
 
-def consume(make_nsqd: Any, fake_client: Any, message_type: int, profile: Any = None) -> float:
-    nsqd = make_nsqd(mem_queue_size=2_000_000)
+def consume(make_nsqd: Any, fake_client: Any, message_type: int, profile: Any = None, disk: bool = False) -> float:
+    if disk:  # half of the backlog in memory, half in a disk queue, as in go_compare's runs
+        data = tempfile.mkdtemp(prefix="core_paths.")
+        nsqd = make_nsqd(mem_queue_size=100_000, backend_factory=None, data_path=data)
+    else:
+        nsqd = make_nsqd(mem_queue_size=2_000_000)
     topic = nsqd.get_topic("t")
     client = fake_client(nsqd)
     client.sub("t", "c", 0)
@@ -53,20 +60,22 @@ def consume(make_nsqd: Any, fake_client: Any, message_type: int, profile: Any = 
         ids = [data[10:26] for frame_type, data in client.frames() if frame_type == message_type]
         client.send(b"".join(b"FIN " + msg_id + b"\n" for msg_id in ids))
         n += len(ids)
+    elapsed = time.perf_counter() - started
     if profile is not None:
         profile.disable()
-        return n
-    return n / (time.perf_counter() - started)
+    if disk:
+        shutil.rmtree(data, ignore_errors=True)
+    return n if profile is not None else n / elapsed
 
 
-def calls_per_message(make_nsqd: Any, fake_client: Any, message_type: int) -> float:
+def calls_per_message(make_nsqd: Any, fake_client: Any, message_type: int, disk: bool = False) -> float:
     """Function calls (Python and built-in, cProfile's count) per message delivered and FINed,
     the harness's two (a list comprehension and a generator expression) included."""
     import cProfile
     import pstats
 
     profile = cProfile.Profile()
-    n = consume(make_nsqd, fake_client, message_type, profile)
+    n = consume(make_nsqd, fake_client, message_type, profile, disk)
     return sum(row[1] for row in pstats.Stats(profile).stats.values()) / n
 
 
@@ -75,18 +84,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tree", default=str(Path(__file__).resolve().parents[1]), help="the checkout to measure")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--calls", action="store_true", help="count the function calls per consumed message instead")
+    p.add_argument("--disk", action="store_true", help="consume: half the backlog in a disk queue (100K in memory)")
     a = p.parse_args(argv)
     sys.path.insert(0, a.tree)
     from nsq_wire.frames import FRAME_TYPE_MESSAGE
     from tests.helpers import FakeClient, make_nsqd
 
     if a.calls:
-        print(f"{calls_per_message(make_nsqd, FakeClient, FRAME_TYPE_MESSAGE):.1f} function calls per consumed message")
+        calls = calls_per_message(make_nsqd, FakeClient, FRAME_TYPE_MESSAGE, a.disk)
+        print(f"{calls:.1f} function calls per consumed message")
         return
     pubs, subs = [], []
     for _ in range(a.runs):
         pubs.append(publish(make_nsqd))
-        subs.append(consume(make_nsqd, FakeClient, FRAME_TYPE_MESSAGE))
+        subs.append(consume(make_nsqd, FakeClient, FRAME_TYPE_MESSAGE, disk=a.disk))
         print(f"publish {pubs[-1]:,.0f} msg/s  consume {subs[-1]:,.0f} msg/s", flush=True)
     print(f"median: publish {statistics.median(pubs):,.0f} msg/s  consume {statistics.median(subs):,.0f} msg/s")
 

@@ -91,6 +91,12 @@ class Server:
                     return int(line.split()[1]) * 1024
         raise RuntimeError("no VmRSS")
 
+    def cpu(self) -> float:
+        """The server's CPU time so far (user + system), seconds, from /proc."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         self.proc.terminate()
         try:
@@ -161,10 +167,21 @@ def ops(out: str) -> float:
     return float(found[-1])
 
 
+def messages(out: str) -> float:
+    """How many messages a bench tool's run moved: its rate times its duration."""
+    found = re.findall(r"duration: (\S+) -", out)
+    if not found:
+        raise RuntimeError(f"no duration in {out!r}")
+    return ops(out) * parse_duration(found[-1])
+
+
 def throughput(a: argparse.Namespace, servers: dict[str, str]) -> None:
     go_bin = Path(a.go_bin)
     pub: dict[str, list[float]] = {n: [] for n in servers}
     sub: dict[str, list[float]] = {n: [] for n in servers}
+    # the server's CPU time per message (µs), from /proc: how far from the work itself
+    pub_cpu: dict[str, list[float]] = {n: [] for n in servers}
+    sub_cpu: dict[str, list[float]] = {n: [] for n in servers}
     size = ["-size", str(a.size)]
     for r, name, exe in rounds_of(servers, a.rounds):
         with running(exe, ["--mem-queue-size", str(a.mem_queue_size)]) as s:
@@ -172,20 +189,31 @@ def throughput(a: argparse.Namespace, servers: dict[str, str]) -> None:
             if not a.topic_backlog:
                 s.post("/channel/create?topic=sub_bench&channel=ch")
             addr = ["-nsqd-tcp-address", s.tcp, "-runfor", a.runfor]
+            cpu0 = s.cpu()
             w = subprocess.run(
                 [str(go_bin / "bench_writer"), *addr, *size, "-batch-size", str(a.batch_size)],
                 capture_output=True,
                 text=True,
                 check=True,
             )
+            cpu1 = s.cpu()
             rd = subprocess.run(
                 [str(go_bin / "bench_reader"), *addr, *size], capture_output=True, text=True, check=True
             )
-        pub[name].append(ops(w.stdout + w.stderr))
-        sub[name].append(ops(rd.stdout + rd.stderr))
-        print(f"round {r + 1} {name:<8} publish {pub[name][-1]:>11,.0f} msg/s  consume {sub[name][-1]:>11,.0f} msg/s")
+            cpu2 = s.cpu()
+        wrote, read = w.stdout + w.stderr, rd.stdout + rd.stderr
+        pub[name].append(ops(wrote))
+        sub[name].append(ops(read))
+        pub_cpu[name].append((cpu1 - cpu0) / messages(wrote) * 1e6)
+        sub_cpu[name].append((cpu2 - cpu1) / messages(read) * 1e6)
+        print(
+            f"round {r + 1} {name:<8} publish {pub[name][-1]:>11,.0f} msg/s {pub_cpu[name][-1]:5.2f} µs CPU/msg"
+            f"  consume {sub[name][-1]:>11,.0f} msg/s {sub_cpu[name][-1]:5.2f} µs CPU/msg"
+        )
     print(ratio_line("publish msg/s (median)", {n: median(v) for n, v in pub.items()}))
     print(ratio_line("consume msg/s (median)", {n: median(v) for n, v in sub.items()}))
+    print(ratio_line("publish µs CPU/msg (median)", {n: median(v) for n, v in pub_cpu.items()}, True))
+    print(ratio_line("consume µs CPU/msg (median)", {n: median(v) for n, v in sub_cpu.items()}, True))
 
 
 # -- start time ----------------------------------------------------------------------------

@@ -278,25 +278,18 @@ class Channel(MessageQueue):
         self._rr = i % n
 
     def _take(self, n: int, client_id: int, now: float) -> list[Message]:
-        """Up to ``n`` queued messages due now, in :meth:`_next`'s order, as
-        delivered to consumer ``client_id`` at ``now`` (an attempt more)."""
+        """Up to ``n`` queued messages due now, memory and backend in turns as
+        :meth:`_next` takes them, as delivered to consumer ``client_id`` at ``now``
+        (an attempt more)."""
         burst: list[Message] = []
-        memory = self.memory
-        if not self.backend.depth():  # memory alone: _next inline, once per message delivered
-            decode = Message.decode
-            size = 0
-            while memory and len(burst) < n:
-                held = memory.popleft()
-                if isinstance(held, bytes):
-                    size += len(held) - MESSAGE_HEADER_LENGTH
-                    held = decode(held)
-                else:
-                    size += len(held.body)
-                burst.append(held)
-            self.memory_bytes -= size
+        backend = self.backend
+        if not backend.depth():  # memory alone: once per message delivered
+            burst = self._take_memory(n)
             if len(burst) & 1:  # as many turns as _next would have taken
                 self._take_backend = not self._take_backend
-        else:
+        elif (read_many := getattr(backend, "read_many", None)) is not None:
+            self._take_both(burst, n, read_many)
+        else:  # a backend without read_many (an embedder's): one at a time
             next_ = self._next
             while len(burst) < n:
                 msg, at = next_()
@@ -311,6 +304,64 @@ class Channel(MessageQueue):
             msg.client_id = client_id
             msg.delivery_ts = now
         return burst
+
+    def _take_memory(self, n: int) -> list[Message]:
+        """Up to ``n`` messages from memory, decoded."""
+        taken: list[Message] = []
+        memory = self.memory
+        decode = Message.decode
+        size = 0
+        while memory and len(taken) < n:
+            held = memory.popleft()
+            if isinstance(held, bytes):
+                size += len(held) - MESSAGE_HEADER_LENGTH
+                held = decode(held)
+            else:
+                size += len(held.body)
+            taken.append(held)
+        self.memory_bytes -= size
+        return taken
+
+    def _take_both(self, burst: list[Message], n: int, read_many: Callable[[int], list[tuple[bytes, object]]]) -> None:
+        """:meth:`_take` with records in the backend: half the turns each, as
+        :meth:`_next` alternates, the backend's read in runs; a record with a
+        deliver-at time to come waits in the deferred queue."""
+        backend = self.backend
+        take_deferred = backend.take_deferred
+        decode = Message.decode
+        now_ns = None
+        while len(burst) < n:
+            want = n - len(burst)
+            # the backend's turns of the next ``want``: _next takes it when the flag was False
+            from_backend = (want + 1 - self._take_backend) // 2 if self.memory else want
+            from_disk: list[Message] = []
+            records = read_many(from_backend) if from_backend else []
+            for data, ref in records:
+                try:
+                    msg = decode(data)
+                except ValueError as e:
+                    self.ctx.log.error("failed to decode message - {err}", err=e)
+                    backend.done(ref)
+                    continue
+                msg.ref = ref
+                at = take_deferred(msg.id)
+                if at is not None:
+                    if now_ns is None:
+                        now_ns = self.ctx.now_ns()
+                    if at > now_ns:
+                        self.deferred.push(msg, at / 1e9)
+                        continue
+                from_disk.append(msg)
+            from_memory = self._take_memory(want - len(records) if len(records) < from_backend else want - from_backend)
+            if not records and not from_memory:
+                break
+            # in turns, the backend's first: as _next would have handed them out
+            k = min(len(from_disk), len(from_memory))
+            for pair in zip(from_disk, from_memory, strict=False):
+                burst += pair
+            burst += from_disk[k:]
+            burst += from_memory[k:]
+            self._take_backend = bool(from_disk) and len(from_disk) > len(from_memory)
 
     def _deliver_one(self, c: Consumer, now: float, expire_before: int) -> bool:
         """One message to ``c``, for a channel with a TTL or a consumer with a sample

@@ -248,6 +248,57 @@ class DiskQueue:
                 self._next_read_file()
             return data, ref
 
+    def read_many(self, n: int) -> list[tuple[bytes, Ref | None]]:
+        """Up to ``n`` of the next records, as :meth:`read` gives them one by one.
+        Records the read-ahead buffer already holds come out in one pass (not in
+        acknowledged mode, and not while deliver-at times are kept)."""
+        out: list[tuple[bytes, Ref | None]] = []
+        read = self.read
+        while len(out) < n:
+            item = read()
+            if item is None:
+                break
+            out.append(item)
+            if not self.acked and not self.deferred.at and not self.deferred.held and len(out) < n:
+                self._read_buffered(out, n)
+        return out
+
+    def _read_buffered(self, out: list[tuple[bytes, Ref | None]], n: int) -> None:
+        """:meth:`read`'s loop for the records wholly in the reader's buffer, with
+        the same checks; it stops at the first record it cannot take from there."""
+        r = self._reader
+        if r.fd is None or r.num != self.read_file_num:
+            return
+        limit = r.limit
+        if self.read_file_num == self.write_file_num and self.write_pos < limit:
+            limit = self.write_pos
+        buf, start = r._buf, r._buf_start
+        end = min(limit, start + len(buf))  # what is readable and buffered
+        pos = self.read_pos
+        lo, hi = self.min_msg_size, self.max_msg_size
+        unpack = RECORD_SIZE.unpack_from
+        taken = 0
+        size_total = 0
+        want = n - len(out)
+        while taken < want and pos + 4 <= end:
+            (size,) = unpack(buf, pos - start)
+            if size < lo or size > hi or pos + 4 + size > end:
+                break  # read() looks at it (an error, or more to read first)
+            i = pos - start + 4
+            out.append((buf[i : i + size], None))
+            pos += 4 + size
+            size_total += 4 + size
+            taken += 1
+        if not taken:
+            return
+        self.read_pos = pos
+        self._set_queued(self.queued_bytes - size_total)
+        self._depth -= taken
+        self.count += taken
+        self.syncer.read(self)
+        if pos >= r.limit and self.read_file_num < self.write_file_num:
+            self._next_read_file()
+
     def release_files(self) -> None:
         """Nothing queued and nothing read still owned: remove the data file read
         to its end now (as Go, it would otherwise stay until the next write rolls)."""

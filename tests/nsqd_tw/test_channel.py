@@ -127,6 +127,20 @@ class ChannelTests(unittest.TestCase):
         self.channel.kick()
         self.assertEqual(sorted(m.id for m in c.got), sorted(m.id for m in msgs))
 
+    def test_a_burst_takes_memory_and_backend_in_turns(self) -> None:
+        msgs = self.put(25)  # 10 in memory, 15 on disk
+        c = FakeConsumer(1, rdy=14)
+        self.channel.add_client(c)
+        self.channel.kick()
+        first = [m.id for m in c.got]
+        self.assertEqual(len(first), 14)
+        on_disk = {m.id for m in msgs[10:]}
+        self.assertEqual([i in on_disk for i in first], [True, False] * 7)  # as _next alternates
+        c.ready_count = 100
+        self.channel.kick()
+        self.assertEqual(sorted(m.id for m in c.got), sorted(m.id for m in msgs))
+        self.assertEqual((self.channel.depth(), self.channel.memory_bytes), (0, 0))
+
     def test_finish_requires_owner(self) -> None:
         a, b = FakeConsumer(1, rdy=1), FakeConsumer(2, rdy=1)
         self.channel.add_client(a)

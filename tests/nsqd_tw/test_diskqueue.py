@@ -428,3 +428,60 @@ class PeekTests(Base):
         self.assertIsNone(q.head_timestamp())
         q.put(record(6))  # written where the taken-back one was
         self.assertEqual(q.head_timestamp(), 1_700_000_000_000_000_006)
+
+
+class ReadManyTests(Base):
+    """read_many: what read() gives one by one, the buffered records in one pass."""
+
+    def test_the_same_records_as_read(self) -> None:
+        size = 4 + len(record(0))
+        q = self.queue(max_bytes=7 * size)
+        q.put_many([record(i) for i in range(30)])  # 5 files
+        got = []
+        while batch := q.read_many(4):
+            self.assertLessEqual(len(batch), 4)
+            got += [number(data) for data, ref in batch]
+        self.assertEqual(got, list(range(30)))
+        self.assertEqual((q.depth(), q.queued_bytes), (0, 0))
+        # read files removed as read() removes them: the one still written to stays
+        self.assertEqual([f for f in self.files() if "meta" not in f], ["t.diskqueue.000004.dat"])
+        q.put(record(30))
+        self.assertEqual([number(d) for d, _ in q.read_many(10)], [30])
+
+    def test_stops_at_what_was_written(self) -> None:
+        q = self.queue()
+        q.put_many([record(i) for i in range(3)])
+        self.assertEqual([number(d) for d, _ in q.read_many(2)], [0, 1])
+        q.put_many([record(i) for i in range(3, 6)])
+        self.assertEqual([number(d) for d, _ in q.read_many(100)], [2, 3, 4, 5])
+        self.assertEqual(q.read_many(100), [])
+
+    def test_a_corrupt_record_is_skipped_as_read_skips_it(self) -> None:
+        q = self.queue()
+        q.put_many([record(i) for i in range(6)])
+        size = 4 + len(record(0))
+        with open(q.files.data_file(0), "r+b") as f:
+            f.seek(2 * size)
+            f.write(struct.pack(">i", 5))  # record 2's size: below the minimum
+        got = [number(d) for d, _ in q.read_many(100)]
+        self.assertNotIn(2, got)
+        self.assertEqual(got[:2], [0, 1])
+        self.assertTrue(any("corrupt data" in line for line in self.log.lines))
+
+    def test_durable_mode_gives_refs(self) -> None:
+        q = self.queue(acked=True)
+        q.put_many([record(i) for i in range(5)])
+        batch = q.read_many(5)
+        self.assertEqual([number(d) for d, _ in batch], [0, 1, 2, 3, 4])
+        self.assertTrue(all(ref is not None for _, ref in batch))
+        for _, ref in batch:
+            q.done(ref)
+        self.assertEqual(q.queued_bytes, 0)
+
+    def test_counts_for_the_sync(self) -> None:
+        q = self.queue(sync_every=10)
+        q.put_many([record(i) for i in range(25)])
+        syncs = len(self.syncs)
+        q.read_many(25)
+        self.clock.advance(0)
+        self.assertGreater(len(self.syncs), syncs)  # 25 reads passed sync_every
