@@ -348,7 +348,7 @@ def create(a: argparse.Namespace, servers: dict[str, str]) -> None:
 # -- publish-to-delivery latency at a steady rate ------------------------------------------
 
 
-def _producer(address: str, topic: str, rate: int, seconds: float, size: int, ready: Any) -> None:
+def _producer(address: str, topic: str, rate: int, seconds: float, size: int, ready: Any, out: Any) -> None:
     sock = connect(address)
     pad = b"p" * max(0, size - _STAMP.size)
     tick = 0.001
@@ -366,6 +366,7 @@ def _producer(address: str, topic: str, rate: int, seconds: float, size: int, re
             sent += due
         time.sleep(tick / 2)
     sock.shutdown(socket.SHUT_WR)
+    out.put(int(sent))
 
 
 def _consumer(address: str, topic: str, seconds: float, warmup: float, out: Any, ready: Any) -> None:
@@ -412,19 +413,20 @@ def latency(a: argparse.Namespace, servers: dict[str, str]) -> None:
             with running(exe) as s:
                 s.post("/topic/create?topic=lat")
                 s.post("/channel/create?topic=lat&channel=ch")
-                out, ready = ctx.Queue(), ctx.Event()
+                out, sent_out, ready = ctx.Queue(), ctx.Queue(), ctx.Event()
                 consumer = ctx.Process(target=_consumer, args=(s.tcp, "lat", a.seconds, a.warmup, out, ready))
-                producer = ctx.Process(target=_producer, args=(s.tcp, "lat", rate, a.seconds, a.size, ready))
+                producer = ctx.Process(target=_producer, args=(s.tcp, "lat", rate, a.seconds, a.size, ready, sent_out))
                 consumer.start()
                 producer.start()
                 received, lat = out.get()
+                sent = sent_out.get()
                 producer.join()
                 consumer.join()
             lat.sort()
             p50[name].append(lat[len(lat) // 2] / 1e6)
             p99[name].append(lat[int(len(lat) * 0.99)] / 1e6)
             print(
-                f"round {r + 1} {name:<8} {rate:,} msg/s: received {received:,}  "
+                f"round {r + 1} {name:<8} {rate:,} msg/s: received {received:,} of {sent:,}  "
                 f"p50 {p50[name][-1]:.3f} ms  p99 {p99[name][-1]:.3f} ms"
             )
         print(ratio_line(f"{rate:,} msg/s p50 ms", {n: median(v) for n, v in p50.items()}, True))
