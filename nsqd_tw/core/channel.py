@@ -20,6 +20,9 @@ from nsqd_tw.core.pqueue import TimeoutQueue
 from nsqd_tw.core.quantile import Quantile, new_latency_quantile
 from nsqd_tw.core.queue import Context, Item, MessageQueue, as_items
 
+# the most bytes of bodies one burst to a consumer carries
+BURST_BYTES = 1 << 20
+
 
 class ChannelError(Exception):
     """A refused channel operation; ``str()`` is Go's text."""
@@ -244,6 +247,12 @@ class Channel(MessageQueue):
         if not ready:
             return
         share = -(-queued // ready)  # 6 queued, 2 consumers ready: 3 each
+        # a burst of at most BURST_BYTES, so that a consumer whose connection backs up
+        # (``blocked``) is sent no more than that past it, as it was one message at a time
+        queued_bytes = self.memory_bytes + getattr(self.backend, "queued_bytes", 0)
+        most = max(1, BURST_BYTES * queued // queued_bytes) if queued_bytes else share
+        if most < share:
+            share = most
         n = len(consumers)
         i = self._rr
         misses = 0
@@ -274,7 +283,7 @@ class Channel(MessageQueue):
             queued -= want
             if want == room and ready > 1:  # it is full: the others share what it could not take
                 ready -= 1
-                share = max(1, -(-queued // ready))
+                share = min(most, max(1, -(-queued // ready)))
         self._rr = i % n
 
     def _take(self, n: int, client_id: int, now: float) -> list[Message]:

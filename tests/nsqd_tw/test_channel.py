@@ -94,6 +94,25 @@ class ChannelTests(unittest.TestCase):
         self.assertEqual([m.attempts for m in c.got], [1] * 8)
         self.assertEqual(len(self.channel.in_flight), 8)
 
+    def test_a_burst_stops_at_a_mebibyte_and_a_backed_up_consumer_gets_no_more(self) -> None:
+        nsqd = make_nsqd(mem_queue_size=100)
+        channel = nsqd.get_topic("t").get_channel("c")
+        c = FakeConsumer(1, rdy=100)
+        channel.add_client(c)
+        channel.stage([m.encode() for m in (new_msg(nsqd, b"x" * 100_000) for _ in range(30))])
+        got = c.conn.message  # type: ignore[attr-defined]
+
+        def backs_up(frames: bytes) -> None:
+            got(frames)
+            c.blocked = True  # the transport paused its producer: more than it can take unsent
+
+        c.output.message = backs_up  # type: ignore[union-attr, method-assign]
+        channel.kick()
+        self.assertEqual((c.conn.writes, len(c.got)), (1, 10))  # type: ignore[attr-defined]
+        c.blocked = False  # drained
+        channel.kick()
+        self.assertEqual((c.conn.writes, len(c.got)), (2, 20))  # type: ignore[attr-defined]
+
     def test_bursts_share_what_is_queued(self) -> None:
         consumers = [FakeConsumer(1, rdy=1), FakeConsumer(2, rdy=100), FakeConsumer(3, rdy=100)]
         for c in consumers:
