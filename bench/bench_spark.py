@@ -104,8 +104,11 @@ def archive_run(address: str, data: str, run: int, a: argparse.Namespace) -> dic
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     batches: list[tuple[float, int]] = []
+    query_at = None
     assert proc.stderr is not None
     for line in proc.stderr:
+        if query_at is None and re.search(r"archiving \S+: query \S+ started", line):
+            query_at = time.perf_counter() - started
         if m := re.search(r"batch \d+: (\d+) messages archived", line):
             batches.append((time.perf_counter() - started, int(m.group(1))))
         elif a.verbose or "ERROR" in line:
@@ -120,7 +123,15 @@ def archive_run(address: str, data: str, run: int, a: argparse.Namespace) -> dic
     rows = sum(n for _, n in batches)
     first_at, first_rows = batches[0] if batches else (wall, 0)
     last_at = batches[-1][0] if batches else wall
+    query_at = first_at if query_at is None else query_at
     return {
+        # where the wall time goes: JVM and session, the first batch (its warm-up),
+        # the other batches, and the tail from the last batch to the process's exit
+        "session": query_at,
+        "first_batch_took": first_at - query_at,
+        "other_batches": last_at - first_at,
+        "tail": wall - last_at,
+        "query_rows_s": rows / (last_at - query_at) if last_at > query_at else 0.0,
         "wall": wall,
         "rows": rows,
         "first_batch": first_at,
@@ -147,6 +158,9 @@ def archive_main(a: argparse.Namespace) -> None:
             print(
                 f"run {run + 1}: {r['rows']:,.0f} rows in {r['wall']:.1f} s: wall {r['wall_rows_s']:,.0f} rows/s, "
                 f"first batch landed at {r['first_batch']:.1f} s, in-query {r['in_query_rows_s']:,.0f} rows/s, "
+                f"query start to last batch {r['query_rows_s']:,.0f} rows/s (split: session {r['session']:.1f} s, "
+                f"first batch {r['first_batch_took']:.1f} s, other batches {r['other_batches']:.1f} s, "
+                f"tail {r['tail']:.1f} s), "
                 f"peak RSS {r['peak_rss_mb']:,.0f} MB (JVM {r['peak_jvm_mb']:,.0f}, driver Python "
                 f"{r['peak_driver_python_mb']:,.0f}, task Python {r['peak_task_python_mb']:,.0f}); "
                 f"parquet: {r['parquet_rows']:,} rows, "
@@ -157,7 +171,8 @@ def archive_main(a: argparse.Namespace) -> None:
         proc.terminate()
         proc.wait(30)
     print()
-    for key in ("wall_rows_s", "in_query_rows_s", "first_batch", "peak_rss_mb", "peak_jvm_mb", "peak_driver_python_mb"):
+    keys = ("wall_rows_s", "query_rows_s", "in_query_rows_s", "session", "first_batch_took", "other_batches", "tail")
+    for key in (*keys, "first_batch", "peak_rss_mb", "peak_jvm_mb", "peak_driver_python_mb"):
         values = [r[key] for r in results]
         print(f"{key}: median {statistics.median(values):,.1f} ({', '.join(f'{v:,.1f}' for v in values)})")
     print(f"{a.messages:,} messages of {a.size} bytes, --master {a.master}, batches of {a.max_messages_per_batch:,}")

@@ -89,6 +89,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--snappy", action="store_true")
     p.add_argument("--deflate", action="store_true")
     p.add_argument("--compression", default="snappy", help="Parquet compression codec (default %(default)s)")
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress, only warnings, errors and the final summary (for cron)",
+    )
     p.add_argument("--path", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if not args.nsqd_tcp_address and not args.lookupd_http_address and not args.nsqd_http_address:
@@ -142,6 +147,10 @@ def spark_session(master: str | None, app_name: str) -> Any:
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
+    if not SparkConf().contains("spark.ui.showConsoleProgress"):
+        # Spark's own `[Stage 3:===>  (1 + 0) / 2]` bar: carriage returns in a log
+        # file, and a second live line beside ours in a terminal
+        builder = builder.config("spark.ui.showConsoleProgress", "false")
     if master:
         builder = builder.master(master)
     elif not SparkConf().contains("spark.master"):
@@ -265,30 +274,45 @@ def _spark_interval(text: str) -> str:
     return f"{int(parse_duration(text) * 1000)} milliseconds"
 
 
-class _ProgressLogger:
-    """Logs each micro-batch's count as it completes."""
+class _Progress:
+    """What the job tells its user while it runs.
 
-    def __init__(self, topic: str) -> None:
+    In a terminal, one live line redrawn every second: rows archived, rows/s,
+    the backlog left on the nodes (the channel's depth from ``/stats``, where an
+    HTTP address is known) and the time that leaves at this rate. Otherwise
+    (a log file, cron) one plain line per micro-batch. ``quiet``: neither.
+    Warnings and errors always show; in a terminal they clear the live line
+    first, which is then drawn again below them.
+    """
+
+    def __init__(self, topic: str, mode: str, backlog: Any = None, stream: Any = None) -> None:
+        import threading
+        import time
+
         from pyspark.sql.streaming import StreamingQueryListener
 
+        self.topic = topic
+        self.mode = mode  # "live", "lines" or "quiet"
+        self.backlog = backlog  # () -> int | None: messages left on the nodes
+        self.stream = stream if stream is not None else sys.stderr
+        self.total = 0
+        self.last_batch = -1
+        self.started = time.monotonic()
+        self.left: int | None = None
+        self._line = ""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._clock = time.monotonic
         outer = self
 
         class Listener(StreamingQueryListener):  # type: ignore[misc]
             def onQueryStarted(self, event: Any) -> None:
-                log.info("archiving %s: query %s started", topic, event.id)
+                outer.started = outer._clock()
+                if outer.mode == "lines":
+                    log.info("archiving %s: query %s started", topic, event.id)
 
             def onQueryProgress(self, event: Any) -> None:
-                p = event.progress
-                outer.last_batch = max(outer.last_batch, p.batchId)
-                if p.numInputRows:
-                    outer.total += p.numInputRows
-                    log.info(
-                        "batch %d: %d messages archived (%d this run, %.1f rows/s)",
-                        p.batchId,
-                        p.numInputRows,
-                        outer.total,
-                        p.processedRowsPerSecond or 0.0,
-                    )
+                outer.batch(event.progress)
 
             def onQueryIdle(self, event: Any) -> None:
                 pass
@@ -296,9 +320,68 @@ class _ProgressLogger:
             def onQueryTerminated(self, event: Any) -> None:
                 pass  # main() reports a failure, with its reason
 
-        self.total = 0
-        self.last_batch = -1
         self.listener = Listener()
+        if mode == "live":
+            threading.Thread(target=self._redraw_every_second, name="nsq-archive-progress", daemon=True).start()
+
+    def batch(self, p: Any) -> None:
+        self.last_batch = max(self.last_batch, p.batchId)
+        if not p.numInputRows:
+            return
+        self.total += p.numInputRows
+        if self.mode == "lines":
+            log.info(
+                "batch %d: %d messages archived (%d this run, %.1f rows/s)",
+                p.batchId,
+                p.numInputRows,
+                self.total,
+                p.processedRowsPerSecond or 0.0,
+            )
+        elif self.mode == "live":
+            self.draw()
+
+    def rate(self) -> float:
+        elapsed = self._clock() - self.started
+        return self.total / elapsed if elapsed > 0 else 0.0
+
+    def status(self) -> str:
+        rate = self.rate()
+        text = f"archived {self.total:,} rows of {self.topic}, {rate:,.0f} rows/s"
+        if self.left is not None:
+            text += f", {self.left:,} left on the nodes"
+            if rate > 0 and self.left:
+                text += f", about {_eta(self.left / rate)} to go"
+        return text
+
+    def draw(self) -> None:
+        with self._lock:
+            line = self.status()
+            pad = " " * max(0, len(self._line) - len(line))
+            self.stream.write("\r" + line + pad)
+            self.stream.flush()
+            self._line = line
+
+    def clear(self) -> None:
+        """Take the live line off the screen (before another line is written)."""
+        with self._lock:
+            if self._line:
+                self.stream.write("\r" + " " * len(self._line) + "\r")
+                self.stream.flush()
+                self._line = ""
+
+    def _redraw_every_second(self) -> None:
+        while not self._stop.wait(1.0):
+            if self.backlog is not None:
+                try:
+                    self.left = self.backlog()
+                except Exception:  # the planner logs what it cannot reach
+                    self.left = None
+            self.draw()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self.mode == "live":
+            self.clear()
 
     def catch_up(self, query: Any, timeout: float = 10.0) -> None:
         """Wait until the listener has heard of the query's last batch: Spark
@@ -313,18 +396,71 @@ class _ProgressLogger:
             time.sleep(0.02)
 
 
+class _ClearingHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A log handler that takes the live progress line away before a record and
+    draws it again after."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self.progress: _Progress | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        progress = self.progress
+        if progress is not None and progress.mode == "live" and progress._line:
+            progress.clear()
+            super().emit(record)
+            progress.draw()
+        else:
+            super().emit(record)
+
+
+def _eta(seconds: float) -> str:
+    seconds = int(seconds + 0.5)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _backlog_of(args: argparse.Namespace) -> Any:
+    """() -> the messages left for the job on the nodes whose depth can be read
+    (None: none can), through the source's own planner."""
+    from nsq_spark.planner import Planner, PlannerConfig
+
+    if not args.nsqd_http_address and not args.lookupd_http_address:
+        return None
+    planner = Planner(
+        PlannerConfig(
+            topic=args.topic,
+            channel=args.channel,
+            nsqd_http_addresses=list(args.nsqd_http_address),
+            lookupd_addresses=list(args.lookupd_http_address),
+        )
+    )
+    planner.start()
+
+    def backlog() -> int | None:
+        depths = [d for _, d in planner.survey() if d is not None]
+        return sum(depths) if depths else None
+
+    return backlog
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None and "--path" in sys.argv[1:]:
         print(os.path.abspath(__file__))  # for spark-submit
         return 0
     args = parse_args(argv)
-    handler = logging.StreamHandler()
+    mode = "quiet" if args.quiet else "live" if sys.stderr.isatty() else "lines"
+    handler = _ClearingHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
     ours = logging.getLogger("nsq_spark")
     ours.addHandler(handler)
-    ours.setLevel(logging.INFO)
+    ours.setLevel(logging.WARNING if args.quiet else logging.INFO)
     spark = spark_session(args.master, f"nsq-spark-archive {args.topic}")
-    progress = _ProgressLogger(args.topic)
+    progress = _Progress(args.topic, mode, _backlog_of(args) if mode == "live" else None)
+    handler.progress = progress
     spark.streams.addListener(progress.listener)
     query = archive_query(spark, args)
     failed: str | None = None
@@ -336,12 +472,22 @@ def main(argv: list[str] | None = None) -> int:
         failed = failure_reason(str(e))
     finally:
         progress.catch_up(query)
+        progress.close()
         spark.streams.removeListener(progress.listener)
     if failed is not None:
         log.error("archiving %s failed: %s", args.topic, failed)
         spark.stop()
         return 1
-    log.info("done: %d messages of %s archived in %s", progress.total, args.topic, args.output)
+    elapsed = max(progress._clock() - progress.started, 1e-9)
+    ours.setLevel(logging.INFO)  # the summary shows with --quiet too
+    log.info(
+        "done: %d messages of %s archived in %s (%.1f s, %.0f rows/s)",
+        progress.total,
+        args.topic,
+        args.output,
+        elapsed,
+        progress.total / elapsed,
+    )
     spark.stop()
     return 0
 

@@ -61,6 +61,9 @@ class ArchiveTests(unittest.TestCase):
         self.assertEqual(list(Path(self.output, "_incoming").iterdir()), [])  # nothing left aside
         self.assertIn("batch 0: 1000 messages archived", done.stderr)
         self.assertIn("done: 3000 messages of archive_all archived", done.stderr)
+        # not a terminal: plain lines, no live line and no Spark progress bar
+        self.assertNotIn("\r", done.stderr)
+        self.assertNotIn("[Stage", done.stderr)
         stats = settled(self.nsqd, "archive_all", "nsq_to_parquet")
         self.assertEqual((stats["depth"], stats["in_flight_count"]), (0, 0))
         # nothing new: a second run archives nothing and exits
@@ -70,9 +73,40 @@ class ArchiveTests(unittest.TestCase):
         # published since: the next run (cron's) archives them
         more = [f"archive-more-{i}".encode() for i in range(500)]
         publish(self.address, "archive_all", more)
-        done = self.run_archive("--topic", "archive_all")
+        done = self.run_archive("--topic", "archive_all", "--quiet")
         self.assertIn("done: 500 messages", done.stderr)
+        self.assertNotIn("batch ", done.stderr)  # --quiet: the summary only
         self.assertEqual(sorted(self.archived_bodies()), sorted(expected + more))
+
+    def test_a_terminal_gets_one_live_line(self):
+        import pty
+
+        expected = [f"live-{i}".encode() for i in range(20_000)]
+        publish(self.address, "archive_live", expected)
+        http = f"127.0.0.1:{self.nsqd.port('HTTP')}"
+        argv = [*archive_command(), "--nsqd-http-address", http, "--output", self.output, "--topic", "archive_live"]
+        argv += ["--max-messages-per-batch", "2000"]
+        primary, secondary = pty.openpty()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=secondary, stderr=secondary, cwd=self.dir)
+        os.close(secondary)
+        seen = bytearray()
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # the terminal closed: every process that held it exited
+                break
+            if not chunk:
+                break
+            seen += chunk
+        os.close(primary)
+        self.assertEqual(proc.wait(timeout=240), 0, seen[-3000:].decode(errors="replace"))
+        text = seen.decode(errors="replace")
+        self.assertIn("\r", text)  # the live line, redrawn in place
+        self.assertRegex(text, r"archived [\d,]+ rows of archive_live, [\d,]+ rows/s, [\d,]+ left on the nodes")
+        self.assertNotIn("batch 0:", text)  # no line per batch in a terminal
+        self.assertNotIn("[Stage", text)
+        self.assertIn("done: 20000 messages of archive_live", text)
+        self.assertEqual(len(self.archived_bodies()), 20_000)
 
     def test_killed_three_times_then_exactly_once(self):
         """The job and every process it started (JVM, Python workers) SIGKILLed
