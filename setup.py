@@ -44,6 +44,15 @@ setup(
             "pyspark>=4.2,<5",
             "pyarrow>=15",
         ],
+        # a Spark Connect client (SparkSession.builder.remote("sc://...")) using the
+        # nsq data source: pyspark's connect extra (grpcio, grpcio-status,
+        # googleapis-common-protos, zstandard, numpy, pandas, pyarrow>=18); pandas
+        # below 3, which PySpark 4.3 does not fully support yet (it warns on import)
+        "spark-connect": [
+            "pyspark[connect]>=4.2,<5",
+            "pyarrow>=18",
+            "pandas>=2.2,<3",
+        ],
         "test": [
             "pynsq>=0.9.1",
             "pyyaml>=6",

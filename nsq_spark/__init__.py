@@ -18,7 +18,13 @@ __all__ = ["register"]
 
 
 def register(spark: Any) -> None:
-    """Make ``format("nsq")`` available in this SparkSession."""
+    """Make ``format("nsq")`` available in this SparkSession.
+
+    A Spark Connect session (``SparkSession.builder.remote("sc://...")``) works
+    too: the client pickles the data source class by reference and sends it to
+    the server, whose Python workers import it, so the server's Python (its
+    ``PYSPARK_PYTHON``, on the driver and every executor) needs nsq-tw[spark]
+    installed, at the client's Python minor version."""
     from nsq_spark.source import NSQDataSource
 
     spark.dataSource.register(NSQDataSource)
