@@ -175,6 +175,35 @@ def spark_session(master: str | None, app_name: str) -> Any:
     return spark
 
 
+def warm_workers(spark: Any) -> Any:
+    """Start the Python workers while the query starts: a tiny job, in a thread,
+    whose tasks import the source. Spark starts a task's Python worker (its
+    daemon, pyspark and pyarrow, then nsq_spark) on first use, seconds the first
+    batch would otherwise spend with the driver waiting; workers are reused
+    (``spark.python.worker.reuse``), so the batch's read tasks find them ready.
+    Returns the thread (done when the job is)."""
+    import threading
+
+    slots = max(1, int(spark.sparkContext.defaultParallelism))
+    df = spark.range(0, slots, numPartitions=slots)
+
+    def job() -> None:
+        try:
+            df.mapInArrow(_import_source, df.schema).collect()
+        except Exception as e:  # only a head start: the query starts its workers anyway
+            log.debug("warming the Python workers failed: %s", e)
+
+    thread = threading.Thread(target=job, name="nsq-archive-warm", daemon=True)
+    thread.start()
+    return thread
+
+
+def _import_source(batches: Any) -> Any:
+    import nsq_spark.source  # noqa: F401  (what the read tasks import first)
+
+    yield from batches
+
+
 def archive_query(spark: Any, args: argparse.Namespace) -> Any:
     """Start the streaming query; the caller waits for it."""
     from pyspark.sql import functions as F
@@ -462,6 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     progress = _Progress(args.topic, mode, _backlog_of(args) if mode == "live" else None)
     handler.progress = progress
     spark.streams.addListener(progress.listener)
+    warm_workers(spark)
     query = archive_query(spark, args)
     failed: str | None = None
     try:
