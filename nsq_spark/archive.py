@@ -369,8 +369,12 @@ class _Progress:
         elif self.mode == "live":
             self.draw()
 
+    def elapsed(self) -> float:
+        """Seconds since the query started."""
+        return self._clock() - self.started
+
     def rate(self) -> float:
-        elapsed = self._clock() - self.started
+        elapsed = self.elapsed()
         return self.total / elapsed if elapsed > 0 else 0.0
 
     def status(self) -> str:
@@ -508,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("archiving %s failed: %s", args.topic, failed)
         spark.stop()
         return 1
-    elapsed = max(progress._clock() - progress.started, 1e-9)
+    elapsed = max(progress.elapsed(), 1e-9)
     ours.setLevel(logging.INFO)  # the summary shows with --quiet too
     log.info(
         "done: %d messages of %s archived in %s (%.1f s, %.0f rows/s)",

@@ -272,7 +272,7 @@ class DiskQueue:
         limit = r.limit
         if self.read_file_num == self.write_file_num and self.write_pos < limit:
             limit = self.write_pos
-        buf, start = r._buf, r._buf_start
+        buf, start = r.window()
         end = min(limit, start + len(buf))  # what is readable and buffered
         pos = self.read_pos
         lo, hi = self.min_msg_size, self.max_msg_size

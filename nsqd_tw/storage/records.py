@@ -58,6 +58,10 @@ class RecordReader:
             return None
         return self._buf[start : start + n]
 
+    def window(self) -> tuple[bytes, int]:
+        """The read-ahead buffer and the file offset it starts at."""
+        return self._buf, self._buf_start
+
     def drop_buffer(self) -> None:
         self._buf = b""
 

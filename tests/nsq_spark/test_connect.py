@@ -29,6 +29,7 @@ from typing import Any
 
 from twisted.trial import unittest
 
+from tests.nsq_spark.cluster import kill_session
 from tests.nsq_spark.harness import consume_all, publish, settled, shared_nsqd, tcp, topic_depth
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -130,29 +131,8 @@ class ConnectServer:
                 continue
         # pyspark's daemons put themselves in process groups of their own, but
         # stay in the session start_new_session made: end what is left of it
-        for pid in session_members(proc.pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_session(proc.pid)
         shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def session_members(sid: int) -> list[int]:
-    """The processes of session ``sid`` (Linux /proc), but this one."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()  # state, ppid, pgrp, session, ...
-        if int(fields[3]) == sid:
-            members.append(int(entry))
-    return members
 
 
 _SERVER: ConnectServer | None = None
