@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import statistics
 import sys
 import tempfile
@@ -88,7 +89,10 @@ def archive_run(address: str, data: str, run: int, a: argparse.Namespace) -> dic
     exe = Path(sys.executable).parent / "nsq-spark-archive"
     node = ["--nsqd-tcp-address", address] if a.tcp_only else ["--nsqd-http-address", a.http_address]
     argv = [str(exe), *node, "--topic", topic, "--output", output]
-    argv += ["--master", a.master, "--max-messages-per-batch", str(a.max_messages_per_batch)]
+    argv += ["--master", a.master]
+    if a.max_messages_per_batch:
+        argv += ["--max-messages-per-batch", str(a.max_messages_per_batch)]
+    argv += a.archive_args
     started = time.perf_counter()
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
     peak = {"total": 0, "jvm": 0, "driver_python": 0, "task_python": 0}
@@ -175,7 +179,8 @@ def archive_main(a: argparse.Namespace) -> None:
     for key in (*keys, "first_batch", "peak_rss_mb", "peak_jvm_mb", "peak_driver_python_mb"):
         values = [r[key] for r in results]
         print(f"{key}: median {statistics.median(values):,.1f} ({', '.join(f'{v:,.1f}' for v in values)})")
-    print(f"{a.messages:,} messages of {a.size} bytes, --master {a.master}, batches of {a.max_messages_per_batch:,}")
+    batches = f"batches of {a.max_messages_per_batch:,}" if a.max_messages_per_batch else "the job's batch size"
+    print(f"{a.messages:,} messages of {a.size} bytes, --master {a.master}, {batches}")
 
 
 def main() -> None:
@@ -184,7 +189,11 @@ def main() -> None:
     p.add_argument("--size", type=int, default=200)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--master", default="local[*]")
-    p.add_argument("--max-messages-per-batch", type=int, default=50_000)
+    p.add_argument(
+        "--max-messages-per-batch",
+        type=int,
+        help="rows per micro-batch (default: 50,000 for the source; the job's own default for --archive)",
+    )
     p.add_argument("--verbose", action="store_true", help="where the source's micro-batches spend their time")
     p.add_argument("--archive", action="store_true", help="time nsq-spark-archive as a user runs it (see above)")
     p.add_argument(
@@ -192,7 +201,13 @@ def main() -> None:
         action="store_true",
         help="archive: give nsqd's TCP address only (no /stats: the source cannot plan by depth)",
     )
+    p.add_argument(
+        "--archive-args",
+        default="",
+        help="archive: more flags for nsq-spark-archive, one string (e.g. '--class-cache off')",
+    )
     a = p.parse_args()
+    a.archive_args = shlex.split(a.archive_args)
     if a.archive:
         archive_main(a)
         return
@@ -224,7 +239,7 @@ def main() -> None:
                 spark.readStream.format("nsq")
                 .option("topic", topic)
                 .option("channel", "bench")
-                .option("maxMessagesPerBatch", str(a.max_messages_per_batch))
+                .option("maxMessagesPerBatch", str(a.max_messages_per_batch or 50_000))
                 .option("nsqdHttpAddresses", proc.http_address)  # type: ignore[attr-defined]
                 .option("stagingLocation", os.path.join(data, f"staging-{run}"))
                 .option("idleTimeout", "500ms")

@@ -34,6 +34,8 @@ import re
 import sys
 from typing import Any
 
+from nsq_spark.classcache import ClassCache, default_directory, stop_driver_jvm
+
 log = logging.getLogger("nsq_spark.archive")
 
 
@@ -70,8 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--max-messages-per-batch",
         type=int,
-        default=100000,
-        help="most messages in one micro-batch (default %(default)s; each batch has a fixed cost of a few hundred ms)",
+        help=f"most messages in one micro-batch (default {BATCH_AVAILABLE_NOW:,} with available-now, "
+        f"{BATCH_INTERVAL:,} with an interval; each batch has a fixed cost of a few hundred ms)",
     )
     p.add_argument("--max-in-flight", type=int, default=0, help="RDY of each task connection (default 2500)")
     p.add_argument("--idle-timeout", default="2s", help="available-now: drained after this long without a message")
@@ -81,6 +83,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="fail when no nsqd could be reached (through lookupd or directly) for this long; 0: keep trying",
     )
     p.add_argument("--master", help="Spark master URL (default: spark-submit's, else local[*])")
+    p.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting, as spark-submit's --conf (repeatable); wins over the job's own choices",
+    )
+    p.add_argument(
+        "--class-cache",
+        default=default_directory(),
+        metavar="DIR",
+        help="where the driver JVM's class-data archive is kept, so later runs start faster; 'off' for none "
+        "(default $NSQ_SPARK_CLASS_CACHE, else $XDG_CACHE_HOME/nsq-spark or ~/.cache/nsq-spark)",
+    )
     p.add_argument("--tls", action="store_true", help="connect to nsqd with TLS")
     p.add_argument("--tls-root-ca-file")
     p.add_argument("--tls-cert")
@@ -98,7 +114,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.nsqd_tcp_address and not args.lookupd_http_address and not args.nsqd_http_address:
         p.error("give --nsqd-tcp-address, --nsqd-http-address or --lookupd-http-address")
+    if args.max_messages_per_batch is None:
+        args.max_messages_per_batch = BATCH_AVAILABLE_NOW if args.trigger == "available-now" else BATCH_INTERVAL
+    if args.class_cache is not None and args.class_cache.strip().lower() in ("", "off"):
+        args.class_cache = None
+    args.confs = {}
+    for item in args.conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            p.error(f"--conf {item!r}: expected KEY=VALUE")
+        args.confs[key.strip()] = value
     return args
+
+
+# rows per micro-batch: a run that drains the channel and exits pays a batch's
+# fixed cost (planning, the state commit, the files' renames) fewer times; a
+# query that keeps running lands what came in each interval in smaller steps
+BATCH_AVAILABLE_NOW = 500_000
+BATCH_INTERVAL = 100_000
 
 
 def checkpoint_location(args: argparse.Namespace) -> str:
@@ -140,38 +173,80 @@ def source_options(args: argparse.Namespace) -> dict[str, str]:
     return options
 
 
-def spark_session(master: str | None, app_name: str) -> Any:
+# what the job sets unless the user's Spark configuration does (spark-defaults.conf,
+# --conf): SQL settings, applied once the session is up
+_SQL_DEFAULTS = {
+    # no extra empty batch just to move the deduplication watermark: it moves
+    # with the next batch that has data
+    "spark.sql.streaming.noDataMicroBatches.enabled": "false",
+    # the deduplication state lives in RocksDB on local disk, not on the JVM
+    # heap: memory stays flat whatever the window holds
+    "spark.sql.streaming.stateStore.providerClass": (
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+    ),
+    # a batch's state commit writes the changes, not a snapshot of the store
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    # one RocksDB lookup per row instead of two (the second only counted rows)
+    "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows": "false",
+    # a batch's rows usually fall in one hour: write them as they come instead
+    # of sorting them by date and hour first (a second hour in a task sorts the
+    # rest, as before: no more memory than the sort)
+    "spark.sql.maxConcurrentOutputFileWriters": "1",
+}
+
+
+def spark_session(
+    master: str | None,
+    app_name: str,
+    *,
+    confs: dict[str, str] | None = None,
+    class_cache: ClassCache | None = None,
+    ui: bool = True,
+) -> Any:
+    """The job's SparkSession. ``confs``: the user's ``--conf`` settings, which
+    win; ``class_cache``: the driver JVM's class-data archive; ``ui``: False for
+    a run that ends by itself (Spark's web UI costs its start and is gone when
+    the run is)."""
     # executors' Python is this one, so they find pyarrow and nsq_spark
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
+    conf = SparkConf()
+    confs = confs or {}
     builder = SparkSession.builder.appName(app_name)
-    if not SparkConf().contains("spark.ui.showConsoleProgress"):
-        # Spark's own `[Stage 3:===>  (1 + 0) / 2]` bar: carriage returns in a log
-        # file, and a second live line beside ours in a terminal
-        builder = builder.config("spark.ui.showConsoleProgress", "false")
+    # Spark's own `[Stage 3:===>  (1 + 0) / 2]` bar: carriage returns in a log
+    # file, and a second live line beside ours in a terminal
+    defaults = {"spark.ui.showConsoleProgress": "false"}
+    if not ui:
+        defaults["spark.ui.enabled"] = "false"
+    for key, value in defaults.items():
+        if not conf.contains(key):
+            builder = builder.config(key, value)
     if master:
         builder = builder.master(master)
-    elif not SparkConf().contains("spark.master"):
+    elif not conf.contains("spark.master") and "spark.master" not in confs:
         builder = builder.master("local[*]")
-    spark = builder.getOrCreate()
-    if not SparkConf().contains("spark.sql.shuffle.partitions"):
+    for key, value in confs.items():
+        builder = builder.config(key, value)
+    if class_cache is not None:
+        builder = class_cache.configure(builder, confs)
+    try:
+        spark = builder.getOrCreate()
+    except Exception:
+        if class_cache is None or not class_cache.reading:
+            raise
+        class_cache.discard()
+        builder = builder.config("spark.driver.extraJavaOptions", confs.get("spark.driver.extraJavaOptions", ""))
+        spark = builder.getOrCreate()
+    conf = SparkConf()
+    if not conf.contains("spark.sql.shuffle.partitions"):
         # deduplication shuffles each batch: one state partition per core,
         # not Spark's 200 (a new checkpoint keeps the number it started with)
         spark.conf.set("spark.sql.shuffle.partitions", str(spark.sparkContext.defaultParallelism))
-    if not SparkConf().contains("spark.sql.streaming.noDataMicroBatches.enabled"):
-        # no extra empty batch just to move the deduplication watermark: it
-        # moves with the next batch that has data
-        spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
-    if not SparkConf().contains("spark.sql.streaming.stateStore.providerClass"):
-        # the deduplication state lives in RocksDB on local disk, not on the
-        # JVM heap: memory stays flat whatever the window holds (and it is a
-        # little faster here than the default provider)
-        spark.conf.set(
-            "spark.sql.streaming.stateStore.providerClass",
-            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-        )
+    for key, value in _SQL_DEFAULTS.items():
+        if not conf.contains(key):
+            spark.conf.set(key, value)
     return spark
 
 
@@ -491,7 +566,16 @@ def main(argv: list[str] | None = None) -> int:
     ours = logging.getLogger("nsq_spark")
     ours.addHandler(handler)
     ours.setLevel(logging.WARNING if args.quiet else logging.INFO)
-    spark = spark_session(args.master, f"nsq-spark-archive {args.topic}")
+    class_cache = None
+    if args.class_cache:
+        class_cache = ClassCache.for_new_driver(args.class_cache, args.confs)
+    spark = spark_session(
+        args.master,
+        f"nsq-spark-archive {args.topic}",
+        confs=args.confs,
+        class_cache=class_cache,
+        ui=args.trigger != "available-now",
+    )
     progress = _Progress(args.topic, mode, _backlog_of(args) if mode == "live" else None)
     handler.progress = progress
     spark.streams.addListener(progress.listener)
@@ -510,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
         spark.streams.removeListener(progress.listener)
     if failed is not None:
         log.error("archiving %s failed: %s", args.topic, failed)
-        spark.stop()
+        _stop(spark, class_cache)
         return 1
     elapsed = max(progress.elapsed(), 1e-9)
     ours.setLevel(logging.INFO)  # the summary shows with --quiet too
@@ -522,8 +606,19 @@ def main(argv: list[str] | None = None) -> int:
         elapsed,
         progress.total / elapsed,
     )
-    spark.stop()
+    if args.quiet:
+        ours.setLevel(logging.WARNING)
+    _stop(spark, class_cache)
     return 0
+
+
+def _stop(spark: Any, class_cache: ClassCache | None) -> None:
+    """Stop Spark, then its JVM, and wait for it: the job's process exits after
+    the JVM (which may be writing its class-data archive)."""
+    spark.stop()
+    code = stop_driver_jvm()
+    if class_cache is not None:
+        class_cache.finish(code)
 
 
 def failure_reason(text: str) -> str:

@@ -18,6 +18,13 @@ from tests.integration.procs import ServerProcess
 
 _SPARK: Any = None
 
+if "NSQ_SPARK_CLASS_CACHE" not in os.environ:
+    # the nsq-spark-archive runs of this test run share a class-data cache of
+    # their own (the first writes it), not the user's
+    _CLASS_CACHE = tempfile.mkdtemp(prefix="nsq-spark-class-cache-")
+    os.environ["NSQ_SPARK_CLASS_CACHE"] = _CLASS_CACHE
+    atexit.register(shutil.rmtree, _CLASS_CACHE, True)
+
 
 def spark() -> Any:
     """The test run's SparkSession (local[2]), with format("nsq") registered."""
