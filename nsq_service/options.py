@@ -424,7 +424,8 @@ def warn_unknown_keys(path: str, keys: Sequence[str], known: set[str]) -> None:
 
     log = Logger(namespace="nsqd_tw.options")  # the config file is read before any server exists
     for key in keys:
-        hint = difflib.get_close_matches(key.replace("-", "_").lower(), sorted(known), n=1)
+        # 0.7: a typo, not any word that shares a few letters ("section" is not "retention")
+        hint = difflib.get_close_matches(key.replace("-", "_").lower(), sorted(known), n=1, cutoff=0.7)
         log.warn(
             "config file {path}: unknown key {key} ignored{hint}",
             path=path,

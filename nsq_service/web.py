@@ -38,12 +38,14 @@ TEXT_TYPE = b"text/plain; charset=utf-8"
 
 
 class HTTPError(Exception):
-    """An error response: ``code`` and the ``message`` text."""
+    """An error response: ``code`` and the ``message`` text; ``extra``: keys a
+    JSON answer has after ``message`` (beyond Go, for what a program reads)."""
 
-    def __init__(self, code: int, text: str) -> None:
+    def __init__(self, code: int, text: str, extra: dict[str, Any] | None = None) -> None:
         super().__init__(text)
         self.code = code
         self.text = text
+        self.extra = extra
 
 
 class QueryError(Exception):
@@ -337,10 +339,10 @@ class GoHTTPAPI:
         headers.setRawHeaders(b"content-length", [b"%d" % len(data)])
         return data
 
-    def v1(self, request: Request, code: int, data: Any) -> bytes:
-        """Go's RespondV1."""
+    def v1(self, request: Request, code: int, data: Any, extra: dict[str, Any] | None = None) -> bytes:
+        """Go's RespondV1 (``extra``: keys after an error's ``message``)."""
         if code != 200:
-            return self.finish(request, code, gojson.dumps({"message": data}), JSON_TYPE)
+            return self.finish(request, code, gojson.dumps({"message": data, **(extra or {})}), JSON_TYPE)
         if data is None:
             return self.finish(request, 200, b"")
         if isinstance(data, str):
@@ -364,14 +366,15 @@ class GoHTTPAPI:
         def failed(f: Any) -> Any:
             if f.check(defer.CancelledError):
                 return f  # the client went away (Klein cancels): nothing to answer
+            extra = None
             if f.check(HTTPError):
-                code, text = f.value.code, f.value.text
+                code, text, extra = f.value.code, f.value.text, f.value.extra
             else:
                 self.log.failure("panic in HTTP handler", f)
                 code, text = 500, "INTERNAL_ERROR"
             if style == "plain":
                 return self.finish(request, code, text.encode(), TEXT_TYPE, False)
-            return self.v1(request, code, text)
+            return self.v1(request, code, text, extra)
 
         def logged(result: Any) -> Any:
             if access_log:

@@ -1,9 +1,11 @@
-"""Go's formats: %q quoting, host:port, base-10 parsing with Go's wrap, durations, errno texts."""
+"""Go's formats: %q quoting, host:port, base-10 parsing with Go's wrap, durations, RFC 3339 times, errno texts."""
 
 from __future__ import annotations
 
+import calendar
 import errno
 import re
+import time
 import unicodedata
 
 
@@ -154,6 +156,43 @@ def go_duration(ns: int) -> str:
 def _decimal(n: int, scale: int, digits: int) -> str:
     whole, frac = divmod(n, scale)
     return f"{whole}.{frac:0{digits}d}".rstrip("0") if frac else str(whole)
+
+
+_RFC3339 = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?(?:([Zz])|([+-])(\d{2}):(\d{2}))"
+)
+
+
+def parse_rfc3339_ns(text: str) -> int:
+    """Unix nanoseconds of an RFC 3339 time (Go's ``time.RFC3339Nano`` layout:
+    ``2026-11-26T10:00:00Z``, ``...00.123456789+01:00``); ValueError otherwise."""
+    m = _RFC3339.fullmatch(text)
+    if m is None:
+        raise ValueError(f"not an RFC 3339 time: {text!r}")
+    year, month, day, hour, minute, second = (int(m.group(i)) for i in range(1, 7))
+    if not (1 <= month <= 12 and 1 <= day <= calendar.monthrange(year, month)[1]):
+        raise ValueError(f"not an RFC 3339 time: {text!r}")
+    if hour > 23 or minute > 59 or second > 59:
+        raise ValueError(f"not an RFC 3339 time: {text!r}")
+    seconds = calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0))
+    if m.group(9):
+        oh, om = int(m.group(10)), int(m.group(11))
+        if oh > 23 or om > 59:
+            raise ValueError(f"not an RFC 3339 time: {text!r}")
+        offset = oh * 3600 + om * 60
+        seconds -= offset if m.group(9) == "+" else -offset
+    frac = m.group(7) or ""
+    return seconds * 1_000_000_000 + int(frac.ljust(9, "0") or 0)
+
+
+def rfc3339_nano(ns: int) -> str:
+    """Go's ``time.RFC3339Nano`` of Unix nanoseconds, in UTC: ``2026-11-26T10:00:00.123456789Z``
+    (trailing zeros of the fraction cut, no fraction for a whole second)."""
+    seconds, frac = divmod(ns, 1_000_000_000)
+    text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+    if frac:
+        text += "." + f"{frac:09d}".rstrip("0")
+    return text + "Z"
 
 
 _GO_ERRNO = {

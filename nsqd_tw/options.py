@@ -229,6 +229,20 @@ class NSQDOptions:
         "reject",
         "beyond Go: what a full bounded queue does: reject (publishes fail) or drop_oldest",
     )
+    retention: float = opt(
+        "retention",
+        DURATION,
+        0.0,
+        "beyond Go: default of every topic: keep each published message this long in the topic's retained log, "
+        "for channel rewinds (0 = no retained log)",
+    )
+    retention_bytes: int = opt(
+        "retention-bytes",
+        INT,
+        0,
+        "beyond Go: default of every topic: the most bytes its retained log keeps, oldest segments deleted first "
+        "(0 = no limit; alone: a retained log bounded by size only)",
+    )
     max_bytes_per_file: int = opt(
         "max-bytes-per-file", INT, 100 * 1024 * 1024, "number of bytes per diskqueue file before rolling"
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nsq_wire.message import MESSAGE_HEADER_LENGTH
 from nsq_wire.names import is_ephemeral
@@ -19,6 +19,9 @@ from nsqd_tw.core.message import Message
 from nsqd_tw.core.pqueue import TimeoutQueue
 from nsqd_tw.core.quantile import Quantile, new_latency_quantile
 from nsqd_tw.core.queue import Context, Item, MessageQueue, as_items
+
+if TYPE_CHECKING:
+    from nsqd_tw.core.rewind import Rewind
 
 # the most bytes of bodies one burst to a consumer carries
 BURST_BYTES = 1 << 20
@@ -67,12 +70,18 @@ class Channel(MessageQueue):
         self.clients: dict[int, Consumer] = {}
         self._consumers: list[Consumer] = []
         self._rr = 0
+        self.rewind: Rewind | None = None  # beyond Go: retained messages it is getting again
+        # a rewind's copies may meet the messages they copy: no ID is in flight twice
+        self.copies = False
+        # a rewind read to its end whose copies are not all finished: done again after a kill
+        self.rewind_pending: dict[str, Any] | None = None
 
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
         self.dead_letter_count = 0
         self.finish_count = 0
+        self.duplicate_count = 0  # beyond Go: copies not delivered, their message in flight (rewinds)
         # --e2e-processing-latency-percentile: publish to FIN (Go's), and (beyond Go)
         # delivery to FIN, the consumer's own time; both or neither
         self.e2e: Quantile | None = None
@@ -239,6 +248,8 @@ class Channel(MessageQueue):
             return
         queued = len(self.memory) + self.backend.depth()
         if not queued:
+            if self.copies:
+                self._copies_gone()
             return
         ready = 0
         for c in consumers:
@@ -275,10 +286,13 @@ class Channel(MessageQueue):
                 continue
             want = room if room < share else share
             burst = take(want, c.id, now)
+            taken = len(burst)
             if burst:
+                if self.copies:
+                    burst = self._unique(burst)
                 push_many(burst, now + c.msg_timeout)
                 c.send_messages(burst)
-            if len(burst) < want:
+            if taken < want:
                 break  # nothing more queued (due now)
             queued -= want
             if want == room and ready > 1:  # it is full: the others share what it could not take
@@ -381,6 +395,9 @@ class Channel(MessageQueue):
             msg = self._pop()
         if msg is None:
             return False
+        if self.copies and msg.id in self.in_flight:
+            self._drop_copy(msg)
+            return True
         if c.sample_rate and random.randrange(100) > c.sample_rate:
             return True  # sampled out: gone from the channel, as in Go
         if msg.attempts < 65535:
@@ -395,6 +412,75 @@ class Channel(MessageQueue):
         """A consumer may have gained capacity (RDY, FIN, REQ, unpause)."""
         if self.memory or self.backend.depth():
             self._dispatch()
+        elif self.copies:
+            self._copies_gone()
+        if self.rewind is not None:
+            self.rewind.poke()
+
+    def is_clear(self) -> bool:
+        """Nothing queued, in flight or deferred: every copy a rewind queued is finished."""
+        return not self.memory and not self.in_flight and not self.deferred and not self.backend.depth()
+
+    def _copies_gone(self) -> None:
+        """Nothing queued: once nothing is in flight or deferred either, no copy
+        of a rewind is left (and a rewind read to its end is over for good)."""
+        if self.rewind is None and not self.in_flight and not self.deferred:
+            self.copies = False
+            if self.rewind_pending is not None:
+                self.rewind_pending = None
+                if not self.ephemeral:
+                    self.ctx.metadata_changed(self.topic_name)
+
+    def _unique(self, burst: list[Message]) -> list[Message]:
+        """A burst without the copies of a message already in flight (a rewind's
+        copy meeting its original): the consumer has that message, a second
+        copy under the same ID could not be told apart by FIN."""
+        in_flight = self.in_flight
+        ids: set[bytes] = set()
+        out = []
+        for msg in burst:
+            if msg.id in in_flight or msg.id in ids:
+                self._drop_copy(msg)
+            else:
+                ids.add(msg.id)
+                out.append(msg)
+        return out
+
+    def _drop_copy(self, msg: Message) -> None:
+        self.duplicate_count += 1
+        if msg.ref is not None:
+            self.backend.done(msg.ref)
+
+    def feed(self, records: list[bytes]) -> None:
+        """A rewind's records (beyond Go): queued in memory behind what is there,
+        whatever --mem-queue-size (the rewind keeps to a few MiB), then delivered."""
+        self.memory.extend(records)
+        self.memory_bytes += sum(map(len, records)) - MESSAGE_HEADER_LENGTH * len(records)
+        self.message_count += len(records)
+        self._dispatch()
+
+    def cancel_rewind(self, why: str) -> None:
+        rewind = self.rewind
+        if rewind is not None:
+            self.ctx.log.info(
+                "CHANNEL({topic}:{name}): rewind since {since} cancelled ({why}), {left} messages left",
+                topic=self.topic_name,
+                name=self.name,
+                since=rewind.since_text(),
+                why=why,
+                left=rewind.left,
+            )
+            self.ctx.rewind_finished(self, rewind)
+
+    def rewind_state(self) -> dict[str, Any] | None:
+        """What nsqd.dat keeps of its rewind: where to read again from after a
+        kill (its copies finished up to there), ``{}`` when only copies may be
+        left (a clean stop saved them), None when nothing is."""
+        if self.rewind is not None:
+            return self.rewind.state()
+        if self.rewind_pending is not None:
+            return self.rewind_pending
+        return {} if self.copies else None
 
     # -- consumers -------------------------------------------------------
 
@@ -542,9 +628,12 @@ class Channel(MessageQueue):
         self.paused = False
         self.ctx.metadata_changed(self.topic_name)
         self._dispatch()
+        if self.rewind is not None:
+            self.rewind.poke()
 
     def empty(self) -> None:
-        """Drop every queued, in-flight and deferred message."""
+        """Drop every queued, in-flight and deferred message (and a rewind's rest)."""
+        self.cancel_rewind("channel emptied")
         self.in_flight.clear()
         self.deferred.clear()
         for client in self._consumers:
@@ -555,6 +644,7 @@ class Channel(MessageQueue):
         """Close consumers, drop everything, delete the backend."""
         self.exiting = True
         self.ctx.log.info("CHANNEL({name}): deleting", name=self.name)
+        self.cancel_rewind("channel deleted")
         self._close_clients()
         self.empty()
         self.backend.delete()
@@ -570,6 +660,12 @@ class Channel(MessageQueue):
         retire = retire_empty and self.is_empty()
         self.exiting = True
         self.ctx.log.info("CHANNEL({name}): closing", name=self.name)
+        if self.rewind is not None:
+            rewind = self.rewind
+            rewind.safe = rewind.reader.position  # what it queued is saved with the rest below
+            rewind.close()  # its position stays, for nsqd.dat
+        elif self.rewind_pending is not None:
+            self.rewind_pending = {}
         self._close_clients()
         self._flush()
         self._release_backend(retire)

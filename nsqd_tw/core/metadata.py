@@ -26,6 +26,7 @@ class ChannelMeta:
     name: str
     paused: bool = False
     settings: Any = None  # beyond Go: the channel's own settings (JSON), an extra key Go ignores
+    rewind: Any = None  # beyond Go: where its rewind is (JSON), another extra key
 
 
 @dataclass
@@ -45,9 +46,16 @@ def encode_topic(t: TopicMeta) -> str:
     doc: dict[str, Any] = {
         "name": t.name,
         "paused": t.paused,
-        "channels": [_with_settings({"name": c.name, "paused": c.paused}, c.settings) for c in t.channels] or None,
+        "channels": [_channel_entry(c) for c in t.channels] or None,
     }
     return json.dumps(_with_settings(doc, t.settings), separators=(",", ":"))
+
+
+def _channel_entry(c: ChannelMeta) -> dict[str, Any]:
+    doc = _with_settings({"name": c.name, "paused": c.paused}, c.settings)
+    if c.rewind is not None:
+        doc["rewind"] = c.rewind
+    return doc
 
 
 def _with_settings(doc: dict[str, Any], settings: Any) -> dict[str, Any]:
@@ -76,9 +84,13 @@ class _Queue(Protocol):
     def settings_json(self) -> dict[str, Any]: ...
 
 
+class _Channel(_Queue, Protocol):
+    def rewind_state(self) -> dict[str, Any] | None: ...
+
+
 class _Topic(_Queue, Protocol):
     @property
-    def channels(self) -> Mapping[str, _Queue]: ...
+    def channels(self) -> Mapping[str, _Channel]: ...
 
 
 class MetadataSnapshot:
@@ -105,7 +117,9 @@ class MetadataSnapshot:
             entry = entries.get(t.name)
             if entry is None:
                 channels = [
-                    ChannelMeta(c.name, c.paused, c.settings_json()) for c in t.channels.values() if not c.ephemeral
+                    ChannelMeta(c.name, c.paused, c.settings_json(), c.rewind_state())
+                    for c in t.channels.values()
+                    if not c.ephemeral
                 ]
                 entry = entries[t.name] = encode_topic(TopicMeta(t.name, t.paused, channels, t.settings_json()))
             parts.append(entry)
@@ -189,16 +203,23 @@ class _GoTypes:
                 cf = self.fields(
                     c, "ChannelMetadata", "topics.channels.", {"name": (str, "string"), "paused": (bool, "bool")}
                 )
-                channels.append(ChannelMeta(cf.get("name", ""), cf.get("paused", False), _settings_of(c)))
+                channels.append(
+                    ChannelMeta(cf.get("name", ""), cf.get("paused", False), _settings_of(c), _extra_of(c, "rewind"))
+                )
             topics.append(TopicMeta(f.get("name", ""), f.get("paused", False), channels, _settings_of(t)))
         return topics
 
 
 def _settings_of(obj: _Object) -> Any:
     """Our extra ``settings`` key of a topic or channel entry, as plain JSON (None if absent)."""
+    return _extra_of(obj, "settings")
+
+
+def _extra_of(obj: _Object, name: str) -> Any:
+    """An extra key of ours in an entry (Go ignores it), as plain JSON (None if absent)."""
     found = None
     for key, value in obj:
-        if key == "settings":
+        if key == name:
             found = value
     return _plain(found)
 

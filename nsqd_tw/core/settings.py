@@ -1,4 +1,4 @@
-"""Per-topic and per-channel settings (beyond Go): dead letters, TTL, bounds.
+"""Per-topic and per-channel settings (beyond Go): dead letters, TTL, bounds, retention.
 
 A topic or channel has its *own* settings (set over HTTP, kept in ``nsqd.dat``
 as an extra ``settings`` key that Go's nsqd ignores). What applies to a queue,
@@ -48,6 +48,17 @@ def _duration(key: str, value: Any) -> float:
     return seconds
 
 
+def _duration_or_off(key: str, value: Any) -> float:
+    """A duration, or ``"0"``/``"0s"``: none (overrides a default)."""
+    if isinstance(value, str):
+        try:
+            if parse_duration(value) == 0:
+                return 0.0
+        except DurationError:
+            pass
+    return _duration(key, value)
+
+
 def _duration_text(seconds: float) -> str:
     return go_duration(round(seconds * 1e9))
 
@@ -79,8 +90,12 @@ _KEYS: dict[str, tuple[Callable[[str, Any], Any], Callable[[Any], Any]]] = {
     "max_depth": (_int_in(0, None), int),
     "max_bytes": (_int_in(0, None), int),
     "overflow": (_overflow, str),
+    "retention": (_duration_or_off, _duration_text),
+    "retention_bytes": (_int_in(0, None), int),
 }
 KEYS = tuple(_KEYS)
+TOPIC_ONLY = ("retention", "retention_bytes")  # a topic's retained log: not a channel's
+CHANNEL_KEYS = tuple(k for k in KEYS if k not in TOPIC_ONLY)
 
 
 def parse_settings(doc: Any) -> dict[str, Any]:
@@ -128,15 +143,22 @@ class Policy:
     max_depth: int | None = None  # None: no bound
     max_bytes: int | None = None
     overflow: str = "reject"
+    retention: float = 0.0  # seconds a topic keeps what is published; 0: no time limit
+    retention_bytes: int = 0  # the most its retained log holds; 0: no byte limit
 
     @property
     def bounded(self) -> bool:
         return self.max_depth is not None or self.max_bytes is not None
 
     @property
+    def retained(self) -> bool:
+        """The topic keeps a retained log."""
+        return bool(self.retention or self.retention_bytes)
+
+    @property
     def active(self) -> bool:
         """Anything beyond Go applies."""
-        return bool(self.max_attempts or self.dead_letter_topic or self.max_age or self.bounded)
+        return bool(self.max_attempts or self.dead_letter_topic or self.max_age or self.bounded or self.retained)
 
     def dead_letter_to(self, topic_name: str) -> str | None:
         """Where a channel of ``topic_name`` with this policy sends dead letters
@@ -157,13 +179,16 @@ class Policy:
             "max_depth": self.max_depth,
             "max_bytes": self.max_bytes,
             "overflow": self.overflow,
+            "retention": _duration_text(self.retention) if self.retention else None,
+            "retention_bytes": self.retention_bytes or None,
         }
 
 
-def resolve(*layers: Mapping[str, Any]) -> Policy:
-    """The policy from layers of own settings, most specific first."""
+def resolve(*layers: Mapping[str, Any], keys: tuple[str, ...] = KEYS) -> Policy:
+    """The policy from layers of own settings, most specific first (``keys``:
+    those that apply; a channel's are :data:`CHANNEL_KEYS`)."""
     values: dict[str, Any] = {}
-    for key in KEYS:
+    for key in keys:
         for layer in layers:
             value = layer.get(key)
             if value is not None:
@@ -182,6 +207,8 @@ def defaults_from_options(opts: Any) -> dict[str, Any]:
         "max_depth": opts.max_depth if opts.max_depth >= 0 else None,
         "max_bytes": opts.max_queue_bytes if opts.max_queue_bytes >= 0 else None,
         "overflow": opts.overflow,
+        "retention": opts.retention or None,
+        "retention_bytes": opts.retention_bytes or None,
     }
     return layer
 
@@ -194,4 +221,8 @@ def check_defaults(opts: Any) -> None:
         _topic_name("--dead-letter-topic", opts.dead_letter_topic)
     if opts.max_age < 0:
         raise SettingsError("--max-age must be >= 0")
+    if opts.retention < 0:
+        raise SettingsError("--retention must be >= 0")
+    if opts.retention_bytes < 0:
+        raise SettingsError("--retention-bytes must be >= 0")
     _overflow("--overflow", opts.overflow)

@@ -9,14 +9,17 @@ the channels.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nsq_wire.names import is_ephemeral
 from nsqd_tw.core.channel import Channel, ChannelError
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.quantile import Quantile, new_latency_quantile
 from nsqd_tw.core.queue import Context, Item, MessageQueue, QueueFull, as_items, body_size, timestamp
-from nsqd_tw.core.settings import SettingsError, merge_settings, resolve
+from nsqd_tw.core.settings import CHANNEL_KEYS, KEYS, TOPIC_ONLY, SettingsError, merge_settings, resolve
+
+if TYPE_CHECKING:
+    from nsqd_tw.storage.retained import RetainedLog
 
 PUMP_BATCH = 512
 
@@ -50,6 +53,7 @@ class Topic(MessageQueue):
         self.message_count = 0
         self.message_bytes = 0
         self._bounded: list[MessageQueue] = []  # beyond Go: this topic and its channels with a bound
+        self.retained: RetainedLog | None = None  # beyond Go: every message published, kept (retention)
 
     def __repr__(self) -> str:
         return f"<Topic {self.name}>"
@@ -69,6 +73,34 @@ class Topic(MessageQueue):
         """Publish records (and deferred messages) holding ``body_bytes`` of bodies."""
         if self.exiting:
             raise TopicError("exiting")
+        if self.retained is not None:
+            self._put_retained(items, body_bytes)
+            return
+        self._put(items, body_bytes)
+
+    def _put_retained(self, items: list[Item], body_bytes: int) -> None:
+        """Publish with a retained log: written there first (so the disk budget
+        makes room there before anything else is refused), taken back if the
+        publish fails."""
+        retained = self.retained
+        assert retained is not None
+        ctx = self.ctx
+        try:
+            mark = retained.append([i if isinstance(i, bytes) else i.encode() for i in items], ctx.now_ns())
+        except Exception as e:
+            ctx.set_health(e)
+            ctx.log.error("TOPIC({name}) ERROR: failed to write to the retained log - {err}", name=self.name, err=e)
+            raise
+        try:
+            self._put(items, body_bytes)
+        except BaseException:
+            retained.take_back(mark)
+            raise
+        limit = self.policy.retention_bytes
+        if limit and retained.bytes > limit:
+            retained.trim(limit)
+
+    def _put(self, items: list[Item], body_bytes: int) -> None:
         if self._bounded:
             self._check_bounds(len(items), body_bytes)
         if self._flowing():
@@ -242,6 +274,12 @@ class Topic(MessageQueue):
         own = merge_settings(target.own_settings, changes)
         if own.get("dead_letter_topic") == self.name:
             raise SettingsError("dead_letter_topic must not be the topic itself")
+        for key in TOPIC_ONLY:
+            if changes.get(key) is not None:
+                if channel is not None:
+                    raise SettingsError(f"{key} is a topic setting (a topic's retained log serves all its channels)")
+                if self.ephemeral:
+                    raise SettingsError(f"{key}: an ephemeral topic keeps nothing on disk")
         target.own_settings = own
         self.apply_policies()
         if not target.ephemeral:
@@ -250,10 +288,24 @@ class Topic(MessageQueue):
     def apply_policies(self) -> None:
         """What applies to this topic and its channels, after a change of settings."""
         defaults = self.ctx.settings_defaults
-        self.set_policy(resolve(self.own_settings, defaults))
+        self.set_policy(resolve(self.own_settings, defaults, keys=CHANNEL_KEYS if self.ephemeral else KEYS))
         for c in self.channels.values():
-            c.set_policy(resolve(c.own_settings, self.own_settings, defaults))
+            c.set_policy(resolve(c.own_settings, self.own_settings, defaults, keys=CHANNEL_KEYS))
         self._bounded = [q for q in (self, *self.channels.values()) if q.policy.bounded]
+        if not self.ctx.loading:
+            self.apply_retention()
+
+    def apply_retention(self) -> None:
+        """Open, reconfigure or delete the retained log as the policy says."""
+        if self.exiting:
+            return
+        if self.policy.retained:
+            if self.retained is None:
+                self.retained = self.ctx.open_retained(self)
+            else:
+                self.ctx.retention_changed(self)
+        elif self.retained is not None:
+            self.ctx.drop_retained(self, "retention turned off")
 
     def get_existing_channel(self, name: str) -> Channel:
         channel = self.channels.get(name)
@@ -302,6 +354,8 @@ class Topic(MessageQueue):
         self.channels.clear()
         self.empty()
         self.backend.delete()
+        if self.retained is not None:
+            self.ctx.drop_retained(self, "topic deleted")
 
     def close(self, retire_empty: bool = False) -> None:
         """Close every channel and hand what is held to the backend;
@@ -320,3 +374,5 @@ class Topic(MessageQueue):
             )
             self._save(self._clear_memory(), [])
         self._release_backend(retire)
+        if self.retained is not None:
+            self.retained.close()

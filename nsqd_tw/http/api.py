@@ -30,10 +30,11 @@ from nsq_service.web import (
 )
 from nsq_service.web import body as read_body
 from nsq_wire.errors import FatalClientError
+from nsq_wire.gofmt import parse_rfc3339_ns, rfc3339_nano
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
 from nsq_wire.version import VERSION, version_string
 from nsqd_tw.core.message import Message
-from nsqd_tw.core.nsqd import NSQD
+from nsqd_tw.core.nsqd import NSQD, RewindError
 from nsqd_tw.core.queue import QueueFull
 from nsqd_tw.core.settings import SettingsError, parse_settings
 from nsqd_tw.core.topic import DrainingError, Topic, TopicError
@@ -41,6 +42,7 @@ from nsqd_tw.http.stats import get_stats, print_stats
 from nsqd_tw.lookup import split_host_port
 from nsqd_tw.options import TLS_REQUIRED
 from nsqd_tw.storage.errors import DiskBudgetFull
+from nsqd_tw.storage.retained import SinceTooOld
 
 PEEK_DEFAULT = 10  # messages /topic/peek and /channel/peek answer with, unless ?n= says
 PEEK_MAX = 1000
@@ -271,12 +273,56 @@ class NSQDHTTPAPI(GoHTTPAPI):
         return self._pause_topic(request, False)
 
     @route("/channel/create", "POST")
-    def channel_create(self, request: Request) -> None:
+    def channel_create(self, request: Request) -> Any:
         topic, name = self._existing_topic_channel(request)
+        params = self.query(request)
+        if "since" in params and name not in topic.channels:
+            return self._create_since(topic, name, _since(params))
         try:
             topic.get_channel(name)
         except DrainingError:
             raise HTTPError(503, DRAINING) from None
+        return None
+
+    # -- beyond Go: rewinds from the retained log --------------------------------------
+
+    def _create_since(self, topic: Topic, name: str, since: int | None) -> Any:
+        """A new channel that gets the retained past from ``since`` on, then what
+        is published from now on (checked before the channel is made)."""
+        if self.nsqd.draining:
+            raise HTTPError(503, DRAINING)
+        try:
+            self.nsqd.create_channel_since(topic, name, since)
+        except DrainingError:
+            raise HTTPError(503, DRAINING) from None
+        except RewindError:
+            raise HTTPError(400, "NO_RETENTION") from None
+        except SinceTooOld as e:
+            raise _too_old(e) from None
+        return self._persisted()
+
+    @route("/channel/rewind", "POST")
+    def channel_rewind(self, request: Request) -> Any:
+        """The channel gets again every retained message published at or after
+        ``since``, with what it has queued; answered once nsqd.dat has the rewind."""
+        channel = self._existing_channel(request)
+        since = _since(self.query(request))
+        if self.nsqd.draining:
+            raise HTTPError(503, DRAINING)
+        try:
+            rewind = self.nsqd.start_rewind(channel, since)
+        except RewindError:
+            raise HTTPError(400, "NO_RETENTION") from None
+        except SinceTooOld as e:
+            raise _too_old(e) from None
+        answer = {
+            "topic": channel.topic_name,
+            "channel": channel.name,
+            "since": rewind.stats()["since"],
+            "messages": rewind.left + rewind.queued,
+        }
+        d = self._persisted()
+        return answer if d is None else d.addCallback(lambda _: answer)
 
     @route("/channel/delete", "POST")
     def channel_delete(self, request: Request) -> None:
@@ -483,6 +529,32 @@ class NSQDHTTPAPI(GoHTTPAPI):
         if self._registry is None:
             self._registry = make_registry(self.nsqd, self.gc_pauses)
         return self.finish(request, 200, render(self._registry), CONTENT_TYPE, nsq=False)
+
+
+def _since(params: dict[str, list[str]]) -> int | None:
+    """``since``: Unix milliseconds, an RFC 3339 time (ns precision), or
+    ``earliest`` (None: from the oldest message retained)."""
+    if "since" not in params:
+        raise HTTPError(400, "MISSING_ARG_SINCE")
+    text = params["since"][0]
+    if text == "earliest":
+        return None
+    if text.isascii() and text.isdigit():
+        return int(text) * 1_000_000
+    try:
+        return parse_rfc3339_ns(text)
+    except ValueError:
+        raise HTTPError(400, "INVALID_ARG_SINCE") from None
+
+
+def _too_old(e: SinceTooOld) -> HTTPError:
+    """400, naming the earliest time from which every message is retained."""
+    earliest = rfc3339_nano(e.horizon_ns)
+    return HTTPError(
+        400,
+        f"SINCE_TOO_OLD: messages are retained from {earliest} on",
+        {"earliest": earliest, "earliest_ms": -(-e.horizon_ns // 1_000_000)},
+    )
 
 
 def _publish_refusal(e: Exception) -> str:

@@ -64,6 +64,12 @@ class NSQDCollector:
         )
         t_expired = CounterMetricFamily("nsq_topic_expired", "messages dropped past max_age", labels=t_labels)
         t_dropped = CounterMetricFamily("nsq_topic_dropped", "messages dropped (drop_oldest)", labels=t_labels)
+        t_retained = GaugeMetricFamily(
+            "nsq_topic_retained_messages", "messages in the topic's retained log (retention)", labels=t_labels
+        )
+        t_retained_bytes = GaugeMetricFamily(
+            "nsq_topic_retained_bytes", "bytes of the topic's retained log (retention)", labels=t_labels
+        )
 
         c_labels = ["topic", "channel"]
         c_depth = GaugeMetricFamily("nsq_channel_depth", "messages queued (memory and disk)", labels=c_labels)
@@ -86,13 +92,18 @@ class NSQDCollector:
             "nsq_channel_dead_letters", "messages moved to the dead-letter topic", labels=c_labels
         )
         c_expired = CounterMetricFamily("nsq_channel_expired", "messages past max_age", labels=c_labels)
+        c_rewind = GaugeMetricFamily(
+            "nsq_channel_rewind_messages_left",
+            "retained messages a rewinding channel has still to queue again",
+            labels=c_labels,
+        )
         c_dropped = CounterMetricFamily(
             "nsq_channel_dropped", "messages dropped by overflow drop_oldest", labels=c_labels
         )
         setting = GaugeMetricFamily(
             "nsq_queue_setting",
             "settings that apply to a topic (channel empty) or channel: max_attempts, max_age_seconds, "
-            "max_depth, max_bytes",
+            "max_depth, max_bytes, retention_seconds, retention_bytes",
             labels=["topic", "channel", "setting"],
         )
         e2e = GaugeMetricFamily(
@@ -126,6 +137,9 @@ class NSQDCollector:
             t_expired.add_metric(tl, t["expired_count"])
             t_dropped.add_metric(tl, t["dropped_count"])
             _add_settings(setting, [t["topic_name"], ""], t.get("settings"))
+            if "retained" in t:
+                t_retained.add_metric(tl, t["retained"]["messages"])
+                t_retained_bytes.add_metric(tl, t["retained"]["bytes"])
             for c in t["channels"]:
                 cl = [t["topic_name"], c["channel_name"]]
                 c_depth.add_metric(cl, c["depth"])
@@ -146,6 +160,8 @@ class NSQDCollector:
                 c_expired.add_metric(cl, c["expired_count"])
                 c_dropped.add_metric(cl, c["dropped_count"])
                 _add_settings(setting, cl, c.get("settings"))
+                if "rewind" in c:
+                    c_rewind.add_metric(cl, c["rewind"]["messages_left"])
                 for k in c["clients"] or []:
                     kl = [*cl, k["client_id"], k["remote_address"]]
                     k_ready.add_metric(kl, k["ready_count"])
@@ -154,6 +170,7 @@ class NSQDCollector:
                     k_fin.add_metric(kl, k["finish_count"])
                     k_req.add_metric(kl, k["requeue_count"])
         yield from (t_depth, t_backend, t_msgs, t_bytes, t_paused, t_mem, t_disk, t_age, t_expired, t_dropped)
+        yield from (t_retained, t_retained_bytes, c_rewind)
         yield from (c_depth, c_backend, c_inflight, c_deferred, c_msgs, c_requeue, c_timeout, c_clients, c_paused)
         yield from (c_mem, c_disk, c_age, c_dead, c_expired, c_dropped, setting, e2e, fin)
         yield from (k_ready, k_inflight, k_msgs, k_fin, k_req)
@@ -213,3 +230,7 @@ def _add_settings(family: GaugeMetricFamily, labels: list[str], settings: dict[s
     for key in ("max_depth", "max_bytes"):
         if settings[key] is not None:
             family.add_metric([*labels, key], settings[key])
+    if settings.get("retention"):
+        family.add_metric([*labels, "retention_seconds"], parse_duration(settings["retention"]))
+    if settings.get("retention_bytes"):
+        family.add_metric([*labels, "retention_bytes"], settings["retention_bytes"])

@@ -108,6 +108,7 @@ def channel_stats(c: Channel, clients: list[dict[str, Any]] | None, now: float) 
         "expired_count": c.expired_count,
         "dropped_count": c.dropped_count,
         **_settings(c, c.topic_name),
+        **({"rewind": c.rewind.stats()} if c.rewind is not None else {}),
     }
 
 
@@ -133,6 +134,23 @@ def topic_stats(t: Topic, channels: list[dict[str, Any]], now: float) -> dict[st
         "expired_count": t.expired_count,
         "dropped_count": t.dropped_count,
         **_settings(t, t.name),
+        **_retained(t),
+    }
+
+
+def _retained(t: Topic) -> dict[str, Any]:
+    """Beyond Go: the topic's retained log, when it has one."""
+    log = t.retained
+    if log is None:
+        return {}
+    return {
+        "retained": {
+            "messages": log.messages,
+            "bytes": log.bytes,
+            "segments": len(log.segments),
+            "earliest_timestamp": log.earliest_ts or 0,
+            "available_since": log.horizon_ns,
+        }
     }
 
 

@@ -31,6 +31,8 @@ RECORD_SIZE = struct.Struct(">i")
 _META_RE = re.compile(rb"^(-?\d+)\n(-?\d+),(-?\d+)\n(-?\d+),(-?\d+)\n?")
 _ID_RE = re.compile(rb"[0-9a-f]{16}")
 _DATA_INFIX = ".diskqueue."
+# a topic's retained log (beyond Go): see nsqd_tw.storage.retained
+RETAINED_SEGMENT = re.compile(r"(.+)\.retained\.(\d{6,})")
 # where a record's message ID starts (after the record's 4-byte size)
 _ID_OFFSET = 4 + ID_OFFSET
 _MIN_TS = 1_300_000_000 * 10**9  # 2011, before Go's ID epoch
@@ -76,11 +78,18 @@ def plan_writes(records: Sequence[bytes], file_num: int, pos: int, limit: int) -
 
 def list_data_files(path: str) -> dict[str, list[int]]:
     """The numbered data files in ``path``, by queue name, in order."""
+    return list_files(path)[0]
+
+
+def list_files(path: str) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+    """The numbered data files in ``path``, by queue name, and the retained
+    segments, by topic, each in order."""
     found: dict[str, list[int]] = {}
+    retained: dict[str, list[int]] = {}
     try:
         entries = os.scandir(path or ".")
     except OSError:
-        return found
+        return found, retained
     with entries:
         for entry in entries:
             fn = entry.name
@@ -89,13 +98,16 @@ def list_data_files(path: str) -> dict[str, list[int]]:
             stem = fn[:-4]
             at = stem.rfind(_DATA_INFIX)
             if at < 0:
+                m = RETAINED_SEGMENT.fullmatch(stem)
+                if m is not None:
+                    retained.setdefault(m.group(1), []).append(int(m.group(2)))
                 continue
             num = stem[at + len(_DATA_INFIX) :]
             if num.isascii() and num.isdigit():
                 found.setdefault(stem[:at], []).append(int(num))
-    for nums in found.values():
+    for nums in (*found.values(), *retained.values()):
         nums.sort()
-    return found
+    return found, retained
 
 
 class DataDirectory:
@@ -111,12 +123,26 @@ class DataDirectory:
     def __init__(self, path: str) -> None:
         self.path = path
         self._files: dict[str, list[int]] | None = None
+        self._retained: dict[str, list[int]] = {}
+
+    def _list(self) -> dict[str, list[int]]:
+        if self._files is None:
+            self._files, self._retained = list_files(self.path)
+        return self._files
 
     def take(self, name: str) -> list[int]:
         """The numbers of queue ``name``'s data files, in order; forgotten here."""
-        if self._files is None:
-            self._files = list_data_files(self.path)
-        return self._files.pop(name, [])
+        return self._list().pop(name, [])
+
+    def take_retained(self, topic: str) -> list[int]:
+        """The numbers of topic ``topic``'s retained segments, in order; forgotten here."""
+        self._list()
+        return self._retained.pop(topic, [])
+
+    def retained_left(self) -> dict[str, list[int]]:
+        """The retained segments no topic took (of topics without retention now)."""
+        self._list()
+        return dict(self._retained)
 
     def kept(self, name: str, nums: list[int]) -> None:
         """Files of ``name`` still on disk after its queue went (a remove failed)."""

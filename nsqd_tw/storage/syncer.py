@@ -10,7 +10,15 @@ from twisted.internet import defer
 from twisted.python.failure import Failure
 
 from nsqd_tw.storage.files import write_atomic
-from nsqd_tw.storage.layout import QueueFiles
+
+
+class SyncedFiles(Protocol):
+    """What the Syncer needs of a queue's files."""
+
+    @property
+    def meta_file(self) -> str: ...
+
+    def remove(self, path: str) -> bool: ...
 
 
 class SyncedQueue(Protocol):
@@ -20,9 +28,12 @@ class SyncedQueue(Protocol):
     sync_every: int
     exiting: bool
     deleted: bool
-    files: QueueFiles
 
-    def sync_snapshot(self) -> tuple[list[int], str, bytes]: ...
+    @property
+    def files(self) -> SyncedFiles: ...
+
+    def sync_snapshot(self) -> tuple[list[int], str | None, bytes]:
+        """fds to fsync (dup'd), and the metadata file to write (None: none)."""
 
 
 SyncJob = tuple[list[int], list[tuple[str, bytes]]]
@@ -71,6 +82,7 @@ class Syncer:
         self._retired: list[int] = []
         self._waiters: list[defer.Deferred[None]] = []
         self._extra: dict[str, Callable[[], bytes]] = {}
+        self._forgotten: list[str] = []  # files removed while a sync that writes them runs
         self._running = False
         self._call: Any = None
         self._idle_waiters: list[defer.Deferred[None]] = []
@@ -113,6 +125,12 @@ class Syncer:
         self._extra[path] = snapshot
         self._schedule()
 
+    def forget(self, path: str) -> None:
+        """``path`` was removed: do not write it (again) with a sync."""
+        self._extra.pop(path, None)
+        if self._running:
+            self._forgotten.append(path)
+
     def commit(self) -> defer.Deferred[None]:
         d: defer.Deferred[None] = defer.Deferred()
         self._waiters.append(d)
@@ -153,7 +171,8 @@ class Syncer:
                 continue
             q_fds, meta_path, meta = q.sync_snapshot()
             fds.extend(q_fds)
-            files.append((meta_path, meta))
+            if meta_path is not None:
+                files.append((meta_path, meta))
             synced.append(q)
         self._dirty.clear()
         for path, snapshot in self._extra.items():
@@ -170,6 +189,12 @@ class Syncer:
         for q in synced:
             if q.deleted:  # deleted while its metadata was being written: remove it again
                 q.files.remove(q.files.meta_file)
+        forgotten, self._forgotten = self._forgotten, []
+        for path in forgotten:
+            try:
+                os.remove(path)
+            except OSError:
+                pass
         failed = isinstance(result, Failure)
         self.on_error(result.value if failed else None)
         for d in waiters:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,8 @@ EXAMPLES: dict[tuple[str, str], tuple[str, bytes]] = {
     ("/config/{opt}", "put"): ("", b"info"),
     ("/topic/settings", "put"): ("topic=t", b'{"max_age": "1h", "max_depth": 5}'),
     ("/channel/settings", "put"): ("topic=t&channel=c", b'{"max_attempts": 3, "max_depth": null}'),
+    ("/channel/rewind", "post"): ("topic=kept&channel=c&since=earliest", b""),
+    ("/channel/create", "post"): ("topic=kept&channel=new&since=0", b""),
     ("/debug/setblockrate", "put"): ("rate=1", b""),
     ("/debug/pprof/profile", "get"): ("seconds=1", b""),
 }
@@ -42,7 +45,9 @@ def _spec() -> dict[str, Any]:
 class OpenAPITests(unittest.TestCase):
     def setUp(self) -> None:
         self.spec = _spec()
-        self.nsqd = make_nsqd(e2e_processing_latency_percentiles=[0.99])
+        data = self.mktemp()
+        os.makedirs(data)
+        self.nsqd = make_nsqd(e2e_processing_latency_percentiles=[0.99], data_path=data)
         self.treq = StubTreq(
             NSQDHTTPAPI(self.nsqd, Bound(tcp=("127.0.0.1", 4150), http=("127.0.0.1", 4151))).resource()
         )
@@ -51,6 +56,12 @@ class OpenAPITests(unittest.TestCase):
         consumer.sub("t", "c", rdy=1)
         FakeClient(self.nsqd).pub("t", b"x")
         FakeClient(self.nsqd).pub("held", b"y")  # a topic with no channel: something to peek at
+        # a retained topic, and a channel rewinding (6,000 to queue again, a paused channel takes 2,500)
+        kept = self.nsqd.get_topic("kept")
+        kept.update_settings({"retention": 3600.0})
+        kept.get_channel("c").pause()
+        self.nsqd.publish("kept", [b"z"] * 6000)
+        self.nsqd.start_rewind(kept.channels["c"], None)
 
     def test_document_is_valid(self) -> None:
         validate(self.spec)

@@ -1,0 +1,645 @@
+"""A topic's retained log (beyond Go): every message published to it, kept for a time or a size.
+
+For topic ``T`` in the data path (names Go nsqd never opens, and that no disk
+queue's name can take):
+
+- ``T.retained.000000.dat``, ``...000001.dat``: *segments*, the records of the
+  messages in publish order, framed as the disk queues frame them (a 4-byte
+  big-endian size, then the encoded message); one write per publish. A new
+  segment starts when the next publish would pass the segment size, or when the
+  segment is older than the roll age; at each start of nsqd the next publish
+  starts a new one.
+- ``T.retained.000000.idx``: a sealed segment's summary (messages, bytes, first
+  and greatest timestamp, last append time) and its sparse index, one entry per
+  :data:`SPARSE_BYTES` (the offset, ordinal and timestamp of the record there),
+  so that a rewind finds its start by reading at most one entry's span. Written
+  with the next sync once a segment is sealed; a segment without one (after a
+  kill) is scanned at start, and whatever follows its last whole record is cut.
+- ``T.retained.meta.dat``: the *horizon*, in ns: every message published since
+  then is in the log (the time the log was made, moved on when a segment is
+  deleted).
+
+A whole segment is deleted once its last append is older than the retention
+(:meth:`RetainedLog.expire`), while the log is larger than its byte bound
+(:meth:`RetainedLog.trim`), or, oldest first, when ``--max-disk-bytes`` needs
+room (:meth:`RetainedLog.evict`). Its bytes count in the disk budget. Writes are
+``pwrite`` before :meth:`RetainedLog.append` returns; fsync is the
+:class:`~nsqd_tw.storage.syncer.Syncer`'s (so a durable publish's group commit
+covers its retained copy).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from nsq_wire.message import MESSAGE_HEADER_LENGTH, TIMESTAMP
+from nsqd_tw.storage.budget import DiskBudget
+from nsqd_tw.storage.files import read_regular, write_atomic
+from nsqd_tw.storage.layout import RECORD_SIZE
+from nsqd_tw.storage.records import READ_CHUNK, RecordReader
+from nsqd_tw.storage.syncer import Syncer
+
+SPARSE_BYTES = 256 * 1024  # bytes of records between two entries of a segment's index
+INFIX = ".retained."
+_SEGMENT_RE = re.compile(r"(.+)\.retained\.(\d{6,})\.dat")
+_MIN_TS = 1_300_000_000 * 10**9  # 2011, before Go's ID epoch
+_pack_size = RECORD_SIZE.pack
+_unpack_size = RECORD_SIZE.unpack_from
+_unpack_ts = TIMESTAMP.unpack_from
+
+
+def segment_of(filename: str) -> tuple[str, int] | None:
+    """(topic, segment number) of a retained segment's file name, else None."""
+    m = _SEGMENT_RE.fullmatch(filename)
+    return (m.group(1), int(m.group(2))) if m else None
+
+
+class Position(NamedTuple):
+    """A place in the log: a segment, a byte offset in it, the ordinal of the record there."""
+
+    segment: int
+    offset: int
+    ordinal: int
+
+
+class SinceTooOld(Exception):
+    """A rewind from before the horizon: messages published since then may be gone."""
+
+    def __init__(self, horizon_ns: int) -> None:
+        super().__init__(horizon_ns)
+        self.horizon_ns = horizon_ns
+
+
+@dataclass
+class Segment:
+    num: int
+    count: int = 0
+    size: int = 0  # bytes of whole records
+    first_ts: int = 0
+    max_ts: int = 0  # the greatest timestamp (of the first and last record of each write)
+    appended_ns: int = 0  # when it was last written to (what ages it out)
+    created_ns: int = 0  # when it was first written to (what rolls it)
+    sparse: list[tuple[int, int, int]] = field(default_factory=list)  # (offset, ordinal, timestamp)
+
+    def index_text(self) -> bytes:
+        head = b"v1 %d %d %d %d %d\n" % (self.count, self.size, self.first_ts, self.max_ts, self.appended_ns)
+        return head + b"".join(b"%d %d %d\n" % entry for entry in self.sparse)
+
+
+class Mark(NamedTuple):
+    """The active segment's state before an append, to take the append back."""
+
+    segment: Segment
+    messages: int
+    size: int
+    first_ts: int
+    max_ts: int
+    appended_ns: int
+    sparse: int
+
+
+class _Files:
+    """What the Syncer asks of a queue's files: its metadata file, and removal."""
+
+    def __init__(self, meta_file: str, log: Any) -> None:
+        self.meta_file = meta_file
+        self._log = log
+
+    def remove(self, path: str) -> bool:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            self._log.error("RETAINED: failed to remove {fn} - {err}", fn=path, err=e)
+            return False
+        return True
+
+
+class RetainedLog:
+    """The retained log of one topic: append, age out, trim, evict, locate, read."""
+
+    def __init__(
+        self,
+        topic: str,
+        data_path: str,
+        syncer: Syncer,
+        log: Any,
+        now_ns: int,
+        existing: Sequence[int] = (),
+        *,
+        max_msg_size: int,
+        sync_every: int = 2500,
+        budget: DiskBudget | None = None,
+        segment_bytes: int = 100 * 1024 * 1024,
+        roll_ns: int = 0,
+    ) -> None:
+        """``existing``: the numbers of the segments on disk (the data path's listing)."""
+        self.topic = topic
+        self.data_path = data_path
+        self.syncer = syncer
+        self.log = log
+        self.budget = budget
+        self.segment_bytes = segment_bytes
+        self.roll_ns = roll_ns
+        self.min_size = MESSAGE_HEADER_LENGTH
+        self.max_size = max_msg_size + MESSAGE_HEADER_LENGTH
+        # what the Syncer reads
+        self.count = 0
+        self.sync_every = sync_every
+        self.exiting = False
+        self.deleted = False
+        self.files = _Files(self._path("meta.dat"), log)
+
+        self.segments: list[Segment] = []
+        self.messages = 0
+        self.bytes = 0
+        self._active: Segment | None = None  # the segment written to (the last one)
+        self.next_num = 0  # segment numbers only grow (a rewind's position names one)
+        self._fd: int | None = None
+        self.on_delete: Callable[[Segment, str], None] | None = None
+        self.horizon_ns = self._load(existing, now_ns)
+        self._add_bytes(self.bytes)
+        syncer.register(self)
+
+    def __repr__(self) -> str:
+        return f"<RetainedLog {self.topic}>"
+
+    def _path(self, suffix: str) -> str:
+        return os.path.join(self.data_path, f"{self.topic}{INFIX}{suffix}")
+
+    def data_file(self, num: int) -> str:
+        return self._path(f"{num:06d}.dat")
+
+    def index_file(self, num: int) -> str:
+        return self._path(f"{num:06d}.idx")
+
+    @property
+    def earliest_ts(self) -> int | None:
+        """The timestamp of the oldest message retained (None: none)."""
+        for seg in self.segments:
+            if seg.count:
+                return seg.first_ts
+        return None
+
+    # -- start-up --------------------------------------------------------------------
+
+    def _load(self, existing: Sequence[int], now_ns: int) -> int:
+        for num in sorted(existing):
+            seg = self._load_index(num) or self._scan(num)
+            if seg is not None:
+                self.segments.append(seg)
+                self.messages += seg.count
+                self.bytes += seg.size
+        self.next_num = max(existing, default=-1) + 1
+        try:
+            fields = read_regular(self.files.meta_file).split()
+            horizon = int(fields[0])
+            self.next_num = max(self.next_num, int(fields[1]) if len(fields) > 1 else 0)
+        except (OSError, ValueError, IndexError) as e:
+            horizon = self.segments[0].first_ts if self.segments and self.segments[0].count else now_ns
+            if not isinstance(e, FileNotFoundError):
+                self.log.warn(
+                    "RETAINED({topic}): ignoring {fn} - {err}", topic=self.topic, fn=self.files.meta_file, err=e
+                )
+            self.syncer.persist(self.files.meta_file, self._meta_text)
+        return horizon
+
+    def _meta_text(self) -> bytes:
+        """The horizon, and the next segment's number."""
+        return b"%d\n%d\n" % (self.horizon_ns, self.next_num)
+
+    def _load_index(self, num: int) -> Segment | None:
+        """The segment as its index describes it, if the index matches the file."""
+        try:
+            text = read_regular(self.index_file(num))
+            size = os.stat(self.data_file(num)).st_size
+        except OSError:
+            return None
+        try:
+            lines = text.split(b"\n")
+            head = lines[0].split()
+            if head[0] != b"v1":
+                return None
+            count, seg_size, first_ts, max_ts, appended = (int(x) for x in head[1:6])
+            sparse = []
+            for line in lines[1:]:
+                if line:
+                    a, b, c = line.split()
+                    sparse.append((int(a), int(b), int(c)))
+        except (ValueError, IndexError):
+            return None
+        if seg_size != size:
+            return None
+        return Segment(num, count, seg_size, first_ts, max_ts, appended, appended, sparse)
+
+    def _scan(self, num: int) -> Segment | None:
+        """Read a segment without an index: its records, whatever follows them cut."""
+        path = self.data_file(num)
+        seg = Segment(num)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError as e:
+            self.log.error("RETAINED({topic}): cannot open {fn} - {err}", topic=self.topic, fn=path, err=e)
+            return None
+        try:
+            end = os.fstat(fd).st_size
+            next_sparse = 0
+            for offset, data in _records(fd, 0, end, self.min_size, self.max_size):
+                (ts,) = _unpack_ts(data)
+                if not _MIN_TS <= ts:
+                    break
+                if offset >= next_sparse:
+                    seg.sparse.append((offset, seg.count, ts))
+                    next_sparse = offset + SPARSE_BYTES
+                if not seg.count:
+                    seg.first_ts = ts
+                seg.max_ts = max(seg.max_ts, ts)
+                seg.count += 1
+                seg.size = offset + 4 + len(data)
+            if seg.size < end:
+                self.log.warn(
+                    "RETAINED({topic}): {fn}: {n} bytes after the last whole record at offset {at} cut",
+                    topic=self.topic,
+                    fn=path,
+                    n=end - seg.size,
+                    at=seg.size,
+                )
+                os.ftruncate(fd, seg.size)
+        finally:
+            os.close(fd)
+        seg.appended_ns = seg.created_ns = seg.max_ts
+        self.syncer.persist(self.index_file(num), seg.index_text)
+        self.log.info(
+            "RETAINED({topic}): indexed {fn}: {n} messages, {size} bytes",
+            topic=self.topic,
+            fn=path,
+            n=seg.count,
+            size=seg.size,
+        )
+        return seg
+
+    # -- writing -------------------------------------------------------------------------
+
+    def append(self, records: Sequence[bytes], now_ns: int) -> Mark:
+        """Write the records of one publish; they are in the file (page cache)
+        when this returns. All or nothing: a failed write is cut off again and
+        raised. Returns a mark for :meth:`take_back`."""
+        if self.exiting:
+            raise OSError(errno.ESHUTDOWN, "retained log closed")
+        pieces: list[Any] = [None] * (2 * len(records))
+        pieces[0::2] = map(_pack_size, map(len, records))
+        pieces[1::2] = records
+        data = b"".join(pieces)
+        size = len(data)
+        if self.budget is not None:
+            self.budget.check(size)  # may evict retained segments, this log's active one too
+        seg = self._active
+        if (
+            seg is None
+            or self._fd is None
+            or (seg.size and seg.size + size > self.segment_bytes)
+            or (self.roll_ns and seg.count and now_ns - seg.created_ns >= self.roll_ns)
+        ):
+            seg = self._roll(now_ns)
+        fd = self._fd
+        assert fd is not None
+        mark = Mark(seg, seg.count, seg.size, seg.first_ts, seg.max_ts, seg.appended_ns, len(seg.sparse))
+        offset = seg.size
+        try:
+            view = memoryview(data)
+            at = offset
+            while view:
+                n = os.pwrite(fd, view, at)
+                if n <= 0:
+                    raise OSError(errno.EIO, "short write")
+                view = view[n:]
+                at += n
+        except BaseException:
+            self._truncate(fd, offset)
+            raise
+        (first,) = _unpack_ts(records[0])
+        (last,) = _unpack_ts(records[-1])
+        if not seg.count:
+            seg.first_ts = first
+        if offset >= len(seg.sparse) * SPARSE_BYTES:
+            seg.sparse.append((offset, seg.count, first))
+        seg.max_ts = max(seg.max_ts, first, last)
+        seg.count += len(records)
+        seg.size += size
+        seg.appended_ns = now_ns
+        self.messages += len(records)
+        self.bytes += size
+        self._add_bytes(size)
+        self.count += len(records)
+        self.syncer.wrote(self, len(records))
+        return mark
+
+    def take_back(self, mark: Mark) -> None:
+        """Take back the append that returned ``mark`` (the publish failed elsewhere)."""
+        seg = mark.segment
+        if seg is not self._active or self._fd is None:
+            return  # evicted meanwhile: nothing of it is left
+        n, size = seg.count - mark.messages, seg.size - mark.size
+        self._truncate(self._fd, mark.size)
+        seg.count, seg.size, seg.first_ts, seg.max_ts, seg.appended_ns = mark[1:6]
+        del seg.sparse[mark.sparse :]
+        self.messages -= n
+        self.bytes -= size
+        self._add_bytes(-size)
+        self.syncer.request(self)
+
+    def _truncate(self, fd: int, size: int) -> None:
+        try:
+            os.ftruncate(fd, size)
+        except OSError as e:
+            self.log.error("RETAINED({topic}): failed to take back a write - {err}", topic=self.topic, err=e)
+
+    def _roll(self, now_ns: int) -> Segment:
+        """Seal the active segment (its index goes with the next sync) and start the next."""
+        self._seal()
+        num = self.next_num
+        self.next_num += 1
+        seg = Segment(num, created_ns=now_ns, appended_ns=now_ns)
+        self._fd = os.open(self.data_file(num), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        self.segments.append(seg)
+        self._active = seg
+        return seg
+
+    def _seal(self) -> None:
+        seg, fd = self._active, self._fd
+        self._active = self._fd = None
+        if fd is not None:
+            self.syncer.retire_fd(fd)  # fsynced and closed by the next sync, then the index written
+        if seg is not None:
+            self.syncer.persist(self.index_file(seg.num), seg.index_text)
+
+    def _add_bytes(self, n: int) -> None:
+        if self.budget is not None:
+            self.budget.used += n
+
+    # -- deleting ------------------------------------------------------------------------
+
+    def _delete_first(self, why: str) -> Segment:
+        seg = self.segments.pop(0)
+        if seg is self._active:
+            fd, self._fd, self._active = self._fd, None, None
+            if fd is not None:
+                os.close(fd)
+        self.files.remove(self.data_file(seg.num))
+        self._remove_index(seg.num)
+        self.messages -= seg.count
+        self.bytes -= seg.size
+        self._add_bytes(-seg.size)
+        if seg.count:
+            self.horizon_ns = max(self.horizon_ns, seg.max_ts + 1)
+            self.syncer.persist(self.files.meta_file, self._meta_text)
+        if self.on_delete is not None:
+            self.on_delete(seg, why)
+        return seg
+
+    def expire(self, before_ns: int) -> list[Segment]:
+        """Delete the segments last written to before ``before_ns``, oldest first."""
+        gone = []
+        while self.segments and self.segments[0].appended_ns < before_ns:
+            gone.append(self._delete_first("retention"))
+        return gone
+
+    def trim(self, max_bytes: int) -> list[Segment]:
+        """Delete the oldest segments while the log holds more than ``max_bytes``
+        (not the one being written)."""
+        gone = []
+        while self.bytes > max_bytes and self.segments and self.segments[0] is not self._active:
+            gone.append(self._delete_first("retention_bytes"))
+        return gone
+
+    def evict(self) -> int:
+        """Delete the oldest segment (the one being written too) for the disk
+        budget; the bytes freed (0: nothing left)."""
+        if not self.segments:
+            return 0
+        return self._delete_first("--max-disk-bytes").size
+
+    def oldest_appended(self) -> int | None:
+        return self.segments[0].appended_ns if self.segments else None
+
+    # -- reading -------------------------------------------------------------------------
+
+    def end(self) -> Position:
+        """Where the next publish will be written (the end of what a rewind reads)."""
+        if not self.segments:
+            return Position(0, 0, 0)
+        seg = self.segments[-1]
+        return Position(seg.num, seg.size, seg.count)
+
+    def start(self) -> Position:
+        if not self.segments:
+            return self.end()
+        return Position(self.segments[0].num, 0, 0)
+
+    def locate(self, since_ns: int | None) -> Position:
+        """Where the first message published at or after ``since_ns`` is (None:
+        the oldest retained). Raises :class:`SinceTooOld` before the horizon."""
+        if since_ns is None:
+            return self.start()
+        if since_ns < self.horizon_ns:
+            raise SinceTooOld(self.horizon_ns)
+        for seg in self.segments:
+            if seg.count and seg.max_ts >= since_ns:
+                return self._locate_in(seg, since_ns)
+        return self.end()
+
+    def _locate_in(self, seg: Segment, since_ns: int) -> Position:
+        offset, ordinal = 0, 0
+        for entry_offset, entry_ordinal, ts in seg.sparse:
+            if ts >= since_ns:
+                break
+            offset, ordinal = entry_offset, entry_ordinal
+        try:
+            fd = os.open(self.data_file(seg.num), os.O_RDONLY)
+        except OSError:
+            return Position(seg.num, 0, 0)
+        try:
+            for at, data in _records(fd, offset, seg.size, self.min_size, self.max_size):
+                if _unpack_ts(data)[0] >= since_ns:
+                    return Position(seg.num, at, ordinal)
+                ordinal += 1
+        finally:
+            os.close(fd)
+        nxt = [s for s in self.segments if s.num > seg.num]
+        return Position(nxt[0].num, 0, 0) if nxt else self.end()
+
+    def count_between(self, start: Position, end: Position) -> int:
+        """The messages from ``start`` up to ``end`` still retained."""
+        n = 0
+        for seg in self.segments:
+            if seg.num < start.segment or seg.num > end.segment:
+                continue
+            top = end.ordinal if seg.num == end.segment else seg.count
+            bottom = start.ordinal if seg.num == start.segment else 0
+            n += max(0, top - bottom)
+        return n
+
+    def segment(self, num: int) -> Segment | None:
+        for seg in self.segments:
+            if seg.num == num:
+                return seg
+        return None
+
+    def reader(self, start: Position, end: Position) -> RetainedReader:
+        return RetainedReader(self, start, end)
+
+    # -- sync and shutdown ---------------------------------------------------------------
+
+    def sync_snapshot(self) -> tuple[list[int], str | None, bytes]:
+        """What a sync needs: the active segment's fd (dup'd); no metadata file."""
+        self.count = 0
+        return ([os.dup(self._fd)] if self._fd is not None else []), None, b""
+
+    def close(self) -> None:
+        """fsync, write the active segment's index (a clean start reads no segment)."""
+        if self.exiting:
+            return
+        self.exiting = True
+        try:
+            if self._fd is not None:
+                os.fsync(self._fd)
+            if self._active is not None:
+                write_atomic(self.index_file(self._active.num), self._active.index_text())
+        finally:
+            if self._fd is not None:
+                os.close(self._fd)
+            self._fd = self._active = None
+            self.syncer.unregister(self)
+
+    def delete(self) -> None:
+        """Remove every file of the log (retention turned off, the topic deleted)."""
+        self.exiting = True
+        self.deleted = True
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = self._active = None
+        for seg in self.segments:
+            self.files.remove(self.data_file(seg.num))
+            self._remove_index(seg.num)
+        self._add_bytes(-self.bytes)
+        self.segments.clear()
+        self.messages = self.bytes = 0
+        self.syncer.forget(self.files.meta_file)
+        self.files.remove(self.files.meta_file)
+        self.syncer.unregister(self)
+
+    def _remove_index(self, num: int) -> None:
+        path = self.index_file(num)
+        self.syncer.forget(path)  # not written after its segment is gone
+        self.files.remove(path)
+
+
+class RetainedReader:
+    """Reads a log from one position to another at its reader's pace, a chunk
+    at a time (only the read-ahead buffer is held: flat memory for any size)."""
+
+    def __init__(self, log: RetainedLog, start: Position, end: Position) -> None:
+        self.log = log
+        self.position = start
+        self.end = end
+        self.lost = False  # a segment was deleted before it was read (the caller recounts)
+        self._reader = RecordReader(READ_CHUNK)
+        self._limit = 0
+
+    @property
+    def done(self) -> bool:
+        return self.position[:2] >= self.end[:2]
+
+    def read(self, max_n: int, max_bytes: int) -> list[bytes]:
+        """Up to ``max_n`` records (at least one, and no more once ``max_bytes``
+        are passed) from the position on, not past the end."""
+        out: list[bytes] = []
+        total = 0
+        log = self.log
+        r = self._reader
+        while len(out) < max_n and total < max_bytes and not self.done:
+            num, offset, ordinal = self.position
+            if r.fd is None or r.num != num:
+                if not self._open(num):
+                    continue
+            if offset + 4 > self._limit:
+                self._next_segment()
+                continue
+            head = r.read_at(offset, 4)
+            size = _unpack_size(head)[0] if len(head) == 4 else -1
+            if size < log.min_size or size > log.max_size or offset + 4 + size > self._limit:
+                log.log.error(
+                    "RETAINED({topic}): bad record in {fn} at offset {at}: the rest of the segment skipped",
+                    topic=log.topic,
+                    fn=log.data_file(num),
+                    at=offset,
+                )
+                self._next_segment()
+                continue
+            data = r.read_at(offset + 4, size)
+            if len(data) < size:
+                self._next_segment()
+                continue
+            out.append(data)
+            total += size
+            self.position = Position(num, offset + 4 + size, ordinal + 1)
+        return out
+
+    def _open(self, num: int) -> bool:
+        seg = self.log.segment(num)
+        if seg is None:
+            self._next_segment(lost=True)
+            return False
+        limit = self.end.offset if num == self.end.segment else seg.size
+        if not self._reader.open(self.log.data_file(num), num, limit):
+            self._next_segment(lost=True)
+            return False
+        self._limit = limit
+        return True
+
+    def _next_segment(self, lost: bool = False) -> None:
+        """On to the next segment still retained (or the end). Segments are
+        numbered in order and deleted oldest first: a gap is what was deleted."""
+        num = self.position.segment
+        self._reader.close()
+        later = [s.num for s in self.log.segments if num < s.num <= self.end.segment]
+        if later:
+            self.position = Position(later[0], 0, 0)
+            lost = lost or later[0] != num + 1
+        else:
+            end = self.end
+            lost = lost or end.segment > num + 1 or (end.segment == num + 1 and end.offset > 0)
+            self.position = end
+        if lost:
+            self.lost = True
+
+    def close(self) -> None:
+        self._reader.close()
+
+
+def _records(fd: int, offset: int, end: int, min_size: int, max_size: int) -> Iterator[tuple[int, bytes]]:
+    """(offset, record) of the whole, plausible records from ``offset`` to ``end``."""
+    reader = RecordReader(READ_CHUNK)
+    reader.fd = fd
+    reader.limit = end
+    try:
+        while offset + 4 <= end:
+            head = reader.read_at(offset, 4)
+            if len(head) < 4:
+                return
+            (size,) = _unpack_size(head)
+            if size < min_size or size > max_size or offset + 4 + size > end:
+                return
+            data = reader.read_at(offset + 4, size)
+            if len(data) < size:
+                return
+            yield offset, data
+            offset += 4 + size
+    finally:
+        reader.fd = None  # the caller's fd: not closed here

@@ -1,0 +1,173 @@
+"""Retention and rewinds with nsqd as a process: rewind after everything was FINed, across kill -9,
+no loss of an acknowledged message in durable mode, segments aged out."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from typing import Any
+from urllib.parse import quote
+
+import treq
+from twisted.internet import defer, reactor, task
+from twisted.internet.threads import deferToThread
+from twisted.trial import unittest
+
+from nsq_client.twisted_client import Consumer, ReceivedMessage, connect
+from nsq_wire.gofmt import rfc3339_nano
+from tests.integration.procs import ServerProcess
+
+LOOPBACK = ("-tcp-address", "127.0.0.1:0", "-http-address", "127.0.0.1:0")
+
+
+class ReplayProcessTestCase(unittest.TestCase):
+    timeout = 180
+
+    def setUp(self) -> None:
+        self.dir = os.path.abspath(self.mktemp())
+        os.makedirs(self.dir)
+
+    def start(self, *args: str) -> ServerProcess:
+        proc = ServerProcess("nsqd", *LOOPBACK, "--data-path", self.dir, *args).start()
+        self.addCleanup(proc.kill)
+        self.http = f"127.0.0.1:{proc.port('HTTP')}"
+        return proc
+
+    @defer.inlineCallbacks
+    def call(self, method: str, path: str) -> Any:
+        resp = yield treq.request(method, f"http://{self.http}{path}", persistent=False)
+        content = yield resp.content()
+        return resp.code, json.loads(content) if content else None
+
+    @defer.inlineCallbacks
+    def retained(self, topic: str) -> Any:
+        _, doc = yield self.call("GET", f"/stats?format=json&topic={topic}")
+        return doc["topics"][0]["retained"]
+
+    @defer.inlineCallbacks
+    def until(self, condition: Any, timeout: float = 60.0) -> Any:
+        """Poll ``condition()`` (may return a Deferred) until it is true."""
+        for _ in range(int(timeout / 0.05)):
+            value = yield defer.maybeDeferred(condition)
+            if value:
+                return value
+            yield task.deferLater(reactor, 0.05, lambda: None)
+        self.fail(f"not true within {timeout}s: {condition}")
+
+    @defer.inlineCallbacks
+    def consume(self, port: int, topic: str, channel: str, count: int) -> Any:
+        """Messages delivered to a consumer that FINs each, until ``count`` came."""
+        got: list[ReceivedMessage] = []
+        consumer = yield Consumer.connect(reactor, "127.0.0.1", port, topic, channel, got.append, max_in_flight=500)
+        yield self.until(lambda: len(got) >= count)
+        yield consumer.close()
+        return got
+
+    def segments(self, topic: str) -> list[str]:
+        return sorted(f for f in os.listdir(self.dir) if f.startswith(f"{topic}.retained.0"))
+
+
+class RewindProcessTests(ReplayProcessTestCase):
+    @defer.inlineCallbacks
+    def test_rewind_after_everything_was_finished_and_again_after_kill_9(self) -> None:
+        proc = self.start("--retention", "1h")
+        port = proc.port()
+        p = yield connect(reactor, "127.0.0.1", port)
+        for batch in range(30):
+            answer = yield p.mpub("events", [b"%05d" % i for i in range(batch * 100, batch * 100 + 100)])
+            self.assertEqual(answer, b"OK")
+        p.close()
+        got = yield self.consume(port, "events", "c", 3000)
+        self.assertEqual([m.body for m in got], [b"%05d" % i for i in range(3000)])
+        ids = [m.id for m in got]
+        since = rfc3339_nano(got[1500].timestamp)  # the first of the 16th MPUB
+        self.assertLess(got[1499].timestamp, got[1500].timestamp)
+
+        code, answer = yield self.call("POST", f"/channel/rewind?topic=events&channel=c&since={quote(since)}")
+        self.assertEqual((code, answer["messages"]), (200, 1500))
+        again = yield self.consume(port, "events", "c", 1500)
+        self.assertEqual([m.id for m in again], ids[1500:], "exactly 1500..2999, in order, original IDs")
+        self.assertEqual([m.timestamp for m in again], [m.timestamp for m in got[1500:]])
+
+        proc.signal(signal.SIGKILL)
+        yield deferToThread(proc.wait)
+        proc = self.start("--retention", "1h")
+        port = proc.port()
+        retained = yield self.retained("events")
+        self.assertEqual(retained["messages"], 3000)
+        code, answer = yield self.call("POST", f"/channel/rewind?topic=events&channel=c&since={quote(since)}")
+        self.assertEqual((code, answer["messages"]), (200, 1500))
+        again = yield self.consume(port, "events", "c", 1500)
+        self.assertEqual([m.id for m in again], ids[1500:], "the same after kill -9 and restart")
+
+        code, answer = yield self.call("POST", "/channel/create?topic=events&channel=backfill&since=earliest")
+        self.assertEqual(code, 200)
+        fresh = yield self.consume(port, "events", "backfill", 3000)
+        self.assertEqual([m.id for m in fresh], ids, "a new channel from the retained past")
+
+        code, answer = yield self.call("POST", "/channel/rewind?topic=events&channel=c&since=1000")
+        self.assertEqual(code, 400)
+        self.assertEqual(answer["earliest_ms"], -(-retained["available_since"] // 1_000_000))
+
+
+class DurableProcessTests(ReplayProcessTestCase):
+    @defer.inlineCallbacks
+    def test_no_acknowledged_message_is_missing_after_kills(self) -> None:
+        durable = ("--retention", "1h", "--mem-queue-size", "0", "--sync-every", "1")
+        acked: list[bytes] = []
+        n = 0
+        for _kill in range(3):
+            proc = self.start(*durable)
+            p = yield connect(reactor, "127.0.0.1", proc.port())
+            pending = []
+
+            def ok(answer: bytes, body: bytes) -> None:
+                if answer == b"OK":
+                    acked.append(body)
+
+            for _ in range(300):  # PUBs in flight when the kill comes
+                body = b"d%06d" % n
+                n += 1
+                d = p.pub("durable", body)
+                d.addCallback(ok, body)
+                d.addErrback(lambda f: None)
+                pending.append(d)
+                if n % 300 == 150:
+                    yield pending[-100]
+                    proc.signal(signal.SIGKILL)
+            yield defer.DeferredList(pending)
+            yield deferToThread(proc.wait)
+        self.assertGreater(len(acked), 300)
+        self.assertLess(len(acked), n, "killed with publishes unanswered")
+        proc = self.start(*durable)
+        code, _ = yield self.call("POST", "/channel/create?topic=durable&channel=all&since=earliest")
+        self.assertEqual(code, 200)
+        retained = yield self.retained("durable")
+        got = yield self.consume(proc.port(), "durable", "all", retained["messages"])
+        bodies = {m.body for m in got}
+        self.assertEqual([b for b in acked if b not in bodies], [], "every OK'd message is in the retained log")
+
+
+class AgeOutProcessTests(ReplayProcessTestCase):
+    @defer.inlineCallbacks
+    def test_segments_are_deleted_once_aged_out(self) -> None:
+        proc = self.start("--retention", "2s", "--mem-queue-size", "100")
+        p = yield connect(reactor, "127.0.0.1", proc.port())
+        for batch in range(10):
+            yield p.mpub("ticks", [b"t%05d" % i for i in range(batch * 100, batch * 100 + 100)])
+        p.close()
+        self.assertTrue(self.segments("ticks"))
+        retained = yield self.retained("ticks")
+        self.assertEqual(retained["messages"], 1000)
+
+        @defer.inlineCallbacks
+        def gone() -> Any:
+            retained = yield self.retained("ticks")
+            return retained["messages"] == 0 and not self.segments("ticks")
+
+        yield self.until(gone, timeout=30)
+        retained = yield self.retained("ticks")
+        self.assertEqual((retained["bytes"], retained["segments"]), (0, 0))
+        code, _ = yield self.call("POST", "/channel/create?topic=ticks&channel=late&since=earliest")
+        self.assertEqual(code, 200)

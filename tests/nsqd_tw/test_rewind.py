@@ -1,0 +1,457 @@
+"""Retention and rewinds in nsqd: the retained log of a topic, a channel's rewind, restarts, budgets."""
+
+from __future__ import annotations
+
+import json
+import os
+from urllib.parse import quote
+
+from twisted.trial import unittest
+
+from nsqd_tw.core import rewind as rewind_module
+from nsqd_tw.core.channel import Channel
+from nsqd_tw.core.nsqd import NSQD, RewindError
+from nsqd_tw.core.settings import SettingsError
+from nsqd_tw.storage.errors import DiskBudgetFull
+from nsqd_tw.storage.retained import SinceTooOld
+from tests.helpers import make_nsqd
+from tests.nsqd_tw.test_channel import FakeConsumer
+
+SECOND = 1_000_000_000
+
+
+class RetentionTestCase(unittest.TestCase):
+    def setUp(self) -> None:
+        self.dir = os.path.abspath(self.mktemp())
+        os.makedirs(self.dir)
+        self.running: list[NSQD] = []
+        self._cid = 0
+        self.finished: dict[int, int] = {}
+
+    def tearDown(self) -> None:
+        for n in self.running:
+            if n.running:
+                n.stopService()
+
+    def start(self, **kw) -> NSQD:
+        kw.setdefault("data_path", self.dir)
+        n = make_nsqd(backend_factory=None, **kw)
+        n.privilegedStartService()
+        n.startService()
+        self.running.append(n)
+        return n
+
+    def stop(self, n: NSQD) -> None:
+        self.successResultOf(n.stopService())
+
+    def crash(self, n: NSQD) -> None:
+        """Abandon ``n`` as a killed process would: nothing flushed, lock released."""
+        n.running = False
+        n.dirlock.unlock()
+
+    def publish(self, n: NSQD, topic: str, count: int, start: int = 0, batch: int = 10) -> list[bytes]:
+        """``count`` messages ``m<i>``, ``batch`` to a publish, one second apart; their IDs."""
+        ids = []
+        for at in range(start, start + count, batch):
+            n.publish(topic, [b"m%d" % i for i in range(at, min(at + batch, start + count))])
+            n.reactor.advance(1)
+        for t in n.topics[topic].channels.values():
+            ids += [m.id for m in t.queued()]
+        return ids
+
+    def consumer(self, channel: Channel, rdy: int = 2500) -> FakeConsumer:
+        self._cid += 1
+        c = FakeConsumer(self._cid, rdy=rdy)
+        channel.add_client(c)
+        channel.kick()
+        return c
+
+    def drain(self, n: NSQD, channel: Channel, c: FakeConsumer) -> list[bytes]:
+        """Let reactor turns pass, FINing what ``c`` gets, until nothing more comes."""
+        bodies: list[bytes] = []
+        seen = self.finished.get(c.id, 0)  # what earlier drains FINed
+        for _ in range(1000):
+            n.reactor.advance(0)
+            got = c.got[seen:]
+            if not got and not channel.memory and (channel.rewind is None or channel.rewind.done):
+                break
+            seen += len(got)
+            for m in got:
+                bodies.append(m.body)
+                channel.finish_message(c.id, m.id)
+                c.finished()
+            channel.kick()
+        self.finished[c.id] = seen
+        return bodies
+
+    def settle(self, n: NSQD) -> None:
+        for _ in range(5):
+            n.reactor.advance(0)
+
+    def retained_files(self) -> list[str]:
+        return sorted(f for f in os.listdir(self.dir) if ".retained." in f)
+
+
+class RetentionTests(RetentionTestCase):
+    def test_off_by_default(self) -> None:
+        n = self.start(mem_queue_size=0)
+        n.publish("t", [b"x"])
+        n.reactor.advance(1)
+        self.assertIsNone(n.topics["t"].retained)
+        self.assertEqual(self.retained_files(), [])
+        with self.assertRaises(RewindError):
+            n.start_rewind(n.topics["t"].get_channel("c"), None)
+
+    def test_every_publish_is_retained_whatever_the_channels_do(self) -> None:
+        n = self.start(retention=3600.0)
+        topic = n.get_topic("t")
+        channel = topic.get_channel("c")
+        c = self.consumer(channel)
+        n.publish("t", [b"a", b"b"])
+        n.publish("t", [b"later"], delay=5)
+        n.publish_to(topic, [b"c"])
+        self.assertEqual(self.drain(n, channel, c), [b"a", b"b", b"c"])
+        log = topic.retained
+        assert log is not None
+        self.assertEqual((log.messages, channel.depth()), (4, 0))
+        self.assertEqual(self.retained_files(), ["t.retained.000000.dat", "t.retained.meta.dat"])
+
+    def test_settings_turn_it_on_and_off_per_topic(self) -> None:
+        n = self.start()
+        topic = n.get_topic("t")
+        topic.update_settings({"retention": 60.0})
+        self.assertIsNotNone(topic.retained)
+        n.publish("t", [b"x"])
+        n.reactor.advance(0)
+        topic.update_settings({"retention": None})
+        self.assertIsNone(topic.retained)
+        n.reactor.advance(0)
+        self.assertEqual(self.retained_files(), [], "turned off: its files are deleted")
+        with self.assertRaises(SettingsError):
+            topic.update_settings({"retention": 60.0}, topic.get_channel("c"))
+        with self.assertRaises(SettingsError):
+            n.get_topic("e#ephemeral").update_settings({"retention_bytes": 100})
+
+    def test_a_node_default_and_a_topic_that_opts_out(self) -> None:
+        n = self.start(retention_bytes=1 << 20)
+        self.assertIsNotNone(n.get_topic("t").retained)
+        self.assertIsNone(n.get_topic("e#ephemeral").retained)
+        other = n.get_topic("u")
+        other.update_settings({"retention_bytes": 0})
+        self.assertIsNone(other.retained)
+
+    def test_age_out_deletes_segments_within_a_scan(self) -> None:
+        n = self.start(retention=10.0, mem_queue_size=0)
+        topic = n.get_topic("t")
+        self.consumer(topic.get_channel("c"))
+        self.publish(n, "t", 40, batch=4)  # 10 publishes, 1 s apart; a segment per 1.25 s
+        log = topic.retained
+        assert log is not None
+        self.assertGreaterEqual(len(log.segments), 5)
+        n.queue_scan()
+        kept = len(log.segments)
+        n.reactor.advance(5)
+        n.queue_scan()
+        self.assertLess(len(log.segments), kept)
+        self.assertGreaterEqual(log.earliest_ts or 0, n.now_ns() - 11 * SECOND, "none older than 10 s + a segment")
+        n.reactor.advance(10)
+        n.queue_scan()
+        n.reactor.advance(0)
+        self.assertEqual((log.messages, log.bytes, n.disk_budget.used), (0, 0, 0))
+        self.assertEqual(self.retained_files(), ["t.retained.meta.dat"])
+
+    def test_retention_bytes_bounds_the_log(self) -> None:
+        n = self.start(retention_bytes=4000)
+        self.publish(n, "t", 200, batch=5)  # 48-byte records
+        log = n.topics["t"].retained
+        assert log is not None
+        self.assertLessEqual(log.bytes, 4000)
+        self.assertGreater(log.bytes, 3000)
+
+    def test_the_disk_budget_deletes_retained_segments_before_refusing(self) -> None:
+        n = self.start(retention=3600.0, mem_queue_size=0, max_disk_bytes=20_000)
+        n.get_topic("t").get_channel("slow")  # nobody reads it: its disk queue grows
+        for i in range(300):
+            n.publish("t", [b"%07d" % i])  # 37 bytes each on disk, twice
+        log = n.topics["t"].retained
+        assert log is not None
+        self.assertLess(log.messages, 300)
+        self.assertGreater(log.messages, 0)
+        self.assertLessEqual(n.disk_budget.used, 20_000)
+        with self.assertRaises(DiskBudgetFull):
+            for i in range(1000):
+                n.publish("t", [b"%07d" % i])
+        self.assertEqual(log.messages, 0, "every retained segment went before the publish was refused")
+
+
+class RewindTests(RetentionTestCase):
+    def setUp(self) -> None:
+        super().setUp()
+        self.n = self.start(retention=3600.0)
+        self.topic = self.n.get_topic("t")
+        self.channel = self.topic.get_channel("c")
+        self.c = self.consumer(self.channel)
+
+    def test_the_channel_gets_again_what_was_published_since(self) -> None:
+        n = self.n
+        first = n.now_ns()
+        self.publish(n, "t", 100)
+        done = self.drain(n, self.channel, self.c)
+        self.assertEqual(len(done), 100)
+        ids = [m.id for m in self.c.got]
+        since = first + 5 * SECOND  # the 6th publish: messages 50...
+        n.start_rewind(self.channel, since)
+        self.drain(n, self.channel, self.c)
+        again = self.c.got[100:]
+        self.assertEqual([m.body for m in again], [b"m%d" % i for i in range(50, 100)])
+        self.assertEqual([m.id for m in again], ids[50:], "the original IDs")
+        self.assertEqual({m.timestamp for m in again[:10]}, {since}, "and timestamps")
+        self.assertEqual({m.attempts for m in again}, {1}, "new deliveries")
+        self.assertIsNone(self.channel.rewind)
+
+    def test_what_is_queued_is_delivered_too(self) -> None:
+        n = self.n
+        self.c.ready_count = 0
+        self.publish(n, "t", 20)
+        n.start_rewind(self.channel, None)
+        n.publish("t", [b"live"])
+        self.c.ready_count = 5  # each FINed before its copy comes
+        self.channel.kick()
+        bodies = self.drain(n, self.channel, self.c)
+        self.assertEqual(bodies, [b"m%d" % i for i in range(20)] * 2 + [b"live"])
+
+    def test_a_copy_is_not_delivered_while_its_message_is_in_flight(self) -> None:
+        n = self.n
+        self.c.ready_count = 0
+        self.publish(n, "t", 20)
+        n.start_rewind(self.channel, None)
+        self.c.ready_count = 100
+        self.channel.kick()
+        self.assertEqual([m.body for m in self.c.got], [b"m%d" % i for i in range(20)])
+        self.assertEqual(self.channel.duplicate_count, 20)
+        self.assertEqual(self.drain(n, self.channel, self.c), [b"m%d" % i for i in range(20)])
+        self.assertFalse(self.channel.copies, "nothing of the rewind left: back to the plain path")
+
+    def test_a_rewind_feeds_the_channel_only_as_it_has_room(self) -> None:
+        n = self.n
+        self.c.ready_count = 0
+        for k in range(40):
+            n.publish("t", [b"%05d" % i for i in range(k * 1000, k * 1000 + 1000)])
+        self.channel.empty()
+        n.start_rewind(self.channel, None)
+        for _ in range(50):
+            n.reactor.advance(0)
+        most = rewind_module.ROOM_MESSAGES + rewind_module.FEED_MESSAGES
+        self.assertLessEqual(len(self.channel.memory), most)
+        self.assertEqual(self.channel.rewind.left, 40_000 - len(self.channel.memory))
+        self.c.ready_count = 2500
+        self.channel.kick()
+        bodies = self.drain(n, self.channel, self.c)
+        self.assertEqual(bodies, [b"%05d" % i for i in range(40_000)], "all of them, in publish order")
+
+    def test_a_second_rewind_replaces_the_first(self) -> None:
+        n = self.n
+        first = n.now_ns()
+        self.publish(n, "t", 20_000, batch=1000)
+        self.drain(n, self.channel, self.c)
+        self.c.ready_count = 0
+        n.start_rewind(self.channel, None)
+        queued = len(self.channel.memory)  # its first batch: that stays queued
+        second = n.start_rewind(self.channel, first + 10 * SECOND)
+        self.assertIs(self.channel.rewind, second)
+        self.assertEqual((second.left + second.queued, second.since_ns), (10_000, first + 10 * SECOND))
+        self.c.ready_count = 2500
+        self.channel.kick()
+        bodies = self.drain(n, self.channel, self.c)
+        self.assertEqual(bodies, [b"m%d" % i for i in range(queued)] + [b"m%d" % i for i in range(10_000, 20_000)])
+
+    def test_since_before_the_horizon_is_refused_with_the_earliest_time(self) -> None:
+        n = self.n
+        horizon = self.topic.retained.horizon_ns
+        with self.assertRaises(SinceTooOld) as cm:
+            n.start_rewind(self.channel, horizon - 1)
+        self.assertEqual(cm.exception.horizon_ns, horizon)
+        n.start_rewind(self.channel, horizon)  # nothing retained yet: nothing to do
+        self.assertIsNone(self.channel.rewind)
+
+    def test_a_new_channel_from_the_retained_past(self) -> None:
+        n = self.n
+        first = n.now_ns()
+        self.publish(n, "t", 30)
+        fresh = n.create_channel_since(self.topic, "fresh", first + SECOND)
+        n.publish("t", [b"live"])
+        c = self.consumer(fresh)
+        self.assertEqual(self.drain(n, fresh, c), [b"m%d" % i for i in range(10, 30)] + [b"live"])
+
+    def test_stats_keys(self) -> None:
+        from nsqd_tw.http.stats import get_stats
+
+        n = self.n
+        first = n.now_ns()
+        self.c.ready_count = 0
+        self.publish(n, "t", 12_000, batch=1000)
+        n.start_rewind(self.channel, first + SECOND)
+        stats = get_stats(n)["topics"][0]
+        self.assertEqual(list(stats)[-2:], ["settings", "retained"])
+        self.assertEqual(
+            stats["retained"],
+            {
+                "messages": 12_000,
+                "bytes": 10 * 32 + 90 * 33 + 900 * 34 + 9000 * 35 + 2000 * 36,
+                "segments": 1,
+                "earliest_timestamp": first,
+                "available_since": self.topic.retained.horizon_ns,
+            },
+        )
+        channel = stats["channels"][0]
+        self.assertEqual(list(channel)[-2:], ["dropped_count", "rewind"], "a channel has no retention settings")
+        self.assertEqual(
+            channel["rewind"],
+            {"since": first + SECOND, "messages_left": 11_000, "messages_queued": 0, "copies_dropped": 0},
+            "the channel holds 12,000 already: no room for any yet",
+        )
+
+
+class RestartTests(RetentionTestCase):
+    def test_the_retained_log_and_a_rewind_survive_a_clean_restart(self) -> None:
+        n = self.start(retention=3600.0)
+        first = n.now_ns()
+        self.publish(n, "t", 12_000, batch=1000)
+        channel = n.topics["t"].get_channel("c")
+        n.reactor.advance(0)
+        n.start_rewind(channel, first + SECOND)  # 11,000 to queue again, a few thousand at a time
+        n.reactor.advance(0)
+        self.assertLess(len(channel.memory), 11_000)
+        self.stop(n)
+        with open(os.path.join(self.dir, "nsqd.dat")) as f:
+            entry = json.load(f)["topics"][0]["channels"][0]
+        self.assertEqual(entry["rewind"]["since"], first + SECOND)
+        n = self.start(retention=3600.0)
+        channel = n.topics["t"].channels["c"]
+        c = self.consumer(channel)
+        bodies = self.drain(n, channel, c)
+        self.assertEqual(len(bodies), 23_000, "what was queued, and the rewind to its end")
+        self.assertEqual(sorted(set(bodies)), sorted(b"m%d" % i for i in range(12_000)))
+
+    def test_after_a_kill_the_log_is_there_and_a_rewind_starts_over(self) -> None:
+        n = self.start(retention=3600.0, mem_queue_size=0, sync_every=1)
+        first = n.now_ns()
+        self.publish(n, "t", 30)
+        channel = n.topics["t"].get_channel("c")
+        c = self.consumer(channel)
+        self.drain(n, channel, c)
+        n.start_rewind(channel, first + SECOND)
+        self.settle(n)  # nsqd.dat written (POST /channel/rewind answers then)
+        self.crash(n)
+        n = self.start(retention=3600.0, mem_queue_size=0, sync_every=1)
+        self.assertEqual(n.topics["t"].retained.messages, 30)
+        channel = n.topics["t"].channels["c"]
+        c = self.consumer(channel)
+        self.assertEqual(self.drain(n, channel, c), [b"m%d" % i for i in range(10, 30)])
+        n.start_rewind(channel, first)
+        self.assertEqual(self.drain(n, channel, c), [b"m%d" % i for i in range(30)])
+
+
+class HTTPTests(unittest.TestCase):
+    """The routes, in memory (StubTreq); the retained log on disk."""
+
+    def setUp(self) -> None:
+        from treq.testing import StubTreq
+
+        from nsqd_tw.http.api import NSQDHTTPAPI
+
+        self.dir = os.path.abspath(self.mktemp())
+        os.makedirs(self.dir)
+        self.nsqd = make_nsqd(data_path=self.dir, retention=3600.0)
+        self.treq = StubTreq(NSQDHTTPAPI(self.nsqd).resource())
+        self.first = self.nsqd.now_ns()
+        self.topic = self.nsqd.get_topic("t")
+        self.channel = self.topic.get_channel("c")
+        for k in range(5):
+            self.nsqd.publish("t", [b"m%d" % k])
+            self.nsqd.reactor.advance(1)
+
+    def call(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        d = self.treq.request(method, "http://nsqd" + path, data=body)
+        resp = self.successResultOf(d)
+        return resp.code, self.successResultOf(resp.content())
+
+    def test_rewind(self) -> None:
+        since_ms = (self.first + 2 * SECOND) // 1_000_000
+        code, body = self.call("POST", f"/channel/rewind?topic=t&channel=c&since={since_ms}")
+        answer = {"topic": "t", "channel": "c", "since": since_ms * 1_000_000, "messages": 3}
+        self.assertEqual((code, json.loads(body)), (200, answer))
+        self.assertEqual(len(self.channel.memory), 5 + 3)
+
+    def test_since_as_rfc3339_and_earliest(self) -> None:
+        from nsq_wire.gofmt import rfc3339_nano
+
+        for since, n in [
+            (rfc3339_nano(self.first + 3 * SECOND), 2),
+            ("2023-11-14T22:13:24+00:00", 1),  # first + 4 s
+            ("2023-11-14T23:13:24.000000001+01:00", 0),  # just after it
+            ("earliest", 5),
+        ]:
+            code, body = self.call("POST", f"/channel/rewind?topic=t&channel=c&since={quote(since)}")
+            self.assertEqual((code, json.loads(body).get("messages")), (200, n), (since, body))
+
+    def test_errors(self) -> None:
+        horizon = self.topic.retained.horizon_ns
+        self.assertEqual(horizon, self.first)
+        for path, code, message in [
+            ("/channel/rewind?topic=t&channel=c", 400, "MISSING_ARG_SINCE"),
+            ("/channel/rewind?topic=t&channel=c&since=yesterday", 400, "INVALID_ARG_SINCE"),
+            ("/channel/rewind?topic=t&channel=c&since=-5", 400, "INVALID_ARG_SINCE"),
+            ("/channel/rewind?topic=t&channel=nope&since=1", 404, "CHANNEL_NOT_FOUND"),
+            ("/channel/rewind?topic=nope&channel=c&since=1", 404, "TOPIC_NOT_FOUND"),
+            ("/channel/rewind?channel=c&since=1", 400, "MISSING_ARG_TOPIC"),
+        ]:
+            self.assertEqual(self.call("POST", path), (code, b'{"message":"%s"}' % message.encode()), path)
+        code, body = self.call("POST", f"/channel/rewind?topic=t&channel=c&since={horizon // 1_000_000 - 1}")
+        self.assertEqual(
+            (code, json.loads(body)),
+            (
+                400,
+                {
+                    "message": "SINCE_TOO_OLD: messages are retained from 2023-11-14T22:13:20Z on",
+                    "earliest": "2023-11-14T22:13:20Z",
+                    "earliest_ms": horizon // 1_000_000,
+                },
+            ),
+        )
+        self.topic.update_settings({"retention": 0.0})  # "0s": none, whatever the flag says
+        self.assertEqual(
+            self.call("POST", "/channel/rewind?topic=t&channel=c&since=earliest"), (400, b'{"message":"NO_RETENTION"}')
+        )
+
+    def test_create_since(self) -> None:
+        code, _ = self.call("POST", f"/channel/create?topic=t&channel=new&since={(self.first + SECOND) // 10**6}")
+        self.assertEqual(code, 200)
+        new = self.topic.channels["new"]
+        self.assertEqual([m.body for m in new.queued()], [b"m1", b"m2", b"m3", b"m4"])
+        self.assertEqual(self.call("POST", "/channel/create?topic=t&channel=new&since=earliest")[0], 200)
+        self.assertEqual(len(new.memory), 4, "an existing channel: nothing changes, as Go's create")
+        code, _ = self.call("POST", "/channel/create?topic=t&channel=old&since=1000")
+        self.assertEqual(code, 400)
+        self.assertNotIn("old", self.topic.channels, "refused before it is made")
+
+    def test_stats_and_metrics(self) -> None:
+        _, body = self.call("GET", "/stats?format=json&topic=t")
+        topic = json.loads(body)["topics"][0]
+        self.assertEqual(topic["retained"]["messages"], 5)
+        self.assertEqual(topic["settings"]["retention"], "1h0m0s")
+        _, text = self.call("GET", "/metrics")
+        self.assertIn(b'nsq_topic_retained_messages{topic="t"} 5.0', text)
+        self.assertIn(b'nsq_queue_setting{channel="",setting="retention_seconds",topic="t"} 3600.0', text)
+
+    def test_settings(self) -> None:
+        code, body = self.call("PUT", "/topic/settings?topic=u", b'{"retention": "2h", "retention_bytes": 1000000}')
+        self.assertEqual(code, 404)
+        self.nsqd.get_topic("u").get_channel("c")
+        code, body = self.call("PUT", "/topic/settings?topic=u", b'{"retention": "2h", "retention_bytes": 1000000}')
+        doc = json.loads(body)
+        self.assertEqual((code, doc["settings"]), (200, {"retention": "2h0m0s", "retention_bytes": 1000000}))
+        self.assertIsNotNone(self.nsqd.topics["u"].retained)
+        code, body = self.call("PUT", "/channel/settings?topic=u&channel=c", b'{"retention": "2h"}')
+        self.assertEqual(code, 400)
+        self.assertIn(b"retention is a topic setting", body)
