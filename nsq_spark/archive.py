@@ -82,6 +82,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="60s",
         help="fail when no nsqd could be reached (through lookupd or directly) for this long; 0: keep trying",
     )
+    p.add_argument(
+        "--since",
+        help="first rewind the channel on every node to this time (RFC 3339, Unix ms, 'earliest', or a duration "
+        "ago such as 2h): the topic's retained messages from then on are archived too, each once (nsqd's retention)",
+    )
     p.add_argument("--master", help="Spark master URL (default: spark-submit's, else local[*])")
     p.add_argument(
         "--conf",
@@ -114,6 +119,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.nsqd_tcp_address and not args.lookupd_http_address and not args.nsqd_http_address:
         p.error("give --nsqd-tcp-address, --nsqd-http-address or --lookupd-http-address")
+    args.since_ms = None
+    if args.since is not None:
+        if not args.nsqd_http_address and not args.lookupd_http_address:
+            p.error("--since rewinds the channel over HTTP: give --nsqd-http-address or --lookupd-http-address")
+        try:
+            args.since_ms = since_millis(args.since)
+        except ValueError as e:
+            p.error(f"--since {args.since!r}: {e}")
     if args.max_messages_per_batch is None:
         args.max_messages_per_batch = BATCH_AVAILABLE_NOW if args.trigger == "available-now" else BATCH_INTERVAL
     if args.class_cache is not None and args.class_cache.strip().lower() in ("", "off"):
@@ -125,6 +138,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--conf {item!r}: expected KEY=VALUE")
         args.confs[key.strip()] = value
     return args
+
+
+def since_millis(text: str, now: float | None = None) -> int:
+    """Unix ms of ``--since``: RFC 3339, Unix ms, ``earliest`` (0) or a Go
+    duration before ``now``."""
+    import time
+
+    from nsq_wire.gofmt import DurationError, parse_duration, parse_rfc3339_ns
+
+    text = text.strip()
+    if text == "earliest":
+        return 0
+    if text.isascii() and text.isdigit():
+        return int(text)
+    try:
+        return -(-parse_rfc3339_ns(text) // 1_000_000)
+    except ValueError:
+        pass
+    try:
+        ago = parse_duration(text)
+    except DurationError:
+        raise ValueError("expected an RFC 3339 time, Unix ms, 'earliest' or a duration such as 2h") from None
+    return int(((time.time() if now is None else now) - ago) * 1000)
 
 
 # rows per micro-batch: a run that drains the channel and exits pays a batch's
@@ -297,7 +333,9 @@ def archive_query(spark: Any, args: argparse.Namespace) -> Any:
     utc = F.to_utc_timestamp(F.col("timestamp"), spark.conf.get("spark.sql.session.timeZone"))
     rows = messages.withColumn("date", F.date_format(utc, "yyyy-MM-dd")).withColumn("hour", F.date_format(utc, "HH"))
     writer = (
-        rows.writeStream.foreachBatch(BatchFiles(args.output.rstrip("/"), checkpoint_location(args), args.compression))
+        rows.writeStream.foreachBatch(
+            BatchFiles(args.output.rstrip("/"), checkpoint_location(args), args.compression, args.since_ms)
+        )
         .option("checkpointLocation", checkpoint_location(args))
         .queryName(f"nsq-archive-{args.topic}")
     )
@@ -326,10 +364,11 @@ class BatchFiles:
     counts is each batch's rows exactly once. Works on any Hadoop filesystem
     Spark can write to; on object stores a rename is a copy, still whole."""
 
-    def __init__(self, output: str, checkpoint: str, compression: str) -> None:
+    def __init__(self, output: str, checkpoint: str, compression: str, since_ms: int | None = None) -> None:
         self.output = output
         self.checkpoint = checkpoint
         self.compression = compression
+        self.since_ms = since_ms  # --since: rows published since then may be archived already
         self.query: str | None = None
 
     def _query_id(self, spark: Any, fs_of: Any) -> str:
@@ -357,6 +396,8 @@ class BatchFiles:
         for status in fs.globStatus(Path(out, f"date=*/hour=*/part-{tag}-*")) or []:
             fs.delete(status.getPath(), False)
         fs.delete(incoming, True)
+        if self.since_ms is not None:
+            df = self._not_archived(df, fs, out)
         df.write.partitionBy("date", "hour").option("compression", self.compression).parquet(incoming.toString())
         written = fs.globStatus(Path(incoming, "date=*/hour=*/*.parquet")) or []
         for n, src in enumerate(sorted((s.getPath() for s in written), key=lambda p: p.toString())):
@@ -366,6 +407,27 @@ class BatchFiles:
             if not fs.rename(src, Path(target, f"part-{tag}-{n:05d}.parquet")):
                 raise OSError(f"could not move {src.toString()} into {target.toString()}")
         fs.delete(incoming, True)
+
+    def _not_archived(self, df: Any, fs: Any, out: Any) -> Any:
+        """``df`` without the rows the archive already holds, looked up in the
+        hours of the rows published since ``--since``: a rewind delivers again
+        what the channel had, and what it archived before may be older than
+        the deduplication window. A message's hour is that of its nsqd
+        timestamp, so any earlier copy is in the same hour's files."""
+        from pyspark.sql import functions as F
+
+        recent = df.where(F.col("timestamp") >= F.timestamp_millis(F.lit(self.since_ms)))
+        Path = df.sparkSession._jvm.org.apache.hadoop.fs.Path
+        hours = [
+            f"{self.output}/date={r['date']}/hour={r['hour']}"
+            for r in recent.select("date", "hour").distinct().collect()
+            if fs.exists(Path(out, f"date={r['date']}/hour={r['hour']}"))
+        ]
+        if not hours:
+            return df
+        archived = df.sparkSession.read.option("basePath", self.output).parquet(*hours)
+        kept = df.join(archived.select("nsqd_address", "id"), ["nsqd_address", "id"], "left_anti")
+        return kept.select(*df.columns)
 
 
 def _spark_interval(text: str) -> str:
@@ -531,22 +593,39 @@ def _eta(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def _backlog_of(args: argparse.Namespace) -> Any:
-    """() -> the messages left for the job on the nodes whose depth can be read
-    (None: none can), through the source's own planner."""
+def _planner(args: argparse.Namespace) -> Any:
+    """The source's planner, for the nodes the job was given."""
     from nsq_spark.planner import Planner, PlannerConfig
 
-    if not args.nsqd_http_address and not args.lookupd_http_address:
-        return None
     planner = Planner(
         PlannerConfig(
             topic=args.topic,
             channel=args.channel,
+            nsqd_addresses=list(args.nsqd_tcp_address),
             nsqd_http_addresses=list(args.nsqd_http_address),
             lookupd_addresses=list(args.lookupd_http_address),
         )
     )
     planner.start()
+    return planner
+
+
+def rewind_channel(args: argparse.Namespace) -> None:
+    """``--since``: the channel, on every node, gets again what its topic retained
+    from then on (raises RewindError)."""
+    planner = _planner(args)
+    try:
+        planner.rewind("earliest" if args.since.strip() == "earliest" else str(args.since_ms))
+    finally:
+        planner.close()
+
+
+def _backlog_of(args: argparse.Namespace) -> Any:
+    """() -> the messages left for the job on the nodes whose depth can be read
+    (None: none can), through the source's own planner."""
+    if not args.nsqd_http_address and not args.lookupd_http_address:
+        return None
+    planner = _planner(args)
 
     def backlog() -> int | None:
         depths = [d for _, d in planner.survey() if d is not None]
@@ -566,6 +645,14 @@ def main(argv: list[str] | None = None) -> int:
     ours = logging.getLogger("nsq_spark")
     ours.addHandler(handler)
     ours.setLevel(logging.WARNING if args.quiet else logging.INFO)
+    if args.since is not None:
+        from nsq_spark.planner import RewindError
+
+        try:
+            rewind_channel(args)
+        except RewindError as e:
+            log.error("archiving %s failed: %s", args.topic, e)
+            return 1
     class_cache = None
     if args.class_cache:
         class_cache = ClassCache.for_new_driver(args.class_cache, args.confs)

@@ -84,6 +84,7 @@ class NSQOptions:
     body_column: str
     max_message_size: int
     max_body_size: int
+    starting_timestamp: str | None = None  # a new query rewinds its channel: Unix ms or "earliest"
 
     @classmethod
     def parse(cls, raw: Any, reading: bool) -> NSQOptions:
@@ -125,6 +126,16 @@ class NSQOptions:
             insecure_skip_verify=_bool(options, "tlsinsecureskipverify"),
         )
         max_in_flight = _int(options, "maxinflight", 2500)
+        starting = options.get("startingtimestamp")
+        if starting is not None:
+            starting = str(starting).strip().lower()
+            if starting != "earliest" and not (starting.isascii() and starting.isdigit()):
+                raise OptionError(f'"startingTimestamp" must be Unix milliseconds or "earliest", not {starting!r}')
+            if reading and not nsqd_http and not lookupd:
+                raise OptionError(
+                    '"startingTimestamp" rewinds the channel through nsqd\'s HTTP API: give "nsqdHttpAddresses" '
+                    'or "lookupdHttpAddresses"'
+                )
         return cls(
             topic=topic,
             channel=channel,
@@ -147,6 +158,7 @@ class NSQOptions:
             body_column=str(options.get("bodycolumn") or ""),
             max_message_size=_int(options, "maxmessagesize", 1048576),
             max_body_size=_int(options, "maxbodysize", 5242880),
+            starting_timestamp=starting,
         )
 
     def connect_options(self) -> ConnectOptions:

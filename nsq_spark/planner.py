@@ -42,6 +42,10 @@ class NoNodeError(RuntimeError):
     """No nsqd could be reached for ``noNodeTimeout``."""
 
 
+class RewindError(RuntimeError):
+    """A node refused to rewind the channel, or could not be asked."""
+
+
 @dataclass(frozen=True)
 class Node:
     tcp: str
@@ -157,13 +161,44 @@ class Planner:
             channels = t.get("channels") or []
             for c in channels:
                 if c.get("channel_name") == channel:
-                    return int(c.get("depth") or 0)
+                    # a rewind feeds the channel as it drains: what it has yet
+                    # to feed is part of what the job has to read
+                    rewind = c.get("rewind") or {}
+                    return int(c.get("depth") or 0) + int(rewind.get("messages_left") or 0)
             # the channel does not exist yet: create it so that it keeps what
             # is published from now on; a topic with no channel at all hands
             # its backlog to the first one
             _post(f"http://{node.http}/channel/create?topic={quote(topic)}&channel={quote(channel)}")
             return 0 if channels else int(t.get("depth") or 0)
         return 0
+
+    def rewind(self, since: str) -> dict[str, int | None]:
+        """Rewind the channel on every node known now to ``since`` (Unix ms or
+        ``earliest``): each delivers again, in publish order, what its topic
+        retained from then on (a missing channel is created from then on).
+        Returns, per node, the messages it will deliver again (None: a new
+        channel, count unknown; 0: the topic is not there). Raises RewindError."""
+        self.discovered.wait(30)
+        topic, channel = self.config.topic, self.config.channel
+        query = f"topic={quote(topic)}&channel={quote(channel)}&since={quote(since)}"
+        done: dict[str, int | None] = {}
+        for node in self.nodes():
+            if node.http is None:
+                raise RewindError(
+                    f"cannot rewind {node.tcp}: its HTTP address is unknown (give nsqdHttpAddresses or "
+                    "lookupdHttpAddresses)"
+                )
+            try:
+                done[node.tcp] = _rewind_node(node.http, query)
+            except HTTPError as e:
+                raise RewindError(
+                    f"nsqd {node.http} refused to rewind {topic}/{channel}: {_error_message(e)}"
+                ) from None
+            except (OSError, ValueError) as e:
+                raise RewindError(f"cannot rewind {topic}/{channel} on {node.http}: {_reason(e)}") from None
+            count = done[node.tcp]
+            log.info("rewound %s/%s on %s to %s: %s", topic, channel, node.tcp, since, _count_text(count))
+        return done
 
     def _failed(self, key: str, text: str) -> None:
         with self.cond:
@@ -266,6 +301,48 @@ def _get_json(url: str) -> dict:
     if not isinstance(data, dict):
         raise ValueError(f"{url}: not a JSON object")
     return data
+
+
+def _rewind_node(http: str, query: str) -> int | None:
+    """POST /channel/rewind to one nsqd (/channel/create with ``since`` when the
+    channel does not exist there); the messages it will deliver again."""
+    try:
+        return int(_post_json(f"http://{http}/channel/rewind?{query}").get("messages") or 0)
+    except HTTPError as e:
+        if e.code != 404:
+            raise
+        message = _error_message(e)
+        if message == "TOPIC_NOT_FOUND":
+            return 0  # nothing published there, nothing retained
+        if message != "CHANNEL_NOT_FOUND":
+            raise
+    _post(f"http://{http}/channel/create?{query}")
+    return None
+
+
+def _count_text(count: int | None) -> str:
+    if count is None:
+        return "a new channel from then on"
+    return "nothing retained there" if count == 0 else f"{count} messages to deliver again"
+
+
+def _post_json(url: str) -> dict:
+    with urlopen(Request(url, data=b"", method="POST"), timeout=_HTTP_TIMEOUT) as resp:
+        data = json.loads(resp.read() or b"{}")
+    return data if isinstance(data, dict) else {}
+
+
+def _error_message(e: HTTPError) -> str:
+    """nsqd's ``{"message": ...}`` of an HTTP error, else its status line (the
+    body is read once: the message is kept on the exception)."""
+    message = getattr(e, "nsq_message", None)
+    if message is None:
+        try:
+            message = str(json.loads(e.read())["message"])
+        except Exception:
+            message = f"{e.code} {e.reason}"
+        e.nsq_message = message  # type: ignore[attr-defined]
+    return str(message)
 
 
 def _post(url: str) -> None:

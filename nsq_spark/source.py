@@ -35,7 +35,7 @@ Options (all strings, names case-insensitive):
 ``noNodeTimeout``          fail the query when no nsqd could be reached (lookupd
                            or nsqd unreachable) for this long (default ``60s``;
                            ``0``: keep trying forever)
-``rowsPerPartition``       most rows one task takes (default 10000)
+``rowsPerPartition``       most rows one task takes (default 25000)
 ``tls``                    ``true`` to upgrade connections to TLS
 ``tlsRootCaFile``          CA bundle to verify nsqd with (default: the system's)
 ``tlsCertFile``/``tlsKeyFile``  a client certificate
@@ -44,6 +44,12 @@ Options (all strings, names case-insensitive):
 ``snappy``/``deflate``     ``true`` to compress the stream; ``deflateLevel``
 ``bodyColumn``             writing: the column to publish (default ``body``, else
                            ``value``; binary or string)
+``startingTimestamp``      reading: a new query (no offset in its checkpoint yet)
+                           first rewinds its channel on every node to this Unix
+                           time in ms (or ``earliest``): the topic's retained
+                           messages from then on are delivered again, with what
+                           the channel holds (needs nsqd's retention, and
+                           ``nsqdHttpAddresses`` or ``lookupdHttpAddresses``)
 ``maxMessageSize``         writing: nsqd's ``--max-msg-size`` (default 1048576)
 ``maxBodySize``            writing: nsqd's ``--max-body-size`` (default 5242880)
 =========================  =======================================================
@@ -157,6 +163,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._cutoff_ns: int | None = None
         self._drained: set[str] = set()  # availableNow: nodes with nothing more for this run
         self._planned: set[int] = set()  # batches this process planned (their staging files say what came)
+        self._rewound = False  # startingTimestamp: the channel was rewound
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -187,6 +194,10 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return StagingArea(self.options.staging_location)
 
     def initialOffset(self) -> dict:
+        # Spark asks only when the checkpoint has no offset yet: a new query
+        if self.options.starting_timestamp is not None and not self._rewound:
+            self.planner.rewind(self.options.starting_timestamp)
+            self._rewound = True
         return {"query": uuid.uuid4().hex, "batch": 0, "parts": [], "cutoff": None}
 
     def getDefaultReadLimit(self) -> ReadLimit:
