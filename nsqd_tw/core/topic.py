@@ -96,6 +96,8 @@ class Topic(MessageQueue):
             ctx.set_health(e)
             ctx.log.error("TOPIC({name}) ERROR: failed to write to the retained log - {err}", name=self.name, err=e)
             raise
+        if ctx.health_error is not None:
+            ctx.set_health(None)  # a write works again (as a channel's disk write says)
         try:
             self._put(items, body_bytes)
         except BaseException:
