@@ -911,8 +911,6 @@ class NSQD(service.Service):
 
     def _close_storage(self) -> None:
         self.log.info("NSQ: closing topics")
-        for channel in self._rewinding:  # their positions once the channels have closed
-            self._metadata.changed(channel.topic_name)
         # after a drain, a queue left empty leaves no files (nsqd.dat still lists it)
         for topic in list(self.topics.values()):
             try:
