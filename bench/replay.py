@@ -12,9 +12,9 @@
   ns): exactly the second half must come again (count, IDs, order); then kill -9, restart on
   the same data path, and the same rewind again.
 - ``cost``: publish (``bench_writer``, MPUB 200 x 200 B, 2 processes) and consume
-  (``bench_reader``) on two nsqds, one with ``--retention 1h``, one without, rounds
-  interleaved (Go's bench.sh setup: ``--mem-queue-size 1000000``, channel made first);
-  medians, and the server's CPU time per message published.
+  (``bench_reader``) on two nsqds, one with ``--retention 1h``, one without (and ``--before``,
+  another build, without), rounds interleaved (Go's bench.sh setup: ``--mem-queue-size
+  1000000``, channel made first); medians, and the server's CPU time per message published.
 - ``durable``: ``--mem-queue-size 0 --sync-every 1 --retention 1h``; two publishers PUB
   (4 in flight each) while nsqd is killed (-9) every 0.5-1.5 s, KILLS times, restarted on
   the same data path; then a channel made with ``since=earliest`` must deliver every message
@@ -230,11 +230,13 @@ def bench_tool(name: str, address: str, a: argparse.Namespace) -> dict[str, Any]
 
 
 def cost(a: argparse.Namespace) -> None:
-    servers = {"off": [], "on": ["--retention", "1h"]}
+    servers = {"off": (a.nsqd, []), "on": (a.nsqd, ["--retention", "1h"])}
+    if a.before:
+        servers["before"] = (a.before, [])
     if a.durable:
-        servers = {k: [*v, "--sync-every", "1"] for k, v in servers.items()}
+        servers = {k: (exe, [*v, "--sync-every", "1"]) for k, (exe, v) in servers.items()}
     mem = "0" if a.durable else "1000000"
-    nodes = {k: Node(a.nsqd, ["--mem-queue-size", mem, *v]) for k, v in servers.items()}
+    nodes = {k: Node(exe, ["--mem-queue-size", mem, *v]) for k, (exe, v) in servers.items()}
     figures: dict[str, dict[str, list[float]]] = {k: {"publish": [], "consume": [], "cpu_us": []} for k in nodes}
     try:
         for node in nodes.values():
@@ -252,15 +254,16 @@ def cost(a: argparse.Namespace) -> None:
                 figures[name]["publish"].append(w["msg_per_s"])
                 figures[name]["consume"].append(r_["msg_per_s"])
                 print(
-                    f"round {r + 1} retention {name:<3}: publish {w['msg_per_s']:>10,.0f} msg/s "
+                    f"round {r + 1} {name:<6}: publish {w['msg_per_s']:>10,.0f} msg/s "
                     f"({figures[name]['cpu_us'][-1]:.2f} µs CPU/msg)  consume {r_['msg_per_s']:>10,.0f} msg/s",
                     flush=True,
                 )
         print()
         med = {k: {m: statistics.median(v) for m, v in f.items()} for k, f in figures.items()}
         for m, unit in (("publish", "msg/s"), ("consume", "msg/s"), ("cpu_us", "µs CPU per message published")):
-            ratio = med["on"][m] / med["off"][m]
-            print(f"{m:<8} median: off {med['off'][m]:,.2f}  on {med['on'][m]:,.2f} {unit}  (on/off {ratio:.3f})")
+            figures_text = "  ".join(f"{k} {v[m]:,.2f}" for k, v in med.items())
+            ratios = "  ".join(f"{k}/off {v[m] / med['off'][m]:.3f}" for k, v in med.items() if k != "off")
+            print(f"{m:<8} median: {figures_text} {unit}  ({ratios})")
         retained = nodes["on"].stats("sub_bench").get("retained", {})
         print(f"retained at the end: {retained.get('messages', 0):,} messages, {retained.get('bytes', 0) / 1e9:.2f} GB")
     finally:
@@ -438,7 +441,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=100, help="rewind: MPUB size")
     p.add_argument("--rounds", type=int, default=3, help="cost: interleaved rounds")
     p.add_argument("--runfor", default="5s", help="cost: each bench tool's run")
-    p.add_argument("--durable", action="store_true", help="cost: both nsqds in durable mode")
+    p.add_argument("--durable", action="store_true", help="cost: the nsqds in durable mode")
+    p.add_argument("--before", help="cost: another nsqd (a build before), run without retention as a third")
     p.add_argument("--kills", type=int, default=10, help="durable: kill -9 this many times")
     p.add_argument("--retention", default="10s", help="ageout: the retention")
     p.add_argument("--gigabytes", type=float, default=2.0, help="rss: the retained log's size")
