@@ -15,6 +15,8 @@
   (``bench_reader``) on two nsqds, one with ``--retention 1h``, one without (and ``--before``,
   another build, without), rounds interleaved (Go's bench.sh setup: ``--mem-queue-size
   1000000``, channel made first); medians, and the server's CPU time per message published.
+  The same nsqds serve every round (their retained log grows by GBs: the kernel's writeback of
+  it shares the cores), or, with ``--fresh``, new ones with empty data paths each round.
 - ``durable``: ``--mem-queue-size 0 --sync-every 1 --retention 1h``; two publishers PUB
   (4 in flight each) while nsqd is killed (-9) every 0.5-1.5 s, KILLS times, restarted on
   the same data path; then a channel made with ``since=earliest`` must deliver every message
@@ -236,16 +238,23 @@ def cost(a: argparse.Namespace) -> None:
     if a.durable:
         servers = {k: (exe, [*v, "--sync-every", "1"]) for k, (exe, v) in servers.items()}
     mem = "0" if a.durable else "1000000"
-    nodes = {k: Node(exe, ["--mem-queue-size", mem, *v]) for k, (exe, v) in servers.items()}
+
+    def start(exe: str, extra: list[str]) -> Node:
+        node = Node(exe, ["--mem-queue-size", mem, *extra])
+        s = connect(node.tcp)
+        s.sendall(commands.sub("sub_bench", "ch"))
+        read_frame(s, FrameReader())
+        s.close()
+        return node
+
+    nodes = {k: start(exe, v) for k, (exe, v) in servers.items()}
     figures: dict[str, dict[str, list[float]]] = {k: {"publish": [], "consume": [], "cpu_us": []} for k in nodes}
     try:
-        for node in nodes.values():
-            s = connect(node.tcp)
-            s.sendall(commands.sub("sub_bench", "ch"))
-            read_frame(s, FrameReader())
-            s.close()
         for r in range(a.rounds):
             for name in list(nodes) if r % 2 == 0 else list(nodes)[::-1]:
+                if a.fresh and r:
+                    nodes[name].stop()
+                    nodes[name] = start(*servers[name])
                 node = nodes[name]
                 cpu = node.cpu()
                 w = bench_tool("bench_writer", node.tcp, a)
@@ -443,6 +452,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--runfor", default="5s", help="cost: each bench tool's run")
     p.add_argument("--durable", action="store_true", help="cost: the nsqds in durable mode")
     p.add_argument("--before", help="cost: another nsqd (a build before), run without retention as a third")
+    p.add_argument("--fresh", action="store_true", help="cost: new nsqds (empty data paths) for every round")
     p.add_argument("--kills", type=int, default=10, help="durable: kill -9 this many times")
     p.add_argument("--retention", default="10s", help="ageout: the retention")
     p.add_argument("--gigabytes", type=float, default=2.0, help="rss: the retained log's size")
