@@ -4,6 +4,7 @@
     python bench/core_paths.py --tree /other/checkout --runs 5
     python bench/core_paths.py --calls              # function calls per consumed message (cProfile)
     python bench/core_paths.py --disk [--calls]     # consume with half the backlog in a disk queue
+    python bench/core_paths.py --retention          # publish with a retained log (issue 24) too
 
 ``publish``: 500,000 messages of 200 bytes as MPUBs of 200 straight into
 ``NSQD.publish_to`` (a topic with no channel: what bench_writer measures).
@@ -27,14 +28,18 @@ from typing import Any
 BODY = b"a" * 200
 
 
-def publish(make_nsqd: Any) -> float:
-    nsqd = make_nsqd(mem_queue_size=2_000_000)
+def publish(make_nsqd: Any, retention: bool = False) -> float:
+    """``retention``: the topic keeps a retained log (written to a temporary data path)."""
+    data = tempfile.mkdtemp(prefix="core_paths.")
+    nsqd = make_nsqd(mem_queue_size=2_000_000, data_path=data, **({"retention": 3600.0} if retention else {}))
     topic = nsqd.get_topic("t")
     bodies = [BODY] * 200
     started = time.perf_counter()
     for _ in range(2500):
         nsqd.publish_to(topic, bodies)
-    return 500_000 / (time.perf_counter() - started)
+    rate = 500_000 / (time.perf_counter() - started)
+    shutil.rmtree(data, ignore_errors=True)
+    return rate
 
 
 def consume(make_nsqd: Any, fake_client: Any, message_type: int, profile: Any = None, disk: bool = False) -> float:
@@ -85,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--calls", action="store_true", help="count the function calls per consumed message instead")
     p.add_argument("--disk", action="store_true", help="consume: half the backlog in a disk queue (100K in memory)")
+    p.add_argument("--retention", action="store_true", help="publish: also with a retained log (this tree only)")
     a = p.parse_args(argv)
     sys.path.insert(0, a.tree)
     from nsq_wire.frames import FRAME_TYPE_MESSAGE
@@ -94,12 +100,19 @@ def main(argv: list[str] | None = None) -> None:
         calls = calls_per_message(make_nsqd, FakeClient, FRAME_TYPE_MESSAGE, a.disk)
         print(f"{calls:.1f} function calls per consumed message")
         return
-    pubs, subs = [], []
+    pubs, subs, kept = [], [], []
     for _ in range(a.runs):
         pubs.append(publish(make_nsqd))
+        if a.retention:
+            kept.append(publish(make_nsqd, retention=True))
         subs.append(consume(make_nsqd, FakeClient, FRAME_TYPE_MESSAGE, disk=a.disk))
-        print(f"publish {pubs[-1]:,.0f} msg/s  consume {subs[-1]:,.0f} msg/s", flush=True)
-    print(f"median: publish {statistics.median(pubs):,.0f} msg/s  consume {statistics.median(subs):,.0f} msg/s")
+        with_log = f"  publish with a retained log {kept[-1]:,.0f} msg/s" if kept else ""
+        print(f"publish {pubs[-1]:,.0f} msg/s{with_log}  consume {subs[-1]:,.0f} msg/s", flush=True)
+    line = f"median: publish {statistics.median(pubs):,.0f} msg/s  consume {statistics.median(subs):,.0f} msg/s"
+    if kept:
+        ratio = statistics.median(kept) / statistics.median(pubs)
+        line += f"  publish with a retained log {statistics.median(kept):,.0f} msg/s ({ratio:.3f} of without)"
+    print(line)
 
 
 if __name__ == "__main__":

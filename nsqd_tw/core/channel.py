@@ -660,12 +660,15 @@ class Channel(MessageQueue):
         retire = retire_empty and self.is_empty()
         self.exiting = True
         self.ctx.log.info("CHANNEL({name}): closing", name=self.name)
-        if self.rewind is not None:
-            rewind = self.rewind
-            rewind.safe = rewind.reader.position  # what it queued is saved with the rest below
-            rewind.close()  # its position stays, for nsqd.dat
-        elif self.rewind_pending is not None:
-            self.rewind_pending = {}
+        if self.rewind is not None or self.rewind_pending is not None:
+            if self.rewind is not None:
+                rewind = self.rewind
+                rewind.safe = rewind.reader.position  # what it queued is saved with the rest below
+                rewind.close()  # its position stays, for nsqd.dat
+            else:
+                self.rewind_pending = {}  # its copies are saved below: nothing to read again
+            if not self.ephemeral:
+                self.ctx.metadata_changed(self.topic_name)  # nsqd.dat, written after the close, says so
         self._close_clients()
         self._flush()
         self._release_backend(retire)

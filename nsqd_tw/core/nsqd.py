@@ -64,6 +64,7 @@ SWEEP_INTERVAL = 1.0  # seconds between passes of the TTL sweep
 SWEEP_LIMIT = 100_000  # messages a pass may expire (then the reactor serves others)
 RETENTION_INTERVAL = 1.0  # seconds between checks of the retained logs (and rewinds' pokes)
 REWIND_PROGRESS_INTERVAL = 5.0  # seconds between a rewind's progress lines (and persisted positions)
+NEVER_BY_COUNT = 1 << 62  # a sync_every that is never reached
 
 
 class RewindError(Exception):
@@ -462,7 +463,9 @@ class NSQD(service.Service):
             self.now_ns(),
             self.data_dir.take_retained(topic.name),
             max_msg_size=opts.max_msg_size,
-            sync_every=max(opts.sync_every, 1),
+            # fsynced with every group commit in durable mode, else every --sync-timeout:
+            # the channels deliver, this copy is for rewinds (and a kill -9 loses no page)
+            sync_every=1 if self.durable else NEVER_BY_COUNT,
             budget=self.disk_budget,
             segment_bytes=size,
             roll_ns=roll_ns,
@@ -908,8 +911,6 @@ class NSQD(service.Service):
 
     def _close_storage(self) -> None:
         self.log.info("NSQ: closing topics")
-        for channel in self._rewinding:  # their positions once the channels have closed
-            self._metadata.changed(channel.topic_name)
         # after a drain, a queue left empty leaves no files (nsqd.dat still lists it)
         for topic in list(self.topics.values()):
             try:

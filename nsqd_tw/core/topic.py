@@ -9,6 +9,7 @@ the channels.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from nsq_wire.names import is_ephemeral
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from nsqd_tw.storage.retained import RetainedLog
 
 PUMP_BATCH = 512
+_BYTES = repeat(bytes)  # all(map(isinstance, items, _BYTES)): every item a record, checked in C
 
 
 class TopicError(Exception):
@@ -85,12 +87,17 @@ class Topic(MessageQueue):
         retained = self.retained
         assert retained is not None
         ctx = self.ctx
+        records = items
+        if not all(map(isinstance, items, _BYTES)):
+            records = [i if isinstance(i, bytes) else i.encode() for i in items]
         try:
-            mark = retained.append([i if isinstance(i, bytes) else i.encode() for i in items], ctx.now_ns())
+            mark = retained.append(records, ctx.now_ns())  # type: ignore[arg-type]
         except Exception as e:
             ctx.set_health(e)
             ctx.log.error("TOPIC({name}) ERROR: failed to write to the retained log - {err}", name=self.name, err=e)
             raise
+        if ctx.health_error is not None:
+            ctx.set_health(None)  # a write works again (as a channel's disk write says)
         try:
             self._put(items, body_bytes)
         except BaseException:

@@ -49,6 +49,19 @@ INFIX = ".retained."
 _SEGMENT_RE = re.compile(r"(.+)\.retained\.(\d{6,})\.dat")
 _MIN_TS = 1_300_000_000 * 10**9  # 2011, before Go's ID epoch
 _pack_size = RECORD_SIZE.pack
+
+
+class _SizePrefixes(dict[int, bytes]):
+    """Record size -> its 4-byte prefix, made once per size (a lookup costs half a
+    pack); at most 4,096 sizes kept, then it starts over."""
+
+    def __missing__(self, size: int) -> bytes:
+        if len(self) >= 4096:
+            self.clear()
+        prefix = self[size] = _pack_size(size)
+        return prefix
+
+
 _unpack_size = RECORD_SIZE.unpack_from
 _unpack_ts = TIMESTAMP.unpack_from
 
@@ -163,6 +176,7 @@ class RetainedLog:
         self.next_num = 0  # segment numbers only grow (a rewind's position names one)
         self._fd: int | None = None
         self.on_delete: Callable[[Segment, str], None] | None = None
+        self._prefixes = _SizePrefixes()
         self.horizon_ns = self._load(existing, now_ns)
         self._add_bytes(self.bytes)
         syncer.register(self)
@@ -293,7 +307,7 @@ class RetainedLog:
         if self.exiting:
             raise OSError(errno.ESHUTDOWN, "retained log closed")
         pieces: list[Any] = [None] * (2 * len(records))
-        pieces[0::2] = map(_pack_size, map(len, records))
+        pieces[0::2] = map(self._prefixes.__getitem__, map(len, records))
         pieces[1::2] = records
         data = b"".join(pieces)
         size = len(data)

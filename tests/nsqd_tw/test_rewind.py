@@ -455,3 +455,23 @@ class HTTPTests(unittest.TestCase):
         code, body = self.call("PUT", "/channel/settings?topic=u&channel=c", b'{"retention": "2h"}')
         self.assertEqual(code, 400)
         self.assertIn(b"retention is a topic setting", body)
+
+
+class CleanStopTests(RetentionTestCase):
+    def test_a_rewind_done_but_not_delivered_is_not_read_again_after_a_clean_stop(self) -> None:
+        n = self.start(retention=3600.0)
+        self.publish(n, "t", 30)
+        channel = n.topics["t"].get_channel("c")
+        n.reactor.advance(0)
+        channel.empty()
+        n.start_rewind(channel, None)  # read to its end at once: its 30 copies queued
+        self.assertIsNone(channel.rewind)
+        self.assertEqual(channel.rewind_state()["from"], [0, 0, 0], "a kill now would read it again")
+        self.stop(n)
+        with open(os.path.join(self.dir, "nsqd.dat")) as f:
+            entry = json.load(f)["topics"][0]["channels"][0]
+        self.assertEqual(entry["rewind"], {}, "a clean stop saved the copies: nothing to read again")
+        n = self.start(retention=3600.0)
+        channel = n.topics["t"].channels["c"]
+        c = self.consumer(channel)
+        self.assertEqual(self.drain(n, channel, c), [b"m%d" % i for i in range(30)])
