@@ -3,57 +3,26 @@ no loss of an acknowledged message in durable mode, segments aged out."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from typing import Any
 from urllib.parse import quote
 
-import treq
-from twisted.internet import defer, reactor, task
+from twisted.internet import defer, reactor
 from twisted.internet.threads import deferToThread
-from twisted.trial import unittest
 
 from nsq_client.twisted_client import Consumer, ReceivedMessage, connect
 from nsq_wire.gofmt import rfc3339_nano
-from tests.integration.procs import ServerProcess
-
-LOOPBACK = ("-tcp-address", "127.0.0.1:0", "-http-address", "127.0.0.1:0")
+from tests.integration.test_queue_settings_process import QueueSettingsProcessTestCase
 
 
-class ReplayProcessTestCase(unittest.TestCase):
-    timeout = 180
-
-    def setUp(self) -> None:
-        self.dir = os.path.abspath(self.mktemp())
-        os.makedirs(self.dir)
-
-    def start(self, *args: str) -> ServerProcess:
-        proc = ServerProcess("nsqd", *LOOPBACK, "--data-path", self.dir, *args).start()
-        self.addCleanup(proc.kill)
-        self.http = f"127.0.0.1:{proc.port('HTTP')}"
-        return proc
-
-    @defer.inlineCallbacks
-    def call(self, method: str, path: str) -> Any:
-        resp = yield treq.request(method, f"http://{self.http}{path}", persistent=False)
-        content = yield resp.content()
-        return resp.code, json.loads(content) if content else None
+class ReplayProcessTestCase(QueueSettingsProcessTestCase):
+    """An nsqd process on a data path of the test's own (start, call, until)."""
 
     @defer.inlineCallbacks
     def retained(self, topic: str) -> Any:
         _, doc = yield self.call("GET", f"/stats?format=json&topic={topic}")
         return doc["topics"][0]["retained"]
-
-    @defer.inlineCallbacks
-    def until(self, condition: Any, timeout: float = 60.0) -> Any:
-        """Poll ``condition()`` (may return a Deferred) until it is true."""
-        for _ in range(int(timeout / 0.05)):
-            value = yield defer.maybeDeferred(condition)
-            if value:
-                return value
-            yield task.deferLater(reactor, 0.05, lambda: None)
-        self.fail(f"not true within {timeout}s: {condition}")
 
     @defer.inlineCallbacks
     def consume(self, port: int, topic: str, channel: str, count: int) -> Any:

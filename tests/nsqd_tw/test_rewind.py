@@ -16,38 +16,16 @@ from nsqd_tw.storage.errors import DiskBudgetFull
 from nsqd_tw.storage.retained import SinceTooOld
 from tests.helpers import make_nsqd
 from tests.nsqd_tw.test_channel import FakeConsumer
+from tests.nsqd_tw.test_storage import StorageTestCase
 
 SECOND = 1_000_000_000
 
 
-class RetentionTestCase(unittest.TestCase):
+class RetentionTestCase(StorageTestCase):
     def setUp(self) -> None:
-        self.dir = os.path.abspath(self.mktemp())
-        os.makedirs(self.dir)
-        self.running: list[NSQD] = []
+        super().setUp()
         self._cid = 0
         self.finished: dict[int, int] = {}
-
-    def tearDown(self) -> None:
-        for n in self.running:
-            if n.running:
-                n.stopService()
-
-    def start(self, **kw) -> NSQD:
-        kw.setdefault("data_path", self.dir)
-        n = make_nsqd(backend_factory=None, **kw)
-        n.privilegedStartService()
-        n.startService()
-        self.running.append(n)
-        return n
-
-    def stop(self, n: NSQD) -> None:
-        self.successResultOf(n.stopService())
-
-    def crash(self, n: NSQD) -> None:
-        """Abandon ``n`` as a killed process would: nothing flushed, lock released."""
-        n.running = False
-        n.dirlock.unlock()
 
     def publish(self, n: NSQD, topic: str, count: int, start: int = 0, batch: int = 10) -> list[bytes]:
         """``count`` messages ``m<i>``, ``batch`` to a publish, one second apart; their IDs."""
