@@ -293,6 +293,7 @@ class LookupService(service.MultiService):
         nsqd.observe_options(self.options_changed)
         nsqd.set_channel_source(self.topic_channels)
         self._queries: set[defer.Deferred[Any]] = set()
+        self.paused = False  # beyond Go: a replication standby registers nowhere
 
     @property
     def peers(self) -> list[LookupPeer]:
@@ -328,7 +329,24 @@ class LookupService(service.MultiService):
             self._http = HTTPClient(agent)
         return self._http
 
+    def pause(self) -> None:
+        """Beyond Go: leave every lookupd (a replication standby), which forgets this
+        node's topics and channels at once, until :meth:`resume`."""
+        self.paused = True
+        for peer in self.peers:
+            self.log.info("LOOKUP({addr}): removing peer (replication standby)", addr=peer.address)
+            peer.disownServiceParent()
+
+    def resume(self) -> None:
+        """Register with the lookupds again (a replication standby promoted)."""
+        if self.paused:
+            self.paused = False
+            if self.running:
+                self._sync_peers()
+
     def _sync_peers(self) -> None:
+        if self.paused:
+            return
         wanted = list(self.nsqd.opts.lookupd_tcp_addresses)
         for peer in self.peers:
             if peer.address not in wanted:
@@ -369,7 +387,7 @@ class LookupService(service.MultiService):
         """The topic's channels known to the lookupds (None: don't wait)."""
         addresses = self.lookupd_http_addresses()
         if not addresses:
-            if self.nsqd.opts.lookupd_tcp_addresses:
+            if self.nsqd.opts.lookupd_tcp_addresses and not self.paused:
                 self.log.error(
                     "no available nsqlookupd to query for channels to pre-create for topic {topic}", topic=topic
                 )

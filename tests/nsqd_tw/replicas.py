@@ -1,0 +1,149 @@
+"""A replication pair in memory: two NSQDs on one MemoryReactorClock, their links
+over :class:`tests.helpers.MemoryNetwork` (the tests of nsqd_tw.replication)."""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+from twisted.internet.interfaces import IStreamClientEndpoint
+
+from nsq_wire.message import MESSAGE_HEADER_LENGTH
+from nsqd_tw.core.channel import Channel
+from nsqd_tw.core.message import Message
+from nsqd_tw.core.nsqd import NSQD, memory_backend_factory
+from nsqd_tw.replication import wire
+from nsqd_tw.replication.service import ReplicationService
+from nsqd_tw.tcp.protocol import V2Factory
+from tests.helpers import MemoryNetwork, make_nsqd
+
+SECRET = b"pair secret"
+
+
+class Node:
+    """One nsqd of the pair: its core, its TCP side (for the link's magic), its
+    replication service. ``address``: its TCP address as the peer dials it."""
+
+    def __init__(
+        self,
+        pair: ReplicaPair,
+        port: int,
+        role: str,
+        replica: str = "",
+        data_path: str | None = None,
+        secret: bytes = SECRET,
+        **opts: Any,
+    ) -> None:
+        self.pair = pair
+        self.port = port
+        self.address = f"127.0.0.1:{port}"
+        self.data_path = data_path or tempfile.mkdtemp(prefix="nsq-replica-")
+        self.secret = secret
+        self.opts = dict(
+            data_path=self.data_path,
+            replication_role=role,
+            replica=replica,
+            replication_secret_file="(given)",
+            broadcast_address="127.0.0.1",
+            broadcast_tcp_port=port,
+            broadcast_http_port=port + 1,
+            **opts,
+        )
+        self.up = False
+        self.nsqd: NSQD = None  # type: ignore[assignment]
+        self.repl: ReplicationService = None  # type: ignore[assignment]
+        self.v2: V2Factory = None  # type: ignore[assignment]
+
+    def start(self) -> Node:
+        """A new process on the same data path (the previous one stopped or killed)."""
+        opts = dict(self.opts)
+        backend = opts.pop("backend_factory", memory_backend_factory)
+        self.nsqd = make_nsqd(backend, clock=self.pair.net.reactor, **opts)
+        self.v2 = V2Factory(self.nsqd)
+        self.repl = ReplicationService(self.nsqd, None, None, self.pair.endpoint, secret=self.secret)
+        self.v2.magics[wire.MAGIC] = self.repl.accept
+        self.nsqd.startService()
+        self.repl.startService()
+        self.up = True
+        return self
+
+    def stop(self) -> None:
+        """A clean stop."""
+        self.up = False
+        self.repl.stopService()
+        self.pair.net.settle()
+        self.nsqd.stopService()
+
+    def kill(self) -> None:
+        """kill -9: its connections drop, nothing more runs."""
+        self.up = False
+        for link in list(self.repl.links):
+            link.transport.loseConnection()
+        if self.repl._tick.running:
+            self.repl._tick.stop()
+        self.repl.running = False
+        self.pair.net.settle()
+        self.nsqd.syncer.stopping = True
+        self.nsqd.running = False
+
+    @property
+    def state(self) -> str:
+        return self.repl.link_state
+
+    def channel(self, topic: str, channel: str) -> Channel:
+        return self.nsqd.topics[topic].channels[channel]
+
+
+class ReplicaPair:
+    """``primary`` streams to ``standby``; both dial through :meth:`endpoint`."""
+
+    def __init__(self, primary_opts: dict[str, Any] | None = None, standby_opts: dict[str, Any] | None = None) -> None:
+        self.net = MemoryNetwork()
+        self.nodes: dict[int, Node] = {}
+        self.standby = self.add(Node(self, 4250, "standby", **(standby_opts or {})))
+        self.primary = self.add(Node(self, 4150, "primary", replica=self.standby.address, **(primary_opts or {})))
+
+    def add(self, node: Node) -> Node:
+        self.nodes[node.port] = node
+        return node
+
+    def endpoint(self, host: str, port: int) -> IStreamClientEndpoint:
+        node = self.nodes.get(port)
+        return self.net.endpoint(node.v2 if node is not None and node.up else None)
+
+    def start(self) -> ReplicaPair:
+        self.standby.start()
+        self.primary.start()
+        self.settle()
+        return self
+
+    def settle(self) -> None:
+        """Move every byte and run what is due now, until nothing moves."""
+        self.net.settle()
+
+    def advance(self, seconds: float) -> None:
+        self.net.advance(seconds)
+
+
+def held(channel: Channel) -> list[Message]:
+    """Every message a channel holds (queued, in flight, deferred), as the order a
+    standby keeps them in does not matter: sorted by ID, each copy once."""
+    out = channel.queued()
+    backend = channel.backend
+    out += [Message.decode(r) for r in backend.peek(backend.depth()) if len(r) >= MESSAGE_HEADER_LENGTH]
+    out += channel.in_flight.values()
+    out += channel.deferred.values()
+    return sorted(out, key=lambda m: m.id)
+
+
+def live(channel: Channel) -> list[bytes]:
+    """The IDs a channel holds, less the copies its skip counts will drop."""
+    skips = dict(channel.skips)
+    out = []
+    for msg in held(channel):
+        n = skips.get(msg.id, 0)
+        if n:
+            skips[msg.id] = n - 1
+            continue
+        out.append(msg.id)
+    return out
