@@ -50,6 +50,7 @@ class Node:
             **opts,
         )
         self.up = False
+        self.run_blocking: Any = None  # how its fsyncs run (inline unless a test holds them)
         self.nsqd: NSQD = None  # type: ignore[assignment]
         self.repl: ReplicationService = None  # type: ignore[assignment]
         self.v2: V2Factory = None  # type: ignore[assignment]
@@ -59,6 +60,8 @@ class Node:
         opts = dict(self.opts)
         backend = opts.pop("backend_factory", memory_backend_factory)
         self.nsqd = make_nsqd(backend, clock=self.pair.net.reactor, **opts)
+        if self.run_blocking is not None:
+            self.nsqd.syncer._run_blocking = self.run_blocking
         self.v2 = V2Factory(self.nsqd)
         self.repl = ReplicationService(self.nsqd, None, None, self.pair.endpoint, secret=self.secret)
         self.v2.magics[wire.MAGIC] = self.repl.accept
@@ -90,8 +93,46 @@ class Node:
     def state(self) -> str:
         return self.repl.link_state
 
+    def acks(self) -> list[int]:
+        """Every ACK count this primary has received (recorded from now on)."""
+        got: list[int] = []
+        primary = self.repl.primary
+        acknowledged = primary.acknowledged
+
+        def record(count: int) -> None:
+            got.append(count)
+            acknowledged(count)
+
+        primary.acknowledged = record  # type: ignore[method-assign]
+        return got
+
     def channel(self, topic: str, channel: str) -> Channel:
         return self.nsqd.topics[topic].channels[channel]
+
+
+class HeldSyncs:
+    """A node's fsyncs, run only when the test says (:meth:`release`)."""
+
+    def __init__(self) -> None:
+        from twisted.internet import defer
+
+        self.defer = defer
+        self.waiting: list[tuple[Any, Any]] = []
+
+    def __call__(self, fn: Any) -> Any:
+        d = self.defer.Deferred()
+        self.waiting.append((fn, d))
+        return d
+
+    def release(self) -> int:
+        """Run the fsyncs waiting (and those they start); how many ran."""
+        n = 0
+        while self.waiting:
+            fn, d = self.waiting.pop(0)
+            fn()
+            d.callback(None)
+            n += 1
+        return n
 
 
 class ReplicaPair:
