@@ -494,7 +494,8 @@ class NSQDHTTPAPI(GoHTTPAPI):
         mem = self.mem_stats() if include_mem else None
         if get("format") != "json":
             now = self.nsqd.now()
-            text = print_stats(stats, mem, health, self.nsqd.start_time, now, version_string("nsqd"))
+            replication = self.nsqd.replication.status() if self.nsqd.replication is not None else None
+            text = print_stats(stats, mem, health, self.nsqd.start_time, now, version_string("nsqd"), replication)
             return text.encode()
         out: dict[str, Any] = {
             "version": VERSION,
@@ -506,6 +507,8 @@ class NSQDHTTPAPI(GoHTTPAPI):
             out["memory"] = mem
         out["producers"] = stats["producers"]
         out.update(self._draining())
+        if self.nsqd.replication is not None:  # beyond Go, after Go's keys
+            out["replication"] = self.nsqd.replication.status()
         return out
 
     @route("/config/<opt>", "GET", "PUT", body=lambda api: api.nsqd.opts.max_msg_size)

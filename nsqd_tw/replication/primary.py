@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 DISCONNECTED, CATCHING_UP, IN_SYNC = "disconnected", "catching_up", "in_sync"
 FIN_FRAME_IDS = 4096  # IDs in one FIN frame at most
 SNAPSHOT_FRAMES_PER_TURN = 8  # then the reactor serves others
+SNAPSHOT_CHUNK = CHUNK  # bytes of records in one snapshot frame, about
 
 
 class ReplicaLost(Exception):
@@ -116,6 +117,10 @@ class Primary:
                 if self.required
                 else "what is acknowledged is on this node only",
             )
+
+    def refresh(self) -> None:
+        """The node's state was loaded (the peer it names in its refusal)."""
+        self._set_refusal()
 
     def _set_refusal(self) -> None:
         if not self.required or self.state == IN_SYNC:
@@ -366,7 +371,7 @@ class SnapshotSender:
                 self.sources.popleft()
                 continue
             part = source.parts[0]
-            entries = part.take()
+            entries = part.take(SNAPSHOT_CHUNK)
             if part.done:
                 part.close()
                 source.parts.pop(0)

@@ -122,6 +122,7 @@ class ReplicationService(service.Service):
         if opts.replica:
             self.state.peer = opts.replica
         self._save()
+        self.primary.refresh()
         self.nsqd.observe_changes(self._changed)
         if self.state.role == STANDBY:
             self._serve_as_standby()
@@ -133,6 +134,14 @@ class ReplicationService(service.Service):
             epoch=self.state.epoch,
             peer=self.state.peer or "(none yet)",
         )
+        if self.state.role == PRIMARY:
+            self.log.warn(
+                "REPLICATION: degraded until standby {peer} is in sync: {what}",
+                peer=self.state.peer or "(none yet)",
+                what="publishes are refused meanwhile (--replication-required)"
+                if opts.replication_required
+                else "what is acknowledged meanwhile is on this node only",
+            )
         service.Service.startService(self)
         self._tick.start(self.timeout / 3, now=False)
         self._dial()
@@ -296,6 +305,12 @@ class ReplicationService(service.Service):
         self.state.save(self.nsqd.data_path)
         self.log.info("REPLICATION: in sync with primary {peer}", peer=self.state.peer)
 
+    def diverged(self) -> None:
+        """An operation could not be applied: what is held here is not the
+        primary's any more (not promotable until the next snapshot is whole)."""
+        self.state.synced = False
+        self.state.save(self.nsqd.data_path)
+
     # -- dialing (a primary reaches its standby) ---------------------------------------------
 
     def _endpoint(self, host: str, port: int) -> IStreamClientEndpoint:
@@ -367,12 +382,14 @@ class ReplicationService(service.Service):
     def status(self) -> dict[str, Any]:
         """What ``GET /replication`` answers (and ``/stats`` shows as ``replication``)."""
         opts = self.nsqd.opts
+        state = self.link_state
         out: dict[str, Any] = {
             "role": self.state.role,
             "epoch": self.state.epoch,
             "node": self.state.node,
             "peer": self.state.peer,
-            "state": self.link_state,
+            "state": state,
+            "degraded": state != IN_SYNC,  # the pair is not redundant now
             "mode": opts.replication_mode,
             "required": opts.replication_required,
         }

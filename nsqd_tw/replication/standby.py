@@ -44,6 +44,7 @@ class StandbySide:
         except Exception as e:
             # what the primary holds cannot be held here (a full disk, say): not in sync
             self.service.log.error("REPLICATION: cannot apply an operation of the primary - {err}", err=e)
+            self.service.diverged()
             self.link.fail(f"standby cannot apply an operation - {e}")
             return
         self.applied += 1
