@@ -380,6 +380,10 @@ class LookupService(service.MultiService):
             self.log.info("LOOKUPD({addr}): {branch} {cmd}", addr=peer.address, branch=branch, cmd=cmd.decode().strip())
             peer.command(cmd)
 
+    def connected(self) -> bool:
+        """Whether any lookupd is connected now (beyond Go: a replication primary's fence)."""
+        return any(p.proto is not None and p.info for p in self.peers)
+
     def lookupd_http_addresses(self) -> list[str]:
         return [a for a in (p.http_address for p in self.peers) if a]
 

@@ -265,6 +265,8 @@ class Channel(MessageQueue):
         if not queued:
             if self.copies:
                 self._copies_gone()
+            if self.skips and not self.in_flight and not self.deferred:
+                self.skips.clear()  # (a promoted standby's) counts of copies it never had
             return
         ready = 0
         for c in consumers:
@@ -303,6 +305,8 @@ class Channel(MessageQueue):
             burst = take(want, c.id, now)
             taken = len(burst)
             if burst:
+                if self.skips:
+                    burst = self._unskipped(burst)
                 if self.copies:
                     burst = self._unique(burst)
                 push_many(burst, now + c.msg_timeout)
@@ -405,6 +409,9 @@ class Channel(MessageQueue):
         """One message to ``c``, for a channel with a TTL or a consumer with a sample
         rate: False when nothing is queued (due now)."""
         msg = self._pop()
+        while msg is not None and self.skips and self._skipped(msg.id):
+            self._forget(msg)  # (a promoted standby) finished on its old primary
+            msg = self._pop()
         while expire_before and msg is not None and msg.timestamp < expire_before:
             self.expired(msg)  # never delivered past its TTL
             msg = self._pop()
@@ -735,6 +742,21 @@ class Channel(MessageQueue):
                 break
         if not memory and not backend.depth() and not self.deferred:
             skips.clear()
+
+    def _unskipped(self, burst: list[Message]) -> list[Message]:
+        """A promoted standby's burst without the copies its old primary finished
+        or superseded (one check per burst while any count is left)."""
+        out = []
+        for msg in burst:
+            if self.skips and self._skipped(msg.id):
+                self._forget(msg)
+            else:
+                out.append(msg)
+        return out
+
+    def _forget(self, msg: Message) -> None:
+        if msg.ref is not None:
+            self.backend.done(msg.ref)
 
     def _skipped(self, msg_id: bytes) -> bool:
         """Whether a copy of ``msg_id`` is to be dropped (and count it dropped)."""

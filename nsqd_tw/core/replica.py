@@ -11,7 +11,7 @@ import json
 import os
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nsq_wire.message import MESSAGE_HEADER_LENGTH
@@ -43,6 +43,8 @@ class ReplicaState:
     epoch: int  # raised by each promotion; the higher one is the primary
     peer: str = ""  # the other node's TCP address, as last configured or heard
     synced: bool = False  # a standby: its last snapshot was received whole (promotable)
+    lookupd: list[str] = field(default_factory=list)  # a standby: its primary's lookupds (HTTP)
+    announced: str = ""  # a standby: its primary's address as the primary registers it with them
 
     @classmethod
     def load(cls, data_path: str, default_role: str) -> ReplicaState:
@@ -63,6 +65,8 @@ class ReplicaState:
                 int(doc["epoch"]),
                 str(doc.get("peer", "")),
                 bool(doc.get("synced", False)),
+                [str(a) for a in doc.get("lookupd") or []],
+                str(doc.get("announced", "")),
             )
         except (ValueError, KeyError, TypeError) as e:
             raise ReplicaStateError(f"failed to parse {path} - {e!r}") from None

@@ -43,12 +43,14 @@ class StandbyError(RefusedError):
     """Beyond Go: this nsqd is a replication standby; ``primary`` is the TCP address
     of its primary ("" while it knows none), ``primary_http`` its HTTP address."""
 
-    def __init__(self, primary: str, epoch: int, primary_http: str = "") -> None:
+    def __init__(self, primary: str, epoch: int, primary_http: str = "", text: str = "", health: str = "") -> None:
         self.primary = primary
         self.primary_http = primary_http
         self.epoch = epoch
         where = f"primary {primary}" if primary else "no primary yet"
-        super().__init__(f"this nsqd is a standby ({where}, epoch {epoch})")
+        super().__init__(text or f"this nsqd is a standby ({where}, epoch {epoch})")
+        # what GET /ping says after "NOK - "
+        self.health = health or f"standby of {primary or 'no primary yet'} (epoch {epoch})"
 
 
 class Topic(MessageQueue):

@@ -42,6 +42,7 @@ from nsqd_tw.http.stats import get_stats, print_stats
 from nsqd_tw.lookup import split_host_port
 from nsqd_tw.options import TLS_REQUIRED
 from nsqd_tw.replication.primary import NotInSync, ReplicaLost
+from nsqd_tw.replication.service import PromoteError
 from nsqd_tw.storage.errors import DiskBudgetFull
 from nsqd_tw.storage.retained import SinceTooOld
 
@@ -117,8 +118,7 @@ class NSQDHTTPAPI(GoHTTPAPI):
             raise HTTPError(503, f"NOK - {DrainingError()}")  # out of a load balancer's rotation
         standby = self.nsqd.standby
         if standby is not None:  # beyond Go: so is a replication standby
-            primary = standby.primary or "no primary yet"
-            raise HTTPError(503, f"NOK - standby of {primary} (epoch {standby.epoch})")
+            raise HTTPError(503, f"NOK - {standby.health}")
         return self.nsqd.get_health()
 
     @route("/info", "GET")
@@ -565,6 +565,23 @@ class NSQDHTTPAPI(GoHTTPAPI):
         if self.nsqd.replication is None:
             raise HTTPError(404, "NOT_FOUND")
         status: dict[str, Any] = self.nsqd.replication.status()
+        return status
+
+    @route("/replication/promote", "POST")
+    def replication_promote(self, request: Request) -> Any:
+        """Make this standby the primary (``force``: even while linked to its
+        primary, or not in sync); answered with the new status."""
+        replication = self.nsqd.replication
+        if replication is None:
+            raise HTTPError(404, "NOT_FOUND")
+        params = self.query(request)
+        force = "force" in params and BOOL_PARAMS.get(params["force"][0], True)
+        try:
+            replication.promote(force=force)
+        except PromoteError as e:
+            self.log.info("POST /replication/promote refused - {err}", err=e)
+            raise HTTPError(e.code, e.message, {"why": str(e)}) from None
+        status: dict[str, Any] = replication.status()
         return status
 
     @route("/metrics", "GET", style="raw", access_log=False)

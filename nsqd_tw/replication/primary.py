@@ -61,6 +61,7 @@ class Primary:
         self._fin_call: Any = None
         self.snapshot: SnapshotSender | None = None
         self.end_seq = 0  # the END of the snapshot: acknowledged, the standby is in sync
+        self.witnesses_told: list[str] = []
         self._set_refusal()
 
     # -- links ------------------------------------------------------------------------
@@ -70,6 +71,7 @@ class Primary:
         if self.link is not None:
             self.detach("replaced by a new link")
         self.link = link
+        self.witnesses_told = []
         self.sent = self.acked = self.sent_messages = self.acked_messages = self.sent_bytes = self.acked_bytes = 0
         self._set_state(CATCHING_UP)
         self.snapshot = SnapshotSender(self, link)
@@ -169,6 +171,14 @@ class Primary:
         batch.extend(ids)
         if self._fin_call is None:
             self._fin_call = self.nsqd.reactor.callLater(0, self.flush_fins)
+
+    def tell_witnesses(self, addresses: list[str]) -> None:
+        """Tell the standby this node's lookupds (HTTP) when they change: they
+        are the witnesses of its automatic promotion."""
+        if self.link is None or not addresses or addresses == self.witnesses_told:
+            return
+        self.witnesses_told = list(addresses)
+        self._send(wire.json_frame(wire.CTRL, {"op": "lookupd", "addresses": addresses}))
 
     def flush_fins(self) -> None:
         """The FINs of this reactor turn, one frame per channel."""

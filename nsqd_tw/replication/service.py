@@ -8,11 +8,12 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.application import service
-from twisted.internet import endpoints, protocol
+from twisted.internet import defer, endpoints, protocol
 from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.task import LoopingCall
 
-from nsq_service.options import ConfigError, StartError, split_address
+from nsq_service.options import DURATION, ConfigError, StartError, split_address
+from nsq_wire import lookupd
 from nsq_wire.gofmt import join_host_port
 from nsqd_tw.core.nsqd import NSQD
 from nsqd_tw.core.replica import PRIMARY, STANDBY, ReplicaState, ReplicaStateError
@@ -24,6 +25,36 @@ from nsqd_tw.replication.standby import StandbySide
 
 EndpointFactory = Callable[[str, int], IStreamClientEndpoint]
 REDIAL_MIN, REDIAL_MAX = 0.1, 2.0  # seconds between a primary's attempts to reach its standby
+
+
+class PromoteError(Exception):
+    """A promotion refused: ``code`` (HTTP status) and ``message`` (what /replication/promote answers)."""
+
+    def __init__(self, code: int, message: str, why: str) -> None:
+        super().__init__(why)
+        self.code = code
+        self.message = message
+
+
+def starting(peer: str, epoch: int) -> StandbyError:
+    """The refusal of a node that starts as primary: it waits to hear from its
+    replica first, whose epoch may say it is no longer the primary."""
+    return StandbyError(
+        peer,
+        epoch,
+        text=f"this nsqd is starting: waiting to reach its replica {peer} before serving (epoch {epoch})",
+        health=f"starting, waiting to reach replica {peer} (epoch {epoch})",
+    )
+
+
+def fenced(peer: str, epoch: int) -> StandbyError:
+    """The refusal of a primary cut off from its standby and every lookupd."""
+    return StandbyError(
+        peer,
+        epoch,
+        text=f"this nsqd is fenced: its standby {peer} and every nsqlookupd are unreachable (epoch {epoch})",
+        health=f"fenced, standby {peer} and every nsqlookupd unreachable (epoch {epoch})",
+    )
 
 
 def read_secret(path: str) -> bytes:
@@ -84,6 +115,7 @@ class ReplicationService(service.Service):
         tls: Any = None,
         endpoint_factory: EndpointFactory | None = None,
         secret: bytes | None = None,
+        http_client: Any = None,
     ) -> None:
         opts = nsqd.opts
         self.nsqd = nsqd
@@ -101,9 +133,16 @@ class ReplicationService(service.Service):
         self._client_tls: Any = None
         self._tick = LoopingCall(self.tick)
         self._tick.clock = nsqd.reactor
+        self._tick_interval = self.timeout / 3
         self._dial_call: Any = None
         self._dialing = False
         self._redial = REDIAL_MIN
+        self._http = http_client
+        self._settle_call: Any = None  # a primary starting: until its replica has answered
+        self.unlinked_since = nsqd.now()  # since when no primary (standby) or standby (primary) is linked
+        self.peer_promote_after = 0.0  # the standby's --promote-after, as it said in its HELLO
+        self._checking = False  # a standby is asking the lookupds about its primary
+        self.fenced = False  # a primary cut off from its standby and every lookupd
         nsqd.replication = self
 
     # -- time ---------------------------------------------------------------------------
@@ -126,6 +165,12 @@ class ReplicationService(service.Service):
         self.nsqd.observe_changes(self._changed)
         if self.state.role == STANDBY:
             self._serve_as_standby()
+        elif self.state.peer:
+            # its replica may have been promoted meanwhile: hear from it first
+            self.nsqd.set_standby(starting(self.state.peer, self.state.epoch))
+            if self.lookup is not None:
+                self.lookup.pause()
+            self._settle_call = self.nsqd.reactor.callLater(self.timeout, self._settled, "no answer in time")
         else:
             self._serve_as_primary()
         self.log.info(
@@ -134,7 +179,12 @@ class ReplicationService(service.Service):
             epoch=self.state.epoch,
             peer=self.state.peer or "(none yet)",
         )
-        if self.state.role == PRIMARY:
+        if self.settling:
+            self.log.info(
+                "REPLICATION: waiting to reach replica {peer} before serving (its epoch may be higher)",
+                peer=self.state.peer,
+            )
+        elif self.state.role == PRIMARY:
             self.log.warn(
                 "REPLICATION: degraded until standby {peer} is in sync: {what}",
                 peer=self.state.peer or "(none yet)",
@@ -143,7 +193,8 @@ class ReplicationService(service.Service):
                 else "what is acknowledged meanwhile is on this node only",
             )
         service.Service.startService(self)
-        self._tick.start(self.timeout / 3, now=False)
+        self._tick_interval = min(self.timeout, opts.promote_after or self.timeout) / 3
+        self._tick.start(self._tick_interval, now=False)
         self._dial()
 
     def stopService(self) -> Any:
@@ -153,6 +204,9 @@ class ReplicationService(service.Service):
         if self._dial_call is not None and self._dial_call.active():
             self._dial_call.cancel()
         self._dial_call = None
+        if self._settle_call is not None and self._settle_call.active():
+            self._settle_call.cancel()
+        self._settle_call = None
         for link in list(self.links):
             link.fail("nsqd is stopping")
         return None
@@ -181,6 +235,68 @@ class ReplicationService(service.Service):
         if self.lookup is not None:
             self.lookup.resume()
 
+    @property
+    def settling(self) -> bool:
+        return self._settle_call is not None
+
+    def _settled(self, why: str) -> None:
+        """A primary starting has heard from its replica (or given up): it serves,
+        unless that replica made it a standby."""
+        if self._settle_call is None:
+            return
+        if self._settle_call.active():
+            self._settle_call.cancel()
+        self._settle_call = None
+        if self.state.role == PRIMARY:
+            self.log.info("REPLICATION: serving as primary (epoch {epoch}): {why}", epoch=self.state.epoch, why=why)
+            self._serve_as_primary()
+            if self.primary.state != IN_SYNC:
+                self.log.warn(
+                    "REPLICATION: degraded until standby {peer} is in sync",
+                    peer=self.state.peer,
+                )
+
+    # -- promotion ------------------------------------------------------------------------
+
+    def promote(self, force: bool = False, why: str = "POST /replication/promote") -> None:
+        """Make this standby the primary: a higher epoch, persisted before it
+        serves; it registers with the lookupds and dials its old primary to be
+        its standby. Raises :class:`PromoteError` when refused."""
+        me = self.state
+        if me.role == PRIMARY:
+            raise PromoteError(409, "ALREADY_PRIMARY", "this nsqd is the primary already")
+        if not force and self.standby_side is not None:
+            raise PromoteError(409, "PRIMARY_CONNECTED", f"primary {me.peer} is linked (stop it first, or force=true)")
+        if not force and not me.synced:
+            raise PromoteError(
+                409,
+                "NOT_IN_SYNC",
+                "this standby has not received its primary's snapshot whole (force=true loses the rest)",
+            )
+        old = me.peer
+        me.role, me.epoch = PRIMARY, me.epoch + 1
+        me.save(self.nsqd.data_path)
+        self.log.warn(
+            "REPLICATION: promoted to primary, epoch {epoch} ({why}); former primary {old}{forced}",
+            epoch=me.epoch,
+            why=why,
+            old=old or "(none)",
+            forced=", forced" if force else "",
+        )
+        if self.link is not None:
+            self.link.fail(f"promoted to primary at epoch {me.epoch}")
+        for topic in self.nsqd.topics.values():
+            for channel in topic.channels.values():
+                channel.compact()
+            if not topic.started:
+                topic.start()
+        self.primary = Primary(self)
+        self.primary.refresh()
+        self._serve_as_primary()
+        self.unlinked_since = self.now()
+        self._redial = REDIAL_MIN
+        self._dial()
+
     def _demote(self, epoch: int, peer: str, why: str) -> None:
         """A peer at a higher epoch: this node is its standby from now on."""
         self.log.warn(
@@ -194,7 +310,10 @@ class ReplicationService(service.Service):
         self.primary.detach("demoted")
         self.state.role, self.state.epoch, self.state.peer, self.state.synced = STANDBY, epoch, peer, False
         self.state.save(self.nsqd.data_path)
+        self.fenced = False
         self._serve_as_standby()
+        if self._settle_call is not None:
+            self._settled("demoted")
 
     # -- links ---------------------------------------------------------------------------
 
@@ -208,7 +327,16 @@ class ReplicationService(service.Service):
             "epoch": self.state.epoch,
             "address": join_host_port(opts.broadcast_address, str(opts.broadcast_tcp_port)),
             "http": join_host_port(opts.broadcast_address, str(opts.broadcast_http_port)),
+            # a primary's lookupds, the witnesses of a standby's automatic promotion
+            "lookupd": self._lookupds() if self.state.role == PRIMARY else [],
+            "promote_after": opts.promote_after,
         }
+
+    def _lookupds(self) -> list[str]:
+        if self.lookup is None:
+            return []
+        addresses: list[str] = self.lookup.lookupd_http_addresses()
+        return addresses
 
     def accept(self, transport: Any, data: bytes) -> None:
         """A connection to nsqd's TCP port opened with the link's magic: it is a link."""
@@ -254,7 +382,17 @@ class ReplicationService(service.Service):
             old.fail("replaced by a new link")
         self.link = link
         self._redial = REDIAL_MIN
+        self.unlinked_since = self.now()
         if who == "me":
+            self._settled(f"standby {link.address} answered")
+            if self.fenced:
+                self.fenced = False
+                self.log.info("REPLICATION: no longer fenced (standby {peer} linked)", peer=link.address)
+                self._serve_as_primary()
+            try:
+                self.peer_promote_after = float(peer.get("promote_after") or 0.0)
+            except (TypeError, ValueError):
+                self.peer_promote_after = 0.0
             if not self.nsqd.opts.replica:
                 me.peer = link.address
                 self.state.save(self.nsqd.data_path)
@@ -265,10 +403,12 @@ class ReplicationService(service.Service):
             )
             link.side = PrimaryEnd(self.primary, link)
             self.primary.attach(link)
+            self.primary.tell_witnesses(self._lookupds())
         else:
-            if their_epoch != me.epoch or me.peer != link.address:
-                me.epoch, me.peer = their_epoch, link.address
+            if their_epoch != me.epoch or me.peer != link.address or me.announced != link.address:
+                me.epoch, me.peer, me.announced = their_epoch, link.address, link.address
                 self.state.save(self.nsqd.data_path)
+            self.witnesses([a for a in peer.get("lookupd") or [] if isinstance(a, str)])
             self.log.info(
                 "REPLICATION: linked to primary {peer} (epoch {epoch}){tls}",
                 peer=link.address,
@@ -282,8 +422,11 @@ class ReplicationService(service.Service):
     def link_lost(self, link: Link, why: str) -> None:
         self.links.discard(link)
         if link is not self.link:
+            if link.dialer:
+                self._settled(f"no link to {link.address} - {why}")
             return
         self.link = None
+        self.unlinked_since = self.now()
         if self.standby_side is not None and self.standby_side.link is link:
             self.standby_side = None
             self.log.warn("REPLICATION: link to primary {peer} lost - {why}", peer=link.address, why=why)
@@ -304,6 +447,12 @@ class ReplicationService(service.Service):
         self.state.synced = True
         self.state.save(self.nsqd.data_path)
         self.log.info("REPLICATION: in sync with primary {peer}", peer=self.state.peer)
+
+    def witnesses(self, addresses: list[str]) -> None:
+        """A standby: its primary's lookupds (HTTP), which may say it is gone."""
+        if addresses and addresses != self.state.lookupd:
+            self.state.lookupd = addresses
+            self.state.save(self.nsqd.data_path)
 
     def diverged(self) -> None:
         """An operation could not be applied: what is held here is not the
@@ -339,6 +488,7 @@ class ReplicationService(service.Service):
         def failed(f: Any) -> None:
             self._dialing = False
             self.log.debug("REPLICATION: cannot reach {peer} - {err}", peer=address, err=f.getErrorMessage())
+            self._settled(f"replica {address} unreachable - {f.getErrorMessage()}")
             if self.running:
                 self._schedule_dial()
 
@@ -359,8 +509,129 @@ class ReplicationService(service.Service):
                     link.abort(f"no frame in {self.timeout}s")
             if self.link is not None and self.primary.link is self.link:
                 self.link.send(wire.frame(wire.PING))
+                self.primary.tell_witnesses(self._lookupds())
+            if self.link is None and self.running and self.state.role == STANDBY:
+                self._maybe_promote(now)
+            if self.state.role == PRIMARY:
+                self._fence(now)
         except Exception:
             self.log.failure("REPLICATION: tick failed")
+
+    # -- automatic promotion and its fence ---------------------------------------------------
+
+    def _maybe_promote(self, now: float) -> None:
+        """--promote-after: the primary unreachable that long, and no lookupd lists it."""
+        after = self.nsqd.opts.promote_after
+        if not after or self._checking or not self.state.synced or now - self.unlinked_since < after:
+            return
+        if not self.state.lookupd:
+            if now - self.unlinked_since < after + self._tick_interval:  # once
+                self.log.error(
+                    "REPLICATION: primary {peer} unreachable for {t}s, but no nsqlookupd is known to ask whether it is "
+                    "gone: not promoting (the primary names its lookupds over the link)",
+                    peer=self.state.peer,
+                    t=round(now - self.unlinked_since),
+                )
+            return
+        self._checking = True
+        d = self._primary_listed()
+
+        def answered(listed: bool) -> None:
+            self._checking = False
+            if listed or self.state.role != STANDBY or self.link is not None or not self.running:
+                if listed:
+                    self.log.info(
+                        "REPLICATION: primary {peer} unreachable, but an nsqlookupd still lists it: not promoting",
+                        peer=self.state.peer,
+                    )
+                return
+            self.promote(
+                why=f"primary {self.state.peer} unreachable for {round(self.now() - self.unlinked_since)}s "
+                "and no nsqlookupd lists it"
+            )
+
+        def failed(f: Any) -> None:
+            self._checking = False
+            self.log.failure("REPLICATION: automatic promotion failed", f)
+
+        d.addCallbacks(answered, failed)
+
+    @defer.inlineCallbacks
+    def _primary_listed(self) -> Any:
+        """Whether the lookupds still list the primary: True unless most of them
+        answered and none of those lists it (an unreachable lookupd might)."""
+        addresses = list(self.state.lookupd)
+        client = self._http_client()
+        primary = self.state.announced or self.state.peer  # as it registers itself
+        timeout = self.nsqd.opts.http_client_request_timeout
+
+        @defer.inlineCallbacks
+        def lists(address: str) -> Any:
+            resp = yield client.get(
+                lookupd.nodes_url(address),
+                headers={b"Accept": [lookupd.ACCEPT.encode()]},
+                timeout=timeout,
+                reactor=self.nsqd.reactor,
+            )
+            body = yield resp.content()
+            if resp.code != 200:
+                raise ValueError(f"{address} answered {resp.code}")
+            return any(join_host_port(host, str(port)) == primary for host, port in lookupd.producers(body))
+
+        results = yield defer.DeferredList([lists(a) for a in addresses], consumeErrors=True)
+        answers = [value for ok, value in results if ok]
+        if len(answers) * 2 <= len(addresses):
+            self.log.warn(
+                "REPLICATION: only {n} of {m} nsqlookupd answered: cannot tell whether primary {peer} is gone",
+                n=len(answers),
+                m=len(addresses),
+                peer=primary,
+            )
+            return True
+        return any(answers)
+
+    def _http_client(self) -> Any:
+        if self._http is None:
+            from treq.client import HTTPClient
+            from twisted.web.client import Agent, HTTPConnectionPool
+
+            reactor = self.nsqd.reactor
+            agent = Agent(
+                reactor,
+                connectTimeout=self.nsqd.opts.http_client_connect_timeout,
+                pool=HTTPConnectionPool(reactor, persistent=False),
+            )
+            self._http = HTTPClient(agent)
+        return self._http
+
+    def _fence(self, now: float) -> None:
+        """A primary whose standby may promote itself (it said --promote-after D)
+        refuses publishes once it has been cut off from that standby for D/2 and
+        reaches no lookupd: the lookupds may soon stop listing it, and then the
+        standby serves."""
+        after = self.peer_promote_after
+        lookup = self.lookup
+        cut_off = (
+            bool(after)
+            and self.link is None
+            and now - self.unlinked_since >= after / 2
+            and lookup is not None
+            and bool(lookup.peers)
+            and not lookup.connected()
+        )
+        if cut_off == self.fenced:
+            return
+        self.fenced = cut_off
+        if cut_off:
+            self.log.error(
+                "REPLICATION: fenced - standby {peer} and every nsqlookupd unreachable: refusing publishes, as the "
+                "standby may promote itself",
+                peer=self.state.peer,
+            )
+            self.nsqd.set_standby(fenced(self.state.peer, self.state.epoch))
+        else:
+            self.log.info("REPLICATION: no longer fenced")
+            self._serve_as_primary()
 
     # -- nsqd's changes ---------------------------------------------------------------------
 
@@ -395,6 +666,11 @@ class ReplicationService(service.Service):
         }
         if self.state.role == PRIMARY:
             out["lag"] = self.primary.lag()
+            if self.settling:
+                out["starting"] = True
+            if self.fenced:
+                out["fenced"] = True
         else:
             out["synced"] = self.state.synced
+            out["promote_after"] = DURATION.show(opts.promote_after) if opts.promote_after else ""
         return out

@@ -68,7 +68,11 @@ class StandbySide:
             topic, channel, delay_ns = p.name(), p.name(), p.i64()
             apply.requeue(topic, channel, delay_ns / 1e9, p.rest())
         elif kind == wire.CTRL:
-            apply.control(wire.json_payload(p.rest()))
+            doc = wire.json_payload(p.rest())
+            if doc.get("op") == "lookupd":
+                self.service.witnesses([a for a in doc.get("addresses") or [] if isinstance(a, str)])
+            else:
+                apply.control(doc)
         elif kind == wire.TOPIC_RECORDS:
             topic = p.name()
             entries = p.entries()

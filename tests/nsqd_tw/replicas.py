@@ -51,6 +51,8 @@ class Node:
         )
         self.up = False
         self.run_blocking: Any = None  # how its fsyncs run (inline unless a test holds them)
+        self.lookup = FakeLookup()
+        self.http_client: Any = None  # how it asks the lookupds (automatic promotion)
         self.nsqd: NSQD = None  # type: ignore[assignment]
         self.repl: ReplicationService = None  # type: ignore[assignment]
         self.v2: V2Factory = None  # type: ignore[assignment]
@@ -63,7 +65,9 @@ class Node:
         if self.run_blocking is not None:
             self.nsqd.syncer._run_blocking = self.run_blocking
         self.v2 = V2Factory(self.nsqd)
-        self.repl = ReplicationService(self.nsqd, None, None, self.pair.endpoint, secret=self.secret)
+        self.repl = ReplicationService(
+            self.nsqd, self.lookup, None, self.pair.endpoint, secret=self.secret, http_client=self.http_client
+        )
         self.v2.magics[wire.MAGIC] = self.repl.accept
         self.nsqd.startService()
         self.repl.startService()
@@ -88,6 +92,7 @@ class Node:
         self.pair.net.settle()
         self.nsqd.syncer.stopping = True
         self.nsqd.running = False
+        self.nsqd.dirlock.unlock()  # the process is gone: so is its lock
 
     @property
     def state(self) -> str:
@@ -108,6 +113,29 @@ class Node:
 
     def channel(self, topic: str, channel: str) -> Channel:
         return self.nsqd.topics[topic].channels[channel]
+
+
+class FakeLookup:
+    """What the replication service asks of nsqd's LookupService: whether it
+    registers (paused while a standby), with which lookupds, connected or not."""
+
+    def __init__(self) -> None:
+        self.paused = False
+        self.up = True  # connected to its lookupds
+        self.addresses = ["127.0.0.1:4161"]
+        self.peers = [object()]
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+
+    def connected(self) -> bool:
+        return self.up
+
+    def lookupd_http_addresses(self) -> list[str]:
+        return list(self.addresses)
 
 
 class HeldSyncs:
