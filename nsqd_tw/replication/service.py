@@ -193,8 +193,7 @@ class ReplicationService(service.Service):
                 else "what is acknowledged meanwhile is on this node only",
             )
         service.Service.startService(self)
-        self._tick_interval = min(self.timeout, opts.promote_after or self.timeout) / 3
-        self._tick.start(self._tick_interval, now=False)
+        self._retick()
         self._dial()
 
     def stopService(self) -> Any:
@@ -393,6 +392,7 @@ class ReplicationService(service.Service):
                 self.peer_promote_after = float(peer.get("promote_after") or 0.0)
             except (TypeError, ValueError):
                 self.peer_promote_after = 0.0
+            self._retick()
             if not self.nsqd.opts.replica:
                 me.peer = link.address
                 self.state.save(self.nsqd.data_path)
@@ -422,8 +422,10 @@ class ReplicationService(service.Service):
     def link_lost(self, link: Link, why: str) -> None:
         self.links.discard(link)
         if link is not self.link:
-            if link.dialer:
+            if link.dialer:  # refused or failed before it was established: try again later
                 self._settled(f"no link to {link.address} - {why}")
+                if self.running and self.link is None:
+                    self._schedule_dial()
             return
         self.link = None
         self.unlinked_since = self.now()
@@ -495,6 +497,19 @@ class ReplicationService(service.Service):
         d.addCallbacks(connected, failed)
 
     # -- heartbeats and timeouts -----------------------------------------------------------
+
+    def _retick(self) -> None:
+        """Tick three times per --replication-timeout, and often enough for a
+        --promote-after (this standby's) or a fence (its standby's, D/2)."""
+        shortest = min(t for t in (self.timeout, self.nsqd.opts.promote_after, self.peer_promote_after) if t > 0)
+        interval = shortest / 3
+        if self._tick.running:
+            if self._tick.interval == interval:
+                return
+            self._tick.stop()
+        self._tick_interval = interval
+        if self.running:
+            self._tick.start(interval, now=False)
 
     def tick(self) -> None:
         """Every third of --replication-timeout: the primary's PING; any link silent
@@ -673,4 +688,5 @@ class ReplicationService(service.Service):
         else:
             out["synced"] = self.state.synced
             out["promote_after"] = DURATION.show(opts.promote_after) if opts.promote_after else ""
+            out["lookupd"] = list(self.state.lookupd)  # its witnesses: the primary's lookupds
         return out

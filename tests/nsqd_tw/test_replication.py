@@ -67,6 +67,15 @@ class LinkTests(unittest.TestCase):
         self.assertNotIn("t", pair.standby.nsqd.topics)
         self.assertIsNone(pair.standby.repl.link)
 
+    def test_a_link_refused_before_it_is_established_is_dialed_again(self) -> None:
+        pair = ReplicaPair()
+        pair.primary.secret = b"not the secret"
+        pair.start()
+        self.assertEqual(pair.primary.state, "disconnected")
+        pair.primary.repl.secret = pair.standby.secret  # fixed: the next attempt gets through
+        pair.advance(3.0)
+        self.assertEqual(pair.primary.state, "in_sync")
+
     def test_the_link_magic_on_a_node_without_replication_is_a_bad_protocol(self) -> None:
         pair = ReplicaPair().start()
         client = FakeClient(pair.primary.nsqd, magic=False)  # a V2Factory with no other magic
