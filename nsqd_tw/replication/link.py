@@ -86,6 +86,12 @@ class Link(protocol.Protocol):
 
     def connectionMade(self) -> None:
         self.heard_at = self.service.now()
+        set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
+        if set_no_delay is not None:  # an ACK of a few bytes must not wait for Nagle's algorithm
+            try:
+                set_no_delay(True)
+            except OSError:
+                pass
         if self.dialer:
             self.my_hello = self._hello_bytes()
             self.transport.write(wire.MAGIC + wire.frame(wire.HELLO, self.my_hello))

@@ -62,18 +62,14 @@ def json_frame(kind: int, doc: Any) -> bytes:
 
 
 def records_frame(kind: int, topic: str, records: Sequence[bytes], delay_ns: int | None = None) -> bytes:
-    """PUB (``delay_ns`` None) or DPUB: the topic, then the counted records."""
-    pack = _U32.pack
-    parts = [b"", _name(topic)]
-    if delay_ns is not None:
-        parts.append(_I64.pack(delay_ns))
-    parts.append(pack(len(records)))
-    for r in records:
-        parts.append(pack(len(r)))
-        parts.append(r)
-    body_len = sum(map(len, parts))
-    parts[0] = _HEAD.pack(body_len + 1, kind)
-    return b"".join(parts)
+    """PUB (``delay_ns`` None) or DPUB: the topic, the count, every record's size,
+    then the records back to back (two C-level calls for the whole batch: a
+    publish of 200 messages costs the primary no loop in Python)."""
+    n = len(records)
+    head = _name(topic) if delay_ns is None else _name(topic) + _I64.pack(delay_ns)
+    sizes = struct.pack(f">{n}I", *map(len, records))
+    body = b"".join(records)
+    return b"".join((_HEAD.pack(len(head) + 4 + len(sizes) + len(body) + 1, kind), head, _U32.pack(n), sizes, body))
 
 
 def pub(topic: str, records: Sequence[bytes]) -> bytes:
@@ -196,7 +192,18 @@ class Payload:
         return out
 
     def records(self) -> list[bytes]:
-        return [self.take(self.u32()) for _ in range(self.u32())]
+        """A PUB's or DPUB's records: their count, their sizes, then the records."""
+        n = self.u32()
+        sizes = struct.unpack(f">{n}I", self.take(4 * n))
+        data, pos = self.data, self.pos
+        if pos + sum(sizes) > len(data):
+            raise LinkError("payload too short")
+        out = []
+        for size in sizes:
+            out.append(data[pos : pos + size])
+            pos += size
+        self.pos = pos
+        return out
 
     def entries(self) -> list[tuple[int, bytes]]:
         out = []
