@@ -237,6 +237,7 @@ class LookupPeer(service.Service):
             return
         self.info = info
         self.log.info("LOOKUPD({addr}): peer info {info}", addr=self.address, info=go_peer_info(info))
+        self.lookup.identified(self)
         if not info.get("broadcast_address"):
             self.log.error("LOOKUPD({addr}): no broadcast address", addr=self.address)
         commands = []
@@ -294,6 +295,7 @@ class LookupService(service.MultiService):
         nsqd.set_channel_source(self.topic_channels)
         self._queries: set[defer.Deferred[Any]] = set()
         self.paused = False  # beyond Go: a replication standby registers nowhere
+        self._identified_observers: list[Callable[[], None]] = []
 
     @property
     def peers(self) -> list[LookupPeer]:
@@ -328,6 +330,18 @@ class LookupService(service.MultiService):
             )
             self._http = HTTPClient(agent)
         return self._http
+
+    def observe_identified(self, observer: Callable[[], None]) -> None:
+        """Beyond Go: call ``observer()`` when a lookupd answers IDENTIFY (its HTTP
+        address is known from then on: a replication primary tells its standby)."""
+        self._identified_observers.append(observer)
+
+    def identified(self, peer: LookupPeer) -> None:
+        for observer in self._identified_observers:
+            try:
+                observer()
+            except Exception:
+                self.log.failure("lookupd observer failed for {addr}", addr=peer.address)
 
     def pause(self) -> None:
         """Beyond Go: leave every lookupd (a replication standby), which forgets this

@@ -43,7 +43,10 @@ class StandbyError(RefusedError):
     """Beyond Go: this nsqd is a replication standby; ``primary`` is the TCP address
     of its primary ("" while it knows none), ``primary_http`` its HTTP address."""
 
-    def __init__(self, primary: str, epoch: int, primary_http: str = "", text: str = "", health: str = "") -> None:
+    def __init__(
+        self, primary: str, epoch: int, primary_http: str = "", text: str = "", health: str = "", code: str = "STANDBY"
+    ) -> None:
+        self.code = code  # what HTTP answers: STANDBY (or a primary STARTING, FENCED)
         self.primary = primary
         self.primary_http = primary_http
         self.epoch = epoch

@@ -101,7 +101,7 @@ class NSQDHTTPAPI(GoHTTPAPI):
             and request.method in (b"POST", b"PUT")
             and request.path.decode("utf-8", "replace") in STANDBY_REFUSED
         ):
-            return self.v1(request, 503, "STANDBY", _standby_json(standby))
+            return self.v1(request, 503, standby.code, _standby_json(standby))
         if self.tls_enabled or self.nsqd.opts.tls_required != TLS_REQUIRED:
             return None
         port = self.bound.https[1] if self.bound.https else 0

@@ -44,6 +44,7 @@ def starting(peer: str, epoch: int) -> StandbyError:
         epoch,
         text=f"this nsqd is starting: waiting to reach its replica {peer} before serving (epoch {epoch})",
         health=f"starting, waiting to reach replica {peer} (epoch {epoch})",
+        code="STARTING",
     )
 
 
@@ -54,6 +55,7 @@ def fenced(peer: str, epoch: int) -> StandbyError:
         epoch,
         text=f"this nsqd is fenced: its standby {peer} and every nsqlookupd are unreachable (epoch {epoch})",
         health=f"fenced, standby {peer} and every nsqlookupd unreachable (epoch {epoch})",
+        code="FENCED",
     )
 
 
@@ -163,6 +165,9 @@ class ReplicationService(service.Service):
         self._save()
         self.primary.refresh()
         self.nsqd.observe_changes(self._changed)
+        observe = getattr(self.lookup, "observe_identified", None)
+        if observe is not None:
+            observe(self._lookupd_identified)
         if self.state.role == STANDBY:
             self._serve_as_standby()
         elif self.state.peer:
@@ -330,6 +335,11 @@ class ReplicationService(service.Service):
             "lookupd": self._lookupds() if self.state.role == PRIMARY else [],
             "promote_after": opts.promote_after,
         }
+
+    def _lookupd_identified(self) -> None:
+        """A lookupd answered IDENTIFY: a primary tells its standby at once."""
+        if self.link is not None and self.primary.link is self.link:
+            self.primary.tell_witnesses(self._lookupds())
 
     def _lookupds(self) -> list[str]:
         if self.lookup is None:

@@ -118,8 +118,14 @@ class ReplicationProcessTests(unittest.TestCase):
         )
         yield eventually(lambda: any("failed to authenticate" in line for line in standby.lines))
         for proc in (intruder, stranger):
-            resp = yield treq.post(f"http://{proc.addresses['HTTP']}/pub?topic=t", b"x", persistent=False)
-            self.assertEqual((yield resp.content()), b"OK")  # acknowledged alone, degraded
+
+            @defer.inlineCallbacks
+            def accepted(proc: ServerProcess = proc) -> defer.Deferred[bool]:
+                resp = yield treq.post(f"http://{proc.addresses['HTTP']}/pub?topic=t", b"x", persistent=False)
+                return (yield resp.content()) == b"OK"
+
+            # serving once its replica refused it (until then: 503 STARTING), acknowledging alone
+            yield eventually(accepted)
             status = yield self.get_json(proc, "/replication")
             self.assertEqual(status["state"], "disconnected")
         status = yield self.get_json(standby, "/replication")

@@ -134,6 +134,9 @@ class FakeLookup:
     def connected(self) -> bool:
         return self.up
 
+    def observe_identified(self, observer: Any) -> None:
+        self.identified = observer
+
     def lookupd_http_addresses(self) -> list[str]:
         return list(self.addresses)
 

@@ -112,6 +112,8 @@ class FormerPrimaryTests(unittest.TestCase):
         [(kind, data)] = client.frames()
         self.assertEqual(kind, FRAME_TYPE_ERROR)
         self.assertIn(b"this nsqd is starting: waiting to reach its replica 127.0.0.1:4250", data)
+        self.assertEqual(http(a.nsqd, "POST", "/pub?topic=t", b"x")[0], 503)
+        self.assertEqual(json.loads(http(a.nsqd, "POST", "/pub?topic=t", b"x")[1])["message"], "STARTING")
         pair.advance(3.0)
         self.assertEqual((a.repl.state.role, a.repl.state.epoch), ("standby", 1))
         self.assertTrue(a.lookup.paused)
@@ -182,7 +184,8 @@ class AutomaticPromotionTests(unittest.TestCase):
 
     def test_the_primary_tells_its_lookupds_as_it_learns_them(self) -> None:
         self.pair.primary.lookup.addresses = ["127.0.0.1:4161", "127.0.0.1:4163"]
-        self.wait(2.0)
+        self.pair.primary.lookup.identified()  # a lookupd answered IDENTIFY
+        self.pair.settle()
         self.assertEqual(self.pair.standby.repl.state.lookupd, ["127.0.0.1:4161", "127.0.0.1:4163"])
 
     def test_not_while_a_lookupd_lists_the_primary(self) -> None:
