@@ -15,7 +15,8 @@ one Python client for both servers. ``--server NAME=PATH`` adds more servers
 next to this Python). Every round runs each server in turn, alternating the
 order; the figures are medians over rounds. ``--standby MODE`` (``sync``, ``async``)
 adds ``ours+MODE``: our nsqd as a replication primary with a standby nsqd (ours, on the
-same machine) linked in that mode before each run (docs/replication.md).
+same machine) linked in that mode before each run (docs/replication.md). ``--pin 0/1``
+keeps the measured nsqd on CPU 0 and the bench tools and the standby on CPU 1.
 """
 
 from __future__ import annotations
@@ -56,11 +57,22 @@ _STAMP = struct.Struct(">q")
 class Server:
     """One running nsqd (either implementation) on loopback ports of its own."""
 
-    def __init__(self, exe: str, extra: list[str] = ()) -> None:  # type: ignore[assignment]
+    def __init__(self, exe: str, extra: list[str] = (), cpus: str = "") -> None:  # type: ignore[assignment]
+        """``cpus``: the CPUs it may run on (``taskset -c``), empty: any."""
         self.data = tempfile.mkdtemp(prefix="go_compare.")
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            [exe, "--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0", "--data-path", self.data, *extra],
+            [
+                *pinned(cpus),
+                exe,
+                "--tcp-address",
+                "127.0.0.1:0",
+                "--http-address",
+                "127.0.0.1:0",
+                "--data-path",
+                self.data,
+                *extra,
+            ],
             stderr=subprocess.PIPE,
             text=True,
         )
@@ -110,9 +122,17 @@ class Server:
         shutil.rmtree(self.data, ignore_errors=True)
 
 
+def pinned(cpus: str) -> list[str]:
+    """The command prefix that keeps a process on ``cpus`` (``--pin``)."""
+    return ["taskset", "-c", cpus] if cpus else []
+
+
+PIN: dict[str, str] = {"server": "", "others": ""}  # --pin: the measured server's CPUs, everything else's
+
+
 @contextmanager
 def running(exe: str, extra: list[str] = ()) -> Iterator[Server]:  # type: ignore[assignment]
-    server = Server(exe, extra)
+    server = Server(exe, extra, PIN["server"])
     try:
         yield server
     finally:
@@ -127,16 +147,17 @@ def running_pair(exe: str, extra: list[str], mode: str) -> Iterator[Server]:
     secret.write("bench\n")
     secret.close()
     shared = ["--replication-secret-file", secret.name, *extra]
+    standby = Server(exe, ["--replication-role", "standby", *shared], PIN["others"])
     try:
-        with running(exe, ["--replication-role", "standby", *shared]) as standby:
-            with running(exe, ["--replica", standby.tcp, "--replication-mode", mode, *shared]) as primary:
-                deadline = time.monotonic() + 30
-                while json.loads(primary.get("/replication"))["state"] != "in_sync":
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("the standby did not get in sync")
-                    time.sleep(0.05)
-                yield primary
+        with running(exe, ["--replica", standby.tcp, "--replication-mode", mode, *shared]) as primary:
+            deadline = time.monotonic() + 30
+            while json.loads(primary.get("/replication"))["state"] != "in_sync":
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the standby did not get in sync")
+                time.sleep(0.05)
+            yield primary
     finally:
+        standby.stop()
         os.unlink(secret.name)
 
 
@@ -222,7 +243,7 @@ def throughput(a: argparse.Namespace, servers: dict[str, str]) -> None:
             addr = ["-nsqd-tcp-address", s.tcp, "-runfor", a.runfor]
             cpu0 = s.cpu()
             w = subprocess.run(
-                [str(go_bin / "bench_writer"), *addr, *size, "-batch-size", str(a.batch_size)],
+                [*pinned(PIN["others"]), str(go_bin / "bench_writer"), *addr, *size, "-batch-size", str(a.batch_size)],
                 capture_output=True,
                 text=True,
                 check=True,
@@ -230,7 +251,10 @@ def throughput(a: argparse.Namespace, servers: dict[str, str]) -> None:
             )
             cpu1 = s.cpu()
             rd = subprocess.run(
-                [str(go_bin / "bench_reader"), *addr, *size], capture_output=True, text=True, check=True
+                [*pinned(PIN["others"]), str(go_bin / "bench_reader"), *addr, *size],
+                capture_output=True,
+                text=True,
+                check=True,
             )
             cpu2 = s.cpu()
         wrote, read = w.stdout + w.stderr, rd.stdout + rd.stderr
@@ -494,6 +518,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--size", type=int, default=200, help="message size")
     p.add_argument("--batch-size", type=int, default=200, help="throughput: MPUB batch")
     p.add_argument(
+        "--pin",
+        default="",
+        metavar="SERVER_CPUS/OTHER_CPUS",
+        help="throughput: taskset the measured nsqd to SERVER_CPUS, the bench tools and a standby to OTHER_CPUS "
+        "(e.g. 0/1: the primary has a core of its own, as on a host of its own)",
+    )
+    p.add_argument(
         "--writers",
         type=int,
         default=0,
@@ -512,6 +543,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup", type=float, default=1.0, help="latency: first seconds not counted")
     a = p.parse_args(argv)
     parse_duration(a.runfor)  # fail early on a bad duration
+    if a.pin:
+        PIN["server"], _, PIN["others"] = a.pin.partition("/")
     servers = {"go": str(Path(a.go_bin) / "nsqd"), "ours": a.ours}
     for spec in a.server:
         name, _, path = spec.partition("=")
