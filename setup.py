@@ -19,6 +19,7 @@ setup(
         "nsqd_tw.storage",
         "nsqd_tw.tcp",
         "nsqd_tw.http",
+        "nsqd_tw.replication",
         "lookupd_tw",
         "nsq_spark",
         "twisted.plugins",

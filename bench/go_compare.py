@@ -6,13 +6,17 @@
     python bench/go_compare.py --go-bin DIR create --count 200
     python bench/go_compare.py --go-bin DIR latency --rates 10000,50000 --seconds 10
     python bench/go_compare.py --go-bin DIR all
+    python bench/go_compare.py --go-bin DIR --standby sync --standby async throughput --rounds 3
 
 DIR holds Go's binaries, built outside this repository: ``nsqd`` and, for
 ``throughput``, Go's ``bench_writer`` and ``bench_reader``. The other figures use
 one Python client for both servers. ``--server NAME=PATH`` adds more servers
 (another build of ours, say); ``--ours PATH`` picks our ``nsqd`` (default: the one
 next to this Python). Every round runs each server in turn, alternating the
-order; the figures are medians over rounds.
+order; the figures are medians over rounds. ``--standby MODE`` (``sync``, ``async``)
+adds ``ours+MODE``: our nsqd as a replication primary with a standby nsqd (ours, on the
+same machine) linked in that mode before each run (docs/replication.md). ``--pin 0/1``
+keeps the measured nsqd on CPU 0 and the bench tools and the standby on CPU 1.
 """
 
 from __future__ import annotations
@@ -53,11 +57,22 @@ _STAMP = struct.Struct(">q")
 class Server:
     """One running nsqd (either implementation) on loopback ports of its own."""
 
-    def __init__(self, exe: str, extra: list[str] = ()) -> None:  # type: ignore[assignment]
+    def __init__(self, exe: str, extra: list[str] = (), cpus: str = "") -> None:  # type: ignore[assignment]
+        """``cpus``: the CPUs it may run on (``taskset -c``), empty: any."""
         self.data = tempfile.mkdtemp(prefix="go_compare.")
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            [exe, "--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0", "--data-path", self.data, *extra],
+            [
+                *pinned(cpus),
+                exe,
+                "--tcp-address",
+                "127.0.0.1:0",
+                "--http-address",
+                "127.0.0.1:0",
+                "--data-path",
+                self.data,
+                *extra,
+            ],
             stderr=subprocess.PIPE,
             text=True,
         )
@@ -107,13 +122,43 @@ class Server:
         shutil.rmtree(self.data, ignore_errors=True)
 
 
+def pinned(cpus: str) -> list[str]:
+    """The command prefix that keeps a process on ``cpus`` (``--pin``)."""
+    return ["taskset", "-c", cpus] if cpus else []
+
+
+PIN: dict[str, str] = {"server": "", "others": ""}  # --pin: the measured server's CPUs, everything else's
+
+
 @contextmanager
 def running(exe: str, extra: list[str] = ()) -> Iterator[Server]:  # type: ignore[assignment]
-    server = Server(exe, extra)
+    server = Server(exe, extra, PIN["server"])
     try:
         yield server
     finally:
         server.stop()
+
+
+@contextmanager
+def running_pair(exe: str, extra: list[str], mode: str) -> Iterator[Server]:
+    """Our nsqd as the primary of a replication pair (``mode``: sync or async), its
+    standby (the same command and flags) linked and in sync before it is handed out."""
+    secret = tempfile.NamedTemporaryFile("w", prefix="go_compare.secret.", delete=False)
+    secret.write("bench\n")
+    secret.close()
+    shared = ["--replication-secret-file", secret.name, *extra]
+    standby = Server(exe, ["--replication-role", "standby", *shared], PIN["others"])
+    try:
+        with running(exe, ["--replica", standby.tcp, "--replication-mode", mode, *shared]) as primary:
+            deadline = time.monotonic() + 30
+            while json.loads(primary.get("/replication"))["state"] != "in_sync":
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the standby did not get in sync")
+                time.sleep(0.05)
+            yield primary
+    finally:
+        standby.stop()
+        os.unlink(secret.name)
 
 
 def host_port(address: str) -> tuple[str, int]:
@@ -175,6 +220,11 @@ def messages(out: str) -> float:
     return ops(out) * parse_duration(found[-1])
 
 
+def writers_env(writers: int) -> dict[str, str] | None:
+    """Go's bench_writer runs one publisher per GOMAXPROCS: ``writers`` of them (0: per core)."""
+    return dict(os.environ, GOMAXPROCS=str(writers)) if writers else None
+
+
 def throughput(a: argparse.Namespace, servers: dict[str, str]) -> None:
     go_bin = Path(a.go_bin)
     pub: dict[str, list[float]] = {n: [] for n in servers}
@@ -184,21 +234,27 @@ def throughput(a: argparse.Namespace, servers: dict[str, str]) -> None:
     sub_cpu: dict[str, list[float]] = {n: [] for n in servers}
     size = ["-size", str(a.size)]
     for r, name, exe in rounds_of(servers, a.rounds):
-        with running(exe, ["--mem-queue-size", str(a.mem_queue_size)]) as s:
+        extra = ["--mem-queue-size", str(a.mem_queue_size)]
+        mode = a.pairs.get(name)
+        with running(exe, extra) if mode is None else running_pair(exe, extra, mode) as s:
             s.post("/topic/create?topic=sub_bench")
             if not a.topic_backlog:
                 s.post("/channel/create?topic=sub_bench&channel=ch")
             addr = ["-nsqd-tcp-address", s.tcp, "-runfor", a.runfor]
             cpu0 = s.cpu()
             w = subprocess.run(
-                [str(go_bin / "bench_writer"), *addr, *size, "-batch-size", str(a.batch_size)],
+                [*pinned(PIN["others"]), str(go_bin / "bench_writer"), *addr, *size, "-batch-size", str(a.batch_size)],
                 capture_output=True,
                 text=True,
                 check=True,
+                env=writers_env(a.writers),
             )
             cpu1 = s.cpu()
             rd = subprocess.run(
-                [str(go_bin / "bench_reader"), *addr, *size], capture_output=True, text=True, check=True
+                [*pinned(PIN["others"]), str(go_bin / "bench_reader"), *addr, *size],
+                capture_output=True,
+                text=True,
+                check=True,
             )
             cpu2 = s.cpu()
         wrote, read = w.stdout + w.stderr, rd.stdout + rd.stderr
@@ -449,11 +505,31 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--go-bin", required=True, help="directory of Go's nsqd, bench_writer and bench_reader")
     p.add_argument("--ours", default=str(Path(sys.executable).parent / "nsqd"), help="our nsqd command")
     p.add_argument("--server", action="append", default=[], metavar="NAME=PATH", help="another nsqd to measure")
+    p.add_argument(
+        "--standby",
+        action="append",
+        default=[],
+        choices=["sync", "async"],
+        help="throughput: also ours as a replication primary with a standby in this mode (ours+MODE)",
+    )
     p.add_argument("measure", choices=[*MEASURES, "all"])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--runfor", default="5s", help="throughput: each bench tool's run")
     p.add_argument("--size", type=int, default=200, help="message size")
     p.add_argument("--batch-size", type=int, default=200, help="throughput: MPUB batch")
+    p.add_argument(
+        "--pin",
+        default="",
+        metavar="SERVER_CPUS/OTHER_CPUS",
+        help="throughput: taskset the measured nsqd to SERVER_CPUS, the bench tools and a standby to OTHER_CPUS "
+        "(e.g. 0/1: the primary has a core of its own, as on a host of its own)",
+    )
+    p.add_argument(
+        "--writers",
+        type=int,
+        default=0,
+        help="throughput: bench_writer's concurrent publishers, each waiting for its OK (default: one per core)",
+    )
     p.add_argument("--mem-queue-size", type=int, default=1_000_000, help="throughput: as Go's bench.sh")
     p.add_argument(
         "--topic-backlog",
@@ -467,10 +543,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup", type=float, default=1.0, help="latency: first seconds not counted")
     a = p.parse_args(argv)
     parse_duration(a.runfor)  # fail early on a bad duration
+    if a.pin:
+        PIN["server"], _, PIN["others"] = a.pin.partition("/")
     servers = {"go": str(Path(a.go_bin) / "nsqd"), "ours": a.ours}
     for spec in a.server:
         name, _, path = spec.partition("=")
         servers[name] = path
+    a.pairs = {}
+    for mode in a.standby:
+        servers[f"ours+{mode}"] = a.ours
+        a.pairs[f"ours+{mode}"] = mode
     for name, exe in servers.items():
         if not os.access(exe, os.X_OK):
             p.error(f"{name}: {exe} is not an executable")

@@ -237,6 +237,7 @@ class LookupPeer(service.Service):
             return
         self.info = info
         self.log.info("LOOKUPD({addr}): peer info {info}", addr=self.address, info=go_peer_info(info))
+        self.lookup.identified(self)
         if not info.get("broadcast_address"):
             self.log.error("LOOKUPD({addr}): no broadcast address", addr=self.address)
         commands = []
@@ -293,6 +294,8 @@ class LookupService(service.MultiService):
         nsqd.observe_options(self.options_changed)
         nsqd.set_channel_source(self.topic_channels)
         self._queries: set[defer.Deferred[Any]] = set()
+        self.paused = False  # beyond Go: a replication standby registers nowhere
+        self._identified_observers: list[Callable[[], None]] = []
 
     @property
     def peers(self) -> list[LookupPeer]:
@@ -328,7 +331,36 @@ class LookupService(service.MultiService):
             self._http = HTTPClient(agent)
         return self._http
 
+    def observe_identified(self, observer: Callable[[], None]) -> None:
+        """Beyond Go: call ``observer()`` when a lookupd answers IDENTIFY (its HTTP
+        address is known from then on: a replication primary tells its standby)."""
+        self._identified_observers.append(observer)
+
+    def identified(self, peer: LookupPeer) -> None:
+        for observer in self._identified_observers:
+            try:
+                observer()
+            except Exception:
+                self.log.failure("lookupd observer failed for {addr}", addr=peer.address)
+
+    def pause(self) -> None:
+        """Beyond Go: leave every lookupd (a replication standby), which forgets this
+        node's topics and channels at once, until :meth:`resume`."""
+        self.paused = True
+        for peer in self.peers:
+            self.log.info("LOOKUP({addr}): removing peer (replication standby)", addr=peer.address)
+            peer.disownServiceParent()
+
+    def resume(self) -> None:
+        """Register with the lookupds again (a replication standby promoted)."""
+        if self.paused:
+            self.paused = False
+            if self.running:
+                self._sync_peers()
+
     def _sync_peers(self) -> None:
+        if self.paused:
+            return
         wanted = list(self.nsqd.opts.lookupd_tcp_addresses)
         for peer in self.peers:
             if peer.address not in wanted:
@@ -362,6 +394,10 @@ class LookupService(service.MultiService):
             self.log.info("LOOKUPD({addr}): {branch} {cmd}", addr=peer.address, branch=branch, cmd=cmd.decode().strip())
             peer.command(cmd)
 
+    def connected(self) -> bool:
+        """Whether any lookupd is connected now (beyond Go: a replication primary's fence)."""
+        return any(p.proto is not None and p.info for p in self.peers)
+
     def lookupd_http_addresses(self) -> list[str]:
         return [a for a in (p.http_address for p in self.peers) if a]
 
@@ -369,7 +405,7 @@ class LookupService(service.MultiService):
         """The topic's channels known to the lookupds (None: don't wait)."""
         addresses = self.lookupd_http_addresses()
         if not addresses:
-            if self.nsqd.opts.lookupd_tcp_addresses:
+            if self.nsqd.opts.lookupd_tcp_addresses and not self.paused:
                 self.log.error(
                     "no available nsqlookupd to query for channels to pre-create for topic {topic}", topic=topic
                 )

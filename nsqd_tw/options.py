@@ -98,6 +98,28 @@ class _SigtermMode(Kind):
         return mode
 
 
+REPLICATION_ROLES = ("primary", "standby")
+REPLICATION_MODES = ("sync", "async")
+
+
+class _ReplicationRole(Kind):
+    def from_flag(self, text: str) -> str:
+        role = text.lower()
+        if role not in REPLICATION_ROLES:
+            raise ConfigError(f'unknown replication role "{text}" (primary or standby)')
+        return role
+
+
+class _ReplicationMode(Kind):
+    def from_flag(self, text: str) -> str:
+        mode = text.lower()
+        if mode not in REPLICATION_MODES:
+            raise ConfigError(f'unknown replication mode "{text}" (sync or async)')
+        return mode
+
+
+REPLICATION_ROLE = _ReplicationRole()
+REPLICATION_MODE = _ReplicationMode()
 TLS_REQUIRED_KIND = _TLSRequired()
 TLS_MIN_VERSION = _TLSMinVersion()
 SIGTERM_MODE = _SigtermMode()
@@ -262,6 +284,57 @@ class NSQDOptions:
         "beyond Go: how long a drain may last before nsqd stops anyway, keeping what is left on disk (0 = no limit)",
     )
 
+    replica: str = opt(
+        "replica",
+        STRING,
+        "",
+        "beyond Go: <addr>:<port> (TCP) of the standby nsqd this primary streams everything it accepts to",
+    )
+    replication_role: str = opt(
+        "replication-role",
+        REPLICATION_ROLE,
+        "primary",
+        "beyond Go: primary or standby: this node's replication role at its first start "
+        "(then replication.json under --data-path keeps it)",
+    )
+    replication_secret_file: str = opt(
+        "replication-secret-file",
+        STRING,
+        "",
+        "beyond Go: path to the secret both nodes of a replication pair share (they authenticate each other with it)",
+    )
+    replication_mode: str = opt(
+        "replication-mode",
+        REPLICATION_MODE,
+        "sync",
+        "beyond Go: sync (PUB answered OK once the standby holds the message) or async (OK at once)",
+    )
+    replication_required: bool = opt(
+        "replication-required",
+        BOOL,
+        False,
+        "beyond Go: refuse publishes while the standby is not in sync, rather than acknowledge on one node",
+    )
+    replication_timeout: float = opt(
+        "replication-timeout",
+        DURATION,
+        5.0,
+        "beyond Go: a replication link silent this long is dropped",
+    )
+    replication_max_lag: int = opt(
+        "replication-max-lag",
+        INT,
+        10000,
+        "beyond Go: async mode: operations sent and not acknowledged by the standby before publishes wait for it",
+    )
+    promote_after: float = opt(
+        "promote-after",
+        DURATION,
+        0.0,
+        "beyond Go: a standby promotes itself once its primary is unreachable this long and no nsqlookupd "
+        "lists it (0 = only POST /replication/promote)",
+    )
+
     queue_scan_worker_pool_max: int = opt(
         "queue-scan-worker-pool-max",
         INT,
@@ -392,6 +465,7 @@ class NSQDOptions:
             raise ConfigError(f'--sigterm-mode must be shutdown or drain, not "{self.sigterm_mode}"')
         if self.drain_timeout < 0:
             raise ConfigError("--drain-timeout must be >= 0")
+        self._validate_replication()
         from nsqd_tw.core.settings import SettingsError, check_defaults
 
         try:
@@ -410,6 +484,30 @@ class NSQDOptions:
         for p in self.e2e_processing_latency_percentiles:
             if p <= 0 or p > 1:
                 raise ConfigError(f"invalid E2E processing latency percentile: {p:g}")
+
+    @property
+    def replicated(self) -> bool:
+        """Whether this node is one of a replication pair (beyond Go)."""
+        return bool(self.replica) or self.replication_role == "standby"
+
+    def _validate_replication(self) -> None:
+        if self.replication_role not in REPLICATION_ROLES:
+            raise ConfigError(f'--replication-role must be primary or standby, not "{self.replication_role}"')
+        if self.replication_mode not in REPLICATION_MODES:
+            raise ConfigError(f'--replication-mode must be sync or async, not "{self.replication_mode}"')
+        if self.replication_timeout <= 0:
+            raise ConfigError("--replication-timeout must be > 0")
+        if self.replication_max_lag < 1:
+            raise ConfigError("--replication-max-lag must be >= 1")
+        if self.promote_after < 0:
+            raise ConfigError("--promote-after must be >= 0")
+        if self.replicated and not self.replication_secret_file:
+            raise ConfigError(
+                "--replication-secret-file is required with --replica or --replication-role standby "
+                "(the pair authenticates each other with it)"
+            )
+        if self.replica and split_address(self.replica) is None:
+            raise ConfigError(f"--replica {self.replica}: missing port in address")
 
 
 NSQD_DEPRECATED_FLAGS = {

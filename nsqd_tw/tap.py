@@ -102,7 +102,8 @@ def makeService(config: Any, reactor: Any = None) -> ServerService:
 
     tls = server_tls(opts)
     log = nsqd.log_gate.logger("nsq_service.listen")
-    tcp = ListeningService("TCP", reactor, opts.tcp_address, V2Factory(nsqd, tls), tcp_bound, log=log)
+    v2 = V2Factory(nsqd, tls)
+    tcp = ListeningService("TCP", reactor, opts.tcp_address, v2, tcp_bound, log=log)
     tcp.setServiceParent(top)
     if opts.http_address:
         site = make_site(nsqd, bound, gc_pauses=gc_pauses)
@@ -114,7 +115,15 @@ def makeService(config: Any, reactor: Any = None) -> ServerService:
         )
     if opts.statsd_address:
         StatsdService(nsqd, gc_pauses).setServiceParent(top)
-    LookupService(nsqd).setServiceParent(top)  # after the listeners: it announces their ports
+    lookup = LookupService(nsqd)
+    if opts.replicated:  # beyond Go: after the listeners (it announces their ports), before lookup
+        from nsqd_tw.replication import wire
+        from nsqd_tw.replication.service import ReplicationService
+
+        replication = ReplicationService(nsqd, lookup, tls)
+        v2.magics[wire.MAGIC] = replication.accept
+        replication.setServiceParent(top)
+    lookup.setServiceParent(top)  # after the listeners: it announces their ports
 
     Ticker(opts.queue_scan_interval, nsqd.queue_scan, reactor, "queue-scan").setServiceParent(top)
     Ticker(opts.sync_timeout, nsqd.syncer.tick, reactor, "disk-sync").setServiceParent(top)

@@ -59,6 +59,32 @@ class ServerTLS:
         return self.context
 
 
+@implementer(IOpenSSLContextFactory)
+class ClientTLS:
+    """Beyond Go: the context a replication primary dials its standby with: nsqd's
+    own certificate (for a standby that verifies its primary's), and the standby's
+    checked against ``--tls-root-ca-file`` when one is given."""
+
+    def __init__(self, opts: NSQDOptions) -> None:
+        ctx = SSL.Context(SSL.TLS_CLIENT_METHOD)
+        ctx.set_min_proto_version(MIN_VERSIONS[opts.tls_min_version])
+        try:
+            if opts.tls_cert and opts.tls_key:
+                ctx.use_certificate_chain_file(opts.tls_cert.encode())
+                ctx.use_privatekey_file(opts.tls_key.encode())
+            if opts.tls_root_ca_file:
+                ctx.load_verify_locations(opts.tls_root_ca_file.encode())
+                ctx.set_verify(SSL.VERIFY_PEER, _verified)
+            else:
+                ctx.set_verify(SSL.VERIFY_NONE, _accept_any)
+        except (SSL.Error, OSError) as e:
+            raise ConfigError(f"failed to build TLS config - {ssl_error(e)}") from None
+        self.context = ctx
+
+    def getContext(self) -> SSL.Context:
+        return self.context
+
+
 def _accept_any(conn: Any, cert: Any, errnum: int, depth: int, ok: int) -> bool:
     return True
 

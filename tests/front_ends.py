@@ -40,6 +40,8 @@ SAMPLES: dict[type, list[tuple[str, Any]]] = {
     type(o.TLS_MIN_VERSION): [("tls1.2", "tls1.2"), ("TLS1.3", "tls1.3")],
     type(machinery.LOG_LEVEL): [("debug", "debug"), ("WARN", "warn")],
     type(o.SIGTERM_MODE): [("drain", "drain"), ("SHUTDOWN", "shutdown")],
+    type(o.REPLICATION_ROLE): [("standby", "standby"), ("PRIMARY", "primary")],
+    type(o.REPLICATION_MODE): [("async", "async"), ("SYNC", "sync")],
 }
 
 

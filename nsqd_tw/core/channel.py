@@ -13,12 +13,12 @@ import random
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from nsq_wire.message import MESSAGE_HEADER_LENGTH
+from nsq_wire.message import ID_OFFSET, MESSAGE_HEADER_LENGTH
 from nsq_wire.names import is_ephemeral
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.pqueue import TimeoutQueue
 from nsqd_tw.core.quantile import Quantile, new_latency_quantile
-from nsqd_tw.core.queue import Context, Item, MessageQueue, as_items
+from nsqd_tw.core.queue import Context, Item, MessageQueue, as_items, body_size
 
 if TYPE_CHECKING:
     from nsqd_tw.core.rewind import Rewind
@@ -82,6 +82,9 @@ class Channel(MessageQueue):
         self.dead_letter_count = 0
         self.finish_count = 0
         self.duplicate_count = 0  # beyond Go: copies not delivered, their message in flight (rewinds)
+        # beyond Go, a replication standby's channel: how many copies of each message ID
+        # its primary finished or superseded that are still queued here (see skip())
+        self.skips: dict[bytes, int] = {}
         # --e2e-processing-latency-percentile: publish to FIN (Go's), and (beyond Go)
         # delivery to FIN, the consumer's own time; both or neither
         self.e2e: Quantile | None = None
@@ -174,8 +177,13 @@ class Channel(MessageQueue):
     def _back(self, msg: Message) -> None:
         """A message delivered comes back (REQ, timeout, its consumer gone): queued
         again, or past ``max_attempts`` moved to the dead-letter topic."""
+        shipper = self.ctx.shipper
         if not self._dead_at_return(msg):
             self._put(msg)
+            if shipper is not None:
+                shipper.requeued(self, msg, 0.0)
+        elif shipper is not None:
+            shipper.gone(self, (msg.id,))
 
     def _dead_at_return(self, msg: Message) -> bool:
         """Whether ``msg``, back from a consumer, was moved to the dead-letter topic."""
@@ -200,8 +208,15 @@ class Channel(MessageQueue):
     def expired(self, msg: Message) -> None:
         if self.policy.expire_to_dead_letter and self._dead_letter(msg, "max_age"):
             self.expired_count += 1
+            if self.ctx.shipper is not None:
+                self.ctx.shipper.gone(self, (msg.id,))
             return
         super().expired(msg)
+
+    def _discard(self, msg: Message) -> None:
+        super()._discard(msg)
+        if self.ctx.shipper is not None:  # expired or trimmed: gone on the standby too
+            self.ctx.shipper.gone(self, (msg.id,))
 
     def _put(self, msg: Message) -> None:
         """Queue a message coming back (REQ, timeout, release): it is never dropped."""
@@ -250,6 +265,8 @@ class Channel(MessageQueue):
         if not queued:
             if self.copies:
                 self._copies_gone()
+            if self.skips and not self.in_flight and not self.deferred:
+                self.skips.clear()  # (a promoted standby's) counts of copies it never had
             return
         ready = 0
         for c in consumers:
@@ -288,6 +305,8 @@ class Channel(MessageQueue):
             burst = take(want, c.id, now)
             taken = len(burst)
             if burst:
+                if self.skips:
+                    burst = self._unskipped(burst)
                 if self.copies:
                     burst = self._unique(burst)
                 push_many(burst, now + c.msg_timeout)
@@ -390,6 +409,9 @@ class Channel(MessageQueue):
         """One message to ``c``, for a channel with a TTL or a consumer with a sample
         rate: False when nothing is queued (due now)."""
         msg = self._pop()
+        while msg is not None and self.skips and self._skipped(msg.id):
+            self._forget(msg)  # (a promoted standby) finished on its old primary
+            msg = self._pop()
         while expire_before and msg is not None and msg.timestamp < expire_before:
             self.expired(msg)  # never delivered past its TTL
             msg = self._pop()
@@ -399,6 +421,8 @@ class Channel(MessageQueue):
             self._drop_copy(msg)
             return True
         if c.sample_rate and random.randrange(100) > c.sample_rate:
+            if self.ctx.shipper is not None:
+                self.ctx.shipper.gone(self, (msg.id,))
             return True  # sampled out: gone from the channel, as in Go
         if msg.attempts < 65535:
             msg.attempts += 1
@@ -450,6 +474,8 @@ class Channel(MessageQueue):
         self.duplicate_count += 1
         if msg.ref is not None:
             self.backend.done(msg.ref)
+        if self.ctx.shipper is not None:
+            self.ctx.shipper.gone(self, (msg.id,))
 
     def feed(self, records: list[bytes]) -> None:
         """A rewind's records (beyond Go): queued in memory behind what is there,
@@ -457,6 +483,8 @@ class Channel(MessageQueue):
         self.memory.extend(records)
         self.memory_bytes += sum(map(len, records)) - MESSAGE_HEADER_LENGTH * len(records)
         self.message_count += len(records)
+        if self.ctx.shipper is not None:
+            self.ctx.shipper.fed(self, records)
         self._dispatch()
 
     def cancel_rewind(self, why: str) -> None:
@@ -487,6 +515,8 @@ class Channel(MessageQueue):
     def add_client(self, client: Consumer) -> None:
         if self.exiting:
             raise ChannelError("exiting")
+        if self.ctx.standby is not None:
+            raise ChannelError(str(self.ctx.standby))
         if client.id in self.clients:
             return
         limit = self.ctx.opts.max_channel_consumers
@@ -537,6 +567,8 @@ class Channel(MessageQueue):
         self.finish_count += 1
         if self.e2e is not None:
             self._finished_latencies(msg)
+        if self.ctx.shipper is not None:
+            self.ctx.shipper.gone(self, (msg_id,))
         return msg
 
     def finish_messages(self, client_id: int, ids: list[bytes]) -> tuple[int, list[tuple[bytes, ChannelError]]]:
@@ -551,6 +583,8 @@ class Channel(MessageQueue):
         if self.e2e is not None:
             for msg in done:
                 self._finished_latencies(msg)
+        if done and self.ctx.shipper is not None:
+            self.ctx.shipper.gone(self, [msg.id for msg in done])
         return len(done), [(msg_id, ChannelError(why)) for msg_id, why in refused]
 
     def _finished_latencies(self, msg: Message) -> None:
@@ -568,13 +602,18 @@ class Channel(MessageQueue):
                 raise ChannelError("exiting")
             self._back(msg)
             return
+        shipper = self.ctx.shipper
         if self._dead_at_return(msg):
+            if shipper is not None:
+                shipper.gone(self, (msg.id,))
             return
         if msg.id not in self.deferred:
             due = self.ctx.now() + delay
             self.deferred.push(msg, due)
             if msg.ref is not None:
                 self.backend.set_deferred(msg.id, int(due * 1e9))  # survives a crash too
+            if shipper is not None:
+                shipper.requeued(self, msg, delay)
 
     def touch_message(self, client_id: int, msg_id: bytes, timeout: float) -> None:
         msg = self._pop_in_flight(client_id, msg_id)
@@ -623,6 +662,8 @@ class Channel(MessageQueue):
     def pause(self) -> None:
         self.paused = True
         self.ctx.metadata_changed(self.topic_name)
+        if self.ctx.shipper is not None:
+            self.ctx.shipper.control("channel_pause", self)
 
     def unpause(self) -> None:
         self.paused = False
@@ -630,15 +671,103 @@ class Channel(MessageQueue):
         self._dispatch()
         if self.rewind is not None:
             self.rewind.poke()
+        if self.ctx.shipper is not None:
+            self.ctx.shipper.control("channel_unpause", self)
 
     def empty(self) -> None:
         """Drop every queued, in-flight and deferred message (and a rewind's rest)."""
+        if self.ctx.shipper is not None and not self.exiting:
+            self.ctx.shipper.control("channel_empty", self)
         self.cancel_rewind("channel emptied")
         self.in_flight.clear()
         self.deferred.clear()
         for client in self._consumers:
             client.empty()
         self._empty()
+        self.skips.clear()
+
+    # -- beyond Go: a replication standby's channel ------------------------------------
+
+    def skip(self, ids: Sequence[bytes]) -> None:
+        """The primary is done with a copy of each of ``ids`` (finished, expired,
+        trimmed, dead-lettered): the next copy of each met here is dropped."""
+        skips = self.skips
+        for msg_id in ids:
+            skips[msg_id] = skips.get(msg_id, 0) + 1
+        self.compact()
+
+    def supersede(self, msg: Message, delay: float) -> None:
+        """The primary queued ``msg`` again (REQ, timeout, its consumer gone), after
+        ``delay`` seconds: its copy here gives way to this one, which keeps the
+        attempts and the delay the primary gave it."""
+        old = self.deferred.remove(msg.id)
+        if old is None:
+            self.skips[msg.id] = self.skips.get(msg.id, 0) + 1
+        elif old.ref is not None:
+            self.backend.done(old.ref)
+        msg.deferred = delay
+        self.stage([msg] if delay else [msg.encode()])
+        self.compact()
+
+    def compact(self) -> None:
+        """Drop the skipped copies at the heads of memory and the backend, so the
+        standby's queues shrink as the primary's consumers finish (counts left
+        once nothing is held here are of copies this channel never had)."""
+        skips = self.skips
+        if not skips:
+            return
+        memory, backend = self.memory, self.backend
+        head = getattr(backend, "head", None)
+        while True:
+            moved = False
+            while memory:
+                held = memory[0]
+                msg_id = held[ID_OFFSET:MESSAGE_HEADER_LENGTH] if isinstance(held, bytes) else held.id
+                if not self._skipped(msg_id):
+                    break
+                memory.popleft()
+                self.memory_bytes -= body_size(held)
+                if not isinstance(held, bytes) and held.ref is not None:
+                    backend.done(held.ref)
+                moved = True
+            if backend.depth():
+                record = head() if head is not None else next(iter(backend.peek(1)), None)
+                if record is not None and self._skipped(record[ID_OFFSET:MESSAGE_HEADER_LENGTH]):
+                    read = backend.read()
+                    if read is not None:
+                        backend.done(read[1])
+                        backend.take_deferred(read[0][ID_OFFSET:MESSAGE_HEADER_LENGTH])
+                    moved = True
+            if not moved or not skips:
+                break
+        if not memory and not backend.depth() and not self.deferred:
+            skips.clear()
+
+    def _unskipped(self, burst: list[Message]) -> list[Message]:
+        """A promoted standby's burst without the copies its old primary finished
+        or superseded (one check per burst while any count is left)."""
+        out = []
+        for msg in burst:
+            if self.skips and self._skipped(msg.id):
+                self._forget(msg)
+            else:
+                out.append(msg)
+        return out
+
+    def _forget(self, msg: Message) -> None:
+        if msg.ref is not None:
+            self.backend.done(msg.ref)
+
+    def _skipped(self, msg_id: bytes) -> bool:
+        """Whether a copy of ``msg_id`` is to be dropped (and count it dropped)."""
+        n = self.skips.get(msg_id)
+        if not n:
+            return False
+        if n == 1:
+            del self.skips[msg_id]
+        else:
+            self.skips[msg_id] = n - 1
+        return True
 
     def delete(self) -> None:
         """Close consumers, drop everything, delete the backend."""

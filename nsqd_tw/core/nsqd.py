@@ -39,7 +39,7 @@ from nsqd_tw.core.metadata import (
 from nsqd_tw.core.queue import Item, MessageQueue
 from nsqd_tw.core.rewind import Rewind, position_of
 from nsqd_tw.core.settings import Policy, SettingsError, defaults_from_options, parse_settings
-from nsqd_tw.core.topic import DrainingError, Topic, TopicError
+from nsqd_tw.core.topic import DrainingError, StandbyError, Topic, TopicError
 from nsqd_tw.options import NSQDOptions
 from nsqd_tw.storage.backend import DummyBackendQueue, IBackendQueue, MemoryBackendQueue
 from nsqd_tw.storage.budget import DiskBudget
@@ -48,6 +48,51 @@ from nsqd_tw.storage.files import read_regular, write_atomic
 from nsqd_tw.storage.layout import DataDirectory
 from nsqd_tw.storage.retained import RetainedLog, Segment
 from nsqd_tw.storage.syncer import Syncer
+
+
+class Shipper(Protocol):
+    """Beyond Go: what a replication primary ships to its standby
+    (:mod:`nsqd_tw.replication`); the core calls it as things change."""
+
+    refusal: Exception | None  # why publishes are refused now (--replication-required), or None
+
+    def published(self, topic: Topic, items: list[Item]) -> defer.Deferred[None] | None:
+        """Messages published (records; DPUB's as deferred Messages): a Deferred that
+        fires once the standby holds them when the publisher must wait for that."""
+
+    def gone(self, channel: Channel, ids: Any) -> None:
+        """A copy of each of ``ids`` left ``channel`` for good (FIN, TTL, trim, dead letter)."""
+
+    def requeued(self, channel: Channel, msg: Message, delay: float) -> None:
+        """``msg`` came back to ``channel`` (REQ, timeout), queued again after ``delay``."""
+
+    def fed(self, channel: Channel, records: list[bytes]) -> None:
+        """A rewind queued copies of retained messages in ``channel``."""
+
+    def control(self, op: str, topic: Topic | Channel, channel: Channel | None = None) -> None:
+        """A topic or channel was paused, unpaused, emptied, started or given settings."""
+
+
+def both(a: defer.Deferred[None], b: defer.Deferred[None]) -> defer.Deferred[None]:
+    """A Deferred that fires once ``a`` and ``b`` have, failing with the first failure."""
+    d: defer.Deferred[None] = defer.Deferred()
+    left = [2]
+
+    def one(result: Any) -> None:
+        if d.called:
+            if isinstance(result, Failure):
+                result.trap(Exception)  # the first failure was reported
+            return
+        if isinstance(result, Failure):
+            d.errback(result)
+            return
+        left[0] -= 1
+        if not left[0]:
+            d.callback(None)
+
+    a.addBoth(one)
+    b.addBoth(one)
+    return d
 
 
 class Client(Protocol):
@@ -148,6 +193,12 @@ class NSQD(service.Service):
         self._rewinding: dict[Channel, None] = {}
         self._retention_checked_at = 0.0
 
+        # beyond Go, replication (nsqd_tw.replication): a primary's shipper (None: no
+        # replica), a standby's refusal (None: not a standby), the service for HTTP
+        self.shipper: Shipper | None = None
+        self.standby: StandbyError | None = None
+        self.replication: Any = None
+
         # who is told of changes (see observe_changes, observe_options, set_channel_source)
         self._change_observers: list[Callable[[str, Topic | Channel], None]] = []
         self._option_observers: list[Callable[[str], None]] = []
@@ -237,6 +288,20 @@ class NSQD(service.Service):
         if self.running:
             self.stopService()
 
+    # -- beyond Go: replication ---------------------------------------------
+
+    def set_standby(self, refusal: StandbyError | None) -> None:
+        """Refuse producers and consumers as a replication standby (``refusal``
+        names the primary; every client is disconnected), or serve (None)."""
+        was, self.standby = self.standby, refusal
+        if (was is None) == (refusal is None):
+            return
+        if refusal is not None:
+            for client in list(self.clients.values()):
+                client.shutdown()
+        for topic in self.topics.values():
+            topic.apply_policies()  # a standby bounds nothing; a primary its bounded queues
+
     # -- clients ----------------------------------------------------------
 
     def add_client(self, client: Client) -> int:
@@ -280,19 +345,23 @@ class NSQD(service.Service):
                 self.set_health(None)
             self._sync_failed = None
 
-    def get_topic(self, name: str) -> Topic:
-        """The topic, created (and started) if it does not exist."""
+    def get_topic(self, name: str, replicated: bool = False) -> Topic:
+        """The topic, created (and started) if it does not exist; a standby creates
+        one only from its primary (``replicated``, and then it is not started)."""
         topic = self.topics.get(name)
         if topic is not None:
             return topic
-        self._refuse_while_draining()
+        if not replicated:
+            if self.standby is not None:
+                raise self.standby
+            self._refuse_while_draining()
         topic = Topic(name, self)
         topic.apply_policies()
         self.topics[name] = topic
         self.log.info("TOPIC({name}): created", name=name)
         self._changed("topic_created", topic)
-        if self.loading:
-            return topic  # started once its channels are loaded
+        if self.loading or replicated:
+            return topic  # started once its channels are loaded (or its primary's topic starts)
         query = self._channel_source(name) if self._channel_source is not None else None
         if query is None:
             topic.start()
@@ -334,6 +403,11 @@ class NSQD(service.Service):
         """
         if self.drain is not None:  # _refuse_while_draining inline: once per publish
             raise DrainingError()
+        if self.standby is not None:
+            raise self.standby
+        shipper = self.shipper
+        if shipper is not None and shipper.refusal is not None:
+            raise shipper.refusal
         ts = self.now_ns()
         ids = self.guid.new_ids(len(bodies))
         items: list[Item]
@@ -345,6 +419,11 @@ class NSQD(service.Service):
         else:
             items = list(records(ids, bodies, ts))  # queued as they will be stored: no Message yet
         topic.put_items(items, sum(map(len, bodies)))
+        if shipper is not None and not topic.ephemeral:
+            acked = shipper.published(topic, items)
+            if self.durable:
+                return self.syncer.commit() if acked is None else both(self.syncer.commit(), acked)
+            return acked
         if self.durable and not topic.ephemeral:
             return self.syncer.commit()
         return None
@@ -385,7 +464,10 @@ class NSQD(service.Service):
             if not is_valid_topic_name(target):  # <topic>.dead of a 60-character topic name
                 raise TopicError(f"invalid topic name {target!r}: set the channel's dead_letter_topic")
             topic = self.get_topic(target)
-            topic.put_items([msg.encode()], len(msg.body))
+            record = msg.encode()
+            topic.put_items([record], len(msg.body))
+            if self.shipper is not None and not topic.ephemeral:
+                self.shipper.published(topic, [record])
         except Exception as e:
             err = e
             self._queue_events.emit(
@@ -423,8 +505,8 @@ class NSQD(service.Service):
     def sweep_expired(self, now: float) -> None:
         """Drop (or dead-letter) what passed its TTL from the heads of the queues
         with one, at most :data:`SWEEP_LIMIT` messages a pass, once a second."""
-        if not self._ttl_queues or now < self._ttl_swept_at + SWEEP_INTERVAL:
-            return
+        if not self._ttl_queues or now < self._ttl_swept_at + SWEEP_INTERVAL or self.standby is not None:
+            return  # (a standby expires what its primary does, told by it)
         self._ttl_swept_at = now
         budget = SWEEP_LIMIT
         now_ns = int(now * 1e9)

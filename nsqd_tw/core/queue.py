@@ -50,6 +50,10 @@ class Context(Protocol):
     opts: NSQDOptions
     log: Any
     health_error: BaseException | None
+    # beyond Go, replication: where a primary ships what changes (None: no replica),
+    # and the refusal of a standby (None: not one)
+    shipper: Any
+    standby: Any
 
     @property
     def draining(self) -> bool: ...

@@ -30,11 +30,32 @@ class TopicError(Exception):
     """A refused topic operation; ``str()`` is Go's text."""
 
 
-class DrainingError(TopicError):
+class RefusedError(TopicError):
+    """nsqd takes no new message, topic or channel now (draining, a standby)."""
+
+
+class DrainingError(RefusedError):
     """nsqd is draining: it takes no new message, topic or channel."""
 
     def __init__(self) -> None:
         super().__init__("nsqd is draining")
+
+
+class StandbyError(RefusedError):
+    """Beyond Go: this nsqd is a replication standby; ``primary`` is the TCP address
+    of its primary ("" while it knows none), ``primary_http`` its HTTP address."""
+
+    def __init__(
+        self, primary: str, epoch: int, primary_http: str = "", text: str = "", health: str = "", code: str = "STANDBY"
+    ) -> None:
+        self.code = code  # what HTTP answers: STANDBY (or a primary STARTING, FENCED)
+        self.primary = primary
+        self.primary_http = primary_http
+        self.epoch = epoch
+        where = f"primary {primary}" if primary else "no primary yet"
+        super().__init__(text or f"this nsqd is a standby ({where}, epoch {epoch})")
+        # what GET /ping says after "NOK - "
+        self.health = health or f"standby of {primary or 'no primary yet'} (epoch {epoch})"
 
 
 class Topic(MessageQueue):
@@ -257,13 +278,17 @@ class Topic(MessageQueue):
             merged.merge(q, now)
         return merged
 
-    def get_channel(self, name: str, *, while_draining: bool = False) -> Channel:
+    def get_channel(self, name: str, *, while_draining: bool = False, replicated: bool = False) -> Channel:
         """The channel, created if it does not exist; while nsqd drains a new one
-        is refused (:class:`DrainingError`) unless ``while_draining``."""
+        is refused (:class:`DrainingError`) unless ``while_draining``; a standby
+        creates one only from its primary (``replicated``)."""
         channel = self.channels.get(name)
         if channel is None:
-            if self.ctx.draining and not while_draining:
-                raise DrainingError()
+            if not replicated:
+                if self.ctx.standby is not None:
+                    raise self.ctx.standby
+                if self.ctx.draining and not while_draining:
+                    raise DrainingError()
             channel = Channel(self.name, name, self.ctx)
             self.channels[name] = channel
             self.apply_policies()
@@ -291,6 +316,8 @@ class Topic(MessageQueue):
         self.apply_policies()
         if not target.ephemeral:
             self.ctx.metadata_changed(self.name)
+        if self.ctx.shipper is not None:
+            self.ctx.shipper.control("settings", self, channel)
 
     def apply_policies(self) -> None:
         """What applies to this topic and its channels, after a change of settings."""
@@ -298,7 +325,9 @@ class Topic(MessageQueue):
         self.set_policy(resolve(self.own_settings, defaults, keys=CHANNEL_KEYS if self.ephemeral else KEYS))
         for c in self.channels.values():
             c.set_policy(resolve(c.own_settings, self.own_settings, defaults, keys=CHANNEL_KEYS))
-        self._bounded = [q for q in (self, *self.channels.values()) if q.policy.bounded]
+        # a standby keeps whatever its primary keeps: the primary's trims reach it as FINs
+        queues = () if self.ctx.standby is not None else (self, *self.channels.values())
+        self._bounded = [q for q in queues if q.policy.bounded]
         if not self.ctx.loading:
             self.apply_retention()
 
@@ -338,17 +367,25 @@ class Topic(MessageQueue):
         """Let messages flow to channels (after lookupd channels are created)."""
         self.started = True
         self._schedule_pump()
+        if self.ctx.shipper is not None:
+            self.ctx.shipper.control("topic_start", self)
 
     def pause(self) -> None:
         self.paused = True
         self.ctx.metadata_changed(self.name)
+        if self.ctx.shipper is not None:
+            self.ctx.shipper.control("topic_pause", self)
 
     def unpause(self) -> None:
         self.paused = False
         self.ctx.metadata_changed(self.name)
         self._schedule_pump()
+        if self.ctx.shipper is not None:
+            self.ctx.shipper.control("topic_unpause", self)
 
     def empty(self) -> None:
+        if self.ctx.shipper is not None and not self.exiting:
+            self.ctx.shipper.control("topic_empty", self)
         self._empty()
 
     def delete(self) -> None:

@@ -37,16 +37,38 @@ from nsqd_tw.core.message import Message
 from nsqd_tw.core.nsqd import NSQD, RewindError
 from nsqd_tw.core.queue import QueueFull
 from nsqd_tw.core.settings import SettingsError, parse_settings
-from nsqd_tw.core.topic import DrainingError, Topic, TopicError
+from nsqd_tw.core.topic import DrainingError, StandbyError, Topic, TopicError
 from nsqd_tw.http.stats import get_stats, print_stats
 from nsqd_tw.lookup import split_host_port
 from nsqd_tw.options import TLS_REQUIRED
+from nsqd_tw.replication.primary import NotInSync, ReplicaLost
+from nsqd_tw.replication.service import PromoteError
 from nsqd_tw.storage.errors import DiskBudgetFull
 from nsqd_tw.storage.retained import SinceTooOld
 
 PEEK_DEFAULT = 10  # messages /topic/peek and /channel/peek answer with, unless ?n= says
 PEEK_MAX = 1000
 DRAINING = "DRAINING"  # beyond Go: a refused publish or creation while nsqd drains
+# beyond Go: what a replication standby refuses (it changes only as its primary says)
+STANDBY_REFUSED = frozenset(
+    (
+        "/pub",
+        "/mpub",
+        "/topic/create",
+        "/topic/delete",
+        "/topic/empty",
+        "/topic/pause",
+        "/topic/unpause",
+        "/topic/settings",
+        "/channel/create",
+        "/channel/delete",
+        "/channel/empty",
+        "/channel/pause",
+        "/channel/unpause",
+        "/channel/settings",
+        "/channel/rewind",
+    )
+)
 
 
 class NSQDHTTPAPI(GoHTTPAPI):
@@ -71,7 +93,15 @@ class NSQDHTTPAPI(GoHTTPAPI):
         super().add_routes(router)
 
     def refuse(self, request: Request) -> bytes | None:
-        """With --tls-required, the plain HTTP port answers 403 to everything."""
+        """With --tls-required, the plain HTTP port answers 403 to everything; a
+        replication standby answers 503 to whatever would change its queues."""
+        standby = self.nsqd.standby
+        if (
+            standby is not None
+            and request.method in (b"POST", b"PUT")
+            and request.path.decode("utf-8", "replace") in STANDBY_REFUSED
+        ):
+            return self.v1(request, 503, standby.code, _standby_json(standby))
         if self.tls_enabled or self.nsqd.opts.tls_required != TLS_REQUIRED:
             return None
         port = self.bound.https[1] if self.bound.https else 0
@@ -86,6 +116,9 @@ class NSQDHTTPAPI(GoHTTPAPI):
             raise HTTPError(500, self.nsqd.get_health())
         if self.nsqd.draining:
             raise HTTPError(503, f"NOK - {DrainingError()}")  # out of a load balancer's rotation
+        standby = self.nsqd.standby
+        if standby is not None:  # beyond Go: so is a replication standby
+            raise HTTPError(503, f"NOK - {standby.health}")
         return self.nsqd.get_health()
 
     @route("/info", "GET")
@@ -152,7 +185,7 @@ class NSQDHTTPAPI(GoHTTPAPI):
 
         def failed(f: Any) -> None:
             self.log.error("HTTP: publish to {topic} not synced - {err}", topic=topic, err=f.value)
-            raise HTTPError(503, "EXITING")
+            raise HTTPError(503, "REPLICA_LOST" if isinstance(f.value, ReplicaLost) else "EXITING")
 
         return committed.addCallbacks(lambda _: "OK", failed)
 
@@ -461,7 +494,8 @@ class NSQDHTTPAPI(GoHTTPAPI):
         mem = self.mem_stats() if include_mem else None
         if get("format") != "json":
             now = self.nsqd.now()
-            text = print_stats(stats, mem, health, self.nsqd.start_time, now, version_string("nsqd"))
+            replication = self.nsqd.replication.status() if self.nsqd.replication is not None else None
+            text = print_stats(stats, mem, health, self.nsqd.start_time, now, version_string("nsqd"), replication)
             return text.encode()
         out: dict[str, Any] = {
             "version": VERSION,
@@ -473,6 +507,8 @@ class NSQDHTTPAPI(GoHTTPAPI):
             out["memory"] = mem
         out["producers"] = stats["producers"]
         out.update(self._draining())
+        if self.nsqd.replication is not None:  # beyond Go, after Go's keys
+            out["replication"] = self.nsqd.replication.status()
         return out
 
     @route("/config/<opt>", "GET", "PUT", body=lambda api: api.nsqd.opts.max_msg_size)
@@ -521,6 +557,33 @@ class NSQDHTTPAPI(GoHTTPAPI):
                 return JSONValue(True)
         return JSONValue(self.nsqd.draining if name == "drain" else not self.nsqd.running)
 
+    # -- beyond Go: replication -------------------------------------------------------
+
+    @route("/replication", "GET")
+    def replication(self, request: Request) -> dict[str, Any]:
+        """This node's role, epoch, peer, the link's state and lag (404 without replication)."""
+        if self.nsqd.replication is None:
+            raise HTTPError(404, "NOT_FOUND")
+        status: dict[str, Any] = self.nsqd.replication.status()
+        return status
+
+    @route("/replication/promote", "POST")
+    def replication_promote(self, request: Request) -> Any:
+        """Make this standby the primary (``force``: even while linked to its
+        primary, or not in sync); answered with the new status."""
+        replication = self.nsqd.replication
+        if replication is None:
+            raise HTTPError(404, "NOT_FOUND")
+        params = self.query(request)
+        force = "force" in params and BOOL_PARAMS.get(params["force"][0], True)
+        try:
+            replication.promote(force=force)
+        except PromoteError as e:
+            self.log.info("POST /replication/promote refused - {err}", err=e)
+            raise HTTPError(e.code, e.message, {"why": str(e)}) from None
+        status: dict[str, Any] = replication.status()
+        return status
+
     @route("/metrics", "GET", style="raw", access_log=False)
     def metrics(self, request: Request) -> bytes:
         """Beyond Go: the stats in the Prometheus text format."""
@@ -529,6 +592,11 @@ class NSQDHTTPAPI(GoHTTPAPI):
         if self._registry is None:
             self._registry = make_registry(self.nsqd, self.gc_pauses)
         return self.finish(request, 200, render(self._registry), CONTENT_TYPE, nsq=False)
+
+
+def _standby_json(standby: StandbyError) -> dict[str, Any]:
+    """Where a standby's refusal sends the client: its primary's HTTP address."""
+    return {"primary": standby.primary_http or standby.primary, "epoch": standby.epoch}
 
 
 def _since(params: dict[str, list[str]]) -> int | None:
@@ -560,6 +628,8 @@ def _too_old(e: SinceTooOld) -> HTTPError:
 def _publish_refusal(e: Exception) -> str:
     if isinstance(e, DiskBudgetFull):
         return "DISK_BUDGET_FULL"
+    if isinstance(e, NotInSync):
+        return "REPLICA_NOT_IN_SYNC"
     if isinstance(e, QueueFull):
         return f"QUEUE_FULL: {e}"
     return "EXITING"

@@ -38,6 +38,8 @@ class NSQDCollector:
         draining = GaugeMetricFamily("nsq_draining", "1 while nsqd drains (PUT /config/drain, --sigterm-mode drain)")
         draining.add_metric([], 1 if nsqd.draining else 0)
         yield draining
+        if nsqd.replication is not None:  # beyond Go: only when this node is one of a pair
+            yield from _replication(nsqd.replication.status())
         start = GaugeMetricFamily("nsq_start_time_seconds", "when nsqd started (unix time)")
         start.add_metric([], nsqd.start_time)
         yield start
@@ -197,6 +199,40 @@ class NSQDCollector:
         runs = CounterMetricFamily("nsq_mem_gc_runs", "cyclic garbage collections")
         runs.add_metric([], mem["gc_total_runs"])
         yield runs
+
+
+def _replication(status: dict[str, Any]) -> Iterator[Metric]:
+    """A node of a replication pair: its role, epoch, the link's state, the lag."""
+    primary = GaugeMetricFamily("nsq_replication_primary", "1 if this node is the primary of its pair, 0 a standby")
+    primary.add_metric([], 1 if status["role"] == "primary" else 0)
+    yield primary
+    epoch = GaugeMetricFamily("nsq_replication_epoch", "the pair's epoch as this node knows it")
+    epoch.add_metric([], status["epoch"])
+    yield epoch
+    state = GaugeMetricFamily(
+        "nsq_replication_state", "1 for the link's state (disconnected, catching_up, in_sync)", labels=["state"]
+    )
+    for name in ("disconnected", "catching_up", "in_sync"):
+        state.add_metric([name], 1 if status["state"] == name else 0)
+    yield state
+    degraded = GaugeMetricFamily("nsq_replication_degraded", "1 while the pair is not redundant (not in sync)")
+    degraded.add_metric([], 1 if status["degraded"] else 0)
+    yield degraded
+    lag = status.get("lag")
+    if lag is not None:
+        for key, help_text in (
+            ("messages", "messages sent to the standby and not acknowledged"),
+            ("bytes", "bytes sent to the standby and not acknowledged"),
+            ("operations", "operations sent to the standby and not acknowledged"),
+        ):
+            family = GaugeMetricFamily(f"nsq_replication_lag_{key}", help_text)
+            family.add_metric([], lag[key])
+            yield family
+        seconds = GaugeMetricFamily(
+            "nsq_replication_lag_seconds", "how long the oldest publish not acknowledged by the standby has waited"
+        )
+        seconds.add_metric([], lag["ms"] / 1000)
+        yield seconds
 
 
 def _num(q: float) -> str:

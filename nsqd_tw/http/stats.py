@@ -213,12 +213,20 @@ def _client_line(s: dict[str, Any], now: float) -> str:
 
 
 def print_stats(
-    stats: dict[str, Any], mem: dict[str, int] | None, health: str, start_time: float, now: float, version: str
+    stats: dict[str, Any],
+    mem: dict[str, int] | None,
+    health: str,
+    start_time: float,
+    now: float,
+    version: str,
+    replication: dict[str, Any] | None = None,
 ) -> str:
     w: list[str] = [version + "\n"]
     w.append(f"start_time {rfc3339(start_time)}\n")
     w.append(f"uptime {go_duration(int((now - start_time) * 1e9))}\n")
     w.append(f"\nHealth: {health}\n")
+    if replication is not None:  # beyond Go: only when this node is one of a pair
+        w.append(f"\nReplication: {replication_line(replication)}\n")
     if mem is not None:
         w.append("\nMemory:\n")
         for key, value in mem.items():
@@ -249,3 +257,15 @@ def print_stats(
         for p in producers:
             w.append(f"   {_client_line(p, now)}\n")
     return "".join(w)
+
+
+def replication_line(r: dict[str, Any]) -> str:
+    """One line of a node's replication status, for the text /stats."""
+    peer = r["peer"] or "(none)"
+    line = f"{r['role']} (epoch {r['epoch']}), {'standby' if r['role'] == 'primary' else 'primary'} {peer} {r['state']}"
+    if r.get("degraded"):
+        line += " - DEGRADED"
+    lag = r.get("lag")
+    if lag is not None:
+        line += f", lag {lag['messages']} msgs {lag['bytes']} bytes {lag['ms']}ms"
+    return line

@@ -21,6 +21,7 @@ from itertools import islice
 from zope.interface import Attribute, Interface, implementer
 
 from nsq_wire.message import TIMESTAMP
+from nsqd_tw.storage.snapshot import ListSnapshot
 
 
 class IBackendQueue(Interface):
@@ -63,6 +64,14 @@ class IBackendQueue(Interface):
     def peek(n: int) -> list[bytes]:
         """Up to ``n`` of the oldest records, in order, none of them taken
         (for inspection; a backend without it shows none)."""
+
+    def head() -> bytes | None:
+        """The oldest record, not taken (``None``: none); optional, cheap where it
+        can be (a replication standby's channel looks at it after every batch)."""
+
+    def snapshot() -> object:
+        """Optional (beyond Go, replication): the records held now, readable later
+        a chunk at a time (a :class:`~nsqd_tw.storage.snapshot.QueueSnapshot`)."""
 
     def head_timestamp() -> int | None:
         """The message timestamp (ns) of the oldest record, ``None`` if there is
@@ -123,6 +132,12 @@ class MemoryBackendQueue(_NoAcks):
     def peek(self, n: int) -> list[bytes]:
         return list(islice(self._records, max(n, 0)))
 
+    def head(self) -> bytes | None:
+        return self._records[0] if self._records else None
+
+    def snapshot(self) -> ListSnapshot:
+        return ListSnapshot(self._records, dict(self._deferred_at))
+
     def head_timestamp(self) -> int | None:
         return int(TIMESTAMP.unpack_from(self._records[0])[0]) if self._records else None
 
@@ -165,6 +180,12 @@ class DummyBackendQueue(_NoAcks):
 
     def peek(self, n: int) -> list[bytes]:
         return []
+
+    def head(self) -> bytes | None:
+        return None
+
+    def snapshot(self) -> ListSnapshot:
+        return ListSnapshot(())
 
     def head_timestamp(self) -> int | None:
         return None

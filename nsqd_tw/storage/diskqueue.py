@@ -31,6 +31,7 @@ from nsqd_tw.storage.errors import DiskQueueError
 from nsqd_tw.storage.files import write_atomic
 from nsqd_tw.storage.layout import RECORD_SIZE, DataDirectory, Meta, QueueFiles, plan_writes
 from nsqd_tw.storage.records import RecordReader, RecordWriter
+from nsqd_tw.storage.snapshot import FileSnapshot
 from nsqd_tw.storage.syncer import Syncer
 
 
@@ -349,6 +350,23 @@ class DiskQueue:
             reader.close()
         return found
 
+    def head(self) -> bytes | None:
+        """The next record to read, left unread: from the read-ahead buffer when
+        it holds it (a replication standby looks at its head after every batch)."""
+        if not self._depth:
+            return None
+        r, num, pos = self._reader, self.read_file_num, self.read_pos
+        size_bytes = r.buffered(num, pos, 4)
+        if size_bytes is not None:
+            (size,) = RECORD_SIZE.unpack(size_bytes)
+            end = pos + 4 + size
+            if self.min_msg_size <= size <= self.max_msg_size and (num < self.write_file_num or end <= self.write_pos):
+                data = r.buffered(num, pos + 4, size)
+                if data is not None:
+                    return data
+        found = self.peek(1)
+        return found[0] if found else None
+
     def head_timestamp(self) -> int | None:
         """The timestamp (ns) of the next record to read (None: none), read again
         only when the read position has moved, and from the reader's buffer when
@@ -395,6 +413,25 @@ class DiskQueue:
                 return
             yield pos, size
             pos += 4 + size
+
+    def snapshot(self) -> FileSnapshot:
+        """The records queued now (from the read position: in acknowledged mode
+        those read and not done are the reader's to account for), readable later
+        whatever this queue does meanwhile; with their deliver-at times."""
+        fds: dict[int, int] = {}
+        for num in range(self.read_file_num, self.write_file_num + 1):
+            try:
+                fds[num] = os.open(self.files.data_file(num), os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+        return FileSnapshot(
+            fds,
+            (self.read_file_num, self.read_pos),
+            (self.write_file_num, self.write_pos),
+            dict(self.deferred.at),
+            self.min_msg_size,
+            self.max_msg_size,
+        )
 
     # -- emptying and closing --------------------------------------------------------
 

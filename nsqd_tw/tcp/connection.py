@@ -43,6 +43,8 @@ class Server(Protocol):
     nsqd: NSQD
     tls: Any
     auth: AuthClient
+    # beyond Go: other protocols on the port, by magic (the replication link)
+    magics: dict[bytes, Callable[[Any, bytes], None]]
 
     def want_flush(self, output: Output) -> None: ...
 
@@ -162,6 +164,10 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
             self._magic = b""
             addr = self.client.remote_address
             self.log.info("CLIENT({addr}): desired protocol magic '{magic}'", addr=addr, magic=text(magic))
+            handoff = self.server.magics.get(magic) if magic != MAGIC_V2 else None
+            if handoff is not None:
+                self._hand_off(handoff, data)
+                return
             if magic != MAGIC_V2:
                 self.log.error("client({addr}) bad protocol magic '{magic}'", addr=addr, magic=text(magic))
                 self.transport.write(pack_frame(FRAME_TYPE_ERROR, b"E_BAD_PROTOCOL"))
@@ -187,6 +193,16 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
                     return
         except CompressionError as e:
             self.unreadable(e)
+
+    def _hand_off(self, handoff: Callable[[Any, bytes], None], data: bytes) -> None:
+        """Another protocol on nsqd's port (beyond Go: a replication link): this
+        connection is no client; ``handoff`` takes the transport and what follows the magic."""
+        self.closed = self._halted = self.responses.closed = True
+        self.setTimeout(None)
+        self.transport.unregisterProducer()
+        self.output.close()
+        self.nsqd.remove_client(self.client.id)
+        handoff(self.transport, data)
 
     def unreadable(self, e: CompressionError) -> None:
         """The compressed stream cannot be decoded: say so in a fatal error frame."""

@@ -12,6 +12,7 @@ codes and texts; fatal ones close the connection after the error frame.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import defer, protocol
@@ -26,7 +27,7 @@ from nsq_wire.parser import Command
 from nsqd_tw.auth import AuthClient, AuthState
 from nsqd_tw.core.channel import ChannelError
 from nsqd_tw.core.nsqd import NSQD
-from nsqd_tw.core.topic import DrainingError
+from nsqd_tw.core.topic import RefusedError
 from nsqd_tw.options import TLS_NOT_REQUIRED
 from nsqd_tw.tcp.client import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED
 from nsqd_tw.tcp.connection import CommandConnection, Pause, text
@@ -78,8 +79,9 @@ class V2Protocol(CommandConnection):
         return Pause(wait.addCallback(lambda _: self._mpub_topic(topic)), pause_reading=True)
 
     def _mpub_topic(self, topic: str) -> None:
-        if not self.nsqd.draining:  # draining, the body's publish is refused (E_MPUB_FAILED)
-            self.nsqd.get_topic(topic)
+        nsqd = self.nsqd
+        if not nsqd.draining and nsqd.standby is None:  # else the body's publish is refused (E_MPUB_FAILED)
+            nsqd.get_topic(topic)
 
     def _topic_name(self, verb: bytes, raw: bytes) -> str:
         if not is_valid_topic_name(raw):
@@ -181,7 +183,7 @@ class V2Protocol(CommandConnection):
         try:
             channel = self.nsqd.get_topic(topic_name).get_channel(channel_name)
             channel.add_client(self.client)
-        except (ChannelError, DrainingError) as e:
+        except (ChannelError, RefusedError) as e:
             raise FatalClientError("E_SUB_FAILED", f"SUB failed {e}") from None
         self.client.state = STATE_SUBSCRIBED
         self.client.channel = channel
@@ -408,6 +410,8 @@ class V2Factory(protocol.ServerFactory):
         self.nsqd = nsqd
         self.tls = tls
         self.auth = auth if auth is not None else AuthClient(nsqd)
+        # beyond Go: magic -> what takes a connection opened with it (the replication link)
+        self.magics: dict[bytes, Callable[[Any, bytes], None]] = {}
         self._flush_queue: list[Output] = []
         self._flush_call: Any = None
 

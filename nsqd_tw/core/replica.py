@@ -1,0 +1,261 @@
+"""Beyond Go, replication's domain side: the persisted role and epoch, and what a
+standby does with what its primary ships (see docs/replication.md).
+
+The link itself (frames, handshake, acknowledgements, snapshots) is
+:mod:`nsqd_tw.replication`; this module never sees a socket.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from nsq_wire.message import MESSAGE_HEADER_LENGTH
+from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
+from nsqd_tw.core.message import Message
+from nsqd_tw.core.queue import Item, body_size
+from nsqd_tw.core.settings import SettingsError, parse_settings
+from nsqd_tw.core.topic import Topic
+from nsqd_tw.storage.files import read_regular, write_atomic
+
+if TYPE_CHECKING:
+    from nsqd_tw.core.channel import Channel
+    from nsqd_tw.core.nsqd import NSQD
+
+STATE_FILE = "replication.json"
+PRIMARY, STANDBY = "primary", "standby"
+
+
+class ReplicaStateError(Exception):
+    """replication.json cannot be read; ``str()`` says why."""
+
+
+@dataclass
+class ReplicaState:
+    """What a node of a pair keeps in ``replication.json`` (a file Go ignores)."""
+
+    node: str  # this node's own random ID
+    role: str  # PRIMARY or STANDBY
+    epoch: int  # raised by each promotion; the higher one is the primary
+    peer: str = ""  # the other node's TCP address, as last configured or heard
+    synced: bool = False  # a standby: its last snapshot was received whole (promotable)
+    lookupd: list[str] = field(default_factory=list)  # a standby: its primary's lookupds (HTTP)
+    announced: str = ""  # a standby: its primary's address as the primary registers it with them
+
+    @classmethod
+    def load(cls, data_path: str, default_role: str) -> ReplicaState:
+        """The state kept under ``data_path``, or a new one with ``default_role``
+        (not written until :meth:`save`)."""
+        path = os.path.join(data_path, STATE_FILE)
+        try:
+            raw = read_regular(path)
+        except FileNotFoundError:
+            return cls(uuid.uuid4().hex, default_role, 0)
+        except OSError as e:
+            raise ReplicaStateError(f"failed to read {path} - {e}") from None
+        try:
+            doc = json.loads(raw)
+            state = cls(
+                str(doc["node"]),
+                str(doc["role"]),
+                int(doc["epoch"]),
+                str(doc.get("peer", "")),
+                bool(doc.get("synced", False)),
+                [str(a) for a in doc.get("lookupd") or []],
+                str(doc.get("announced", "")),
+            )
+        except (ValueError, KeyError, TypeError) as e:
+            raise ReplicaStateError(f"failed to parse {path} - {e!r}") from None
+        if state.role not in (PRIMARY, STANDBY) or state.epoch < 0:
+            raise ReplicaStateError(f"failed to parse {path} - bad role or epoch")
+        return state
+
+    def save(self, data_path: str) -> None:
+        """Write it atomically (and fsynced) before acting on it."""
+        write_atomic(os.path.join(data_path, STATE_FILE), json.dumps(asdict(self)).encode() + b"\n")
+
+
+def metadata_doc(topics: Sequence[Topic]) -> dict[str, Any]:
+    """The topics and channels a snapshot starts with (``BEGIN``): names, paused,
+    own settings, and whether each topic has started handing messages on."""
+    out = []
+    for t in topics:
+        if t.ephemeral:
+            continue
+        channels = [{"name": c.name, "paused": c.paused, "settings": c.settings_json()} for c in t.channels.values()]
+        out.append(
+            {
+                "name": t.name,
+                "paused": t.paused,
+                "started": t.started,
+                "settings": t.settings_json(),
+                "channels": channels,
+            }
+        )
+    return {"topics": out}
+
+
+def entries_items(entries: Sequence[tuple[int, bytes]], now_ns: int) -> list[Item]:
+    """Snapshot entries (deliver-at ns or 0, record) as a queue takes them: a
+    record, or a Message deferred until its time."""
+    items: list[Item] = []
+    for at, record in entries:
+        if at > now_ns:
+            msg = Message.decode(record)
+            msg.deferred = (at - now_ns) / 1e9
+            items.append(msg)
+        else:
+            items.append(record)
+    return items
+
+
+class StandbyApply:
+    """A standby's side of the stream: each method applies one operation of its
+    primary to ``nsqd``'s topics and channels. An operation naming a topic or
+    channel this node does not have (deleted meanwhile) is ignored."""
+
+    def __init__(self, nsqd: NSQD) -> None:
+        self.nsqd = nsqd
+
+    # -- the snapshot ----------------------------------------------------------------
+
+    def begin(self, doc: Any) -> None:
+        """Drop everything held, then create what the primary has."""
+        nsqd = self.nsqd
+        for name in list(nsqd.topics):
+            nsqd.delete_existing_topic(name)
+        for t in doc.get("topics", []):
+            name = t.get("name")
+            if not isinstance(name, str) or not is_valid_topic_name(name):
+                continue
+            topic = nsqd.get_topic(name, replicated=True)
+            topic.own_settings = self._settings(t.get("settings"), name)
+            if t.get("paused"):
+                topic.pause()
+            for c in t.get("channels", []):
+                cname = c.get("name")
+                if not isinstance(cname, str) or not is_valid_channel_name(cname):
+                    continue
+                channel = topic.get_channel(cname, replicated=True)
+                channel.own_settings = self._settings(c.get("settings"), f"{name}:{cname}")
+                if c.get("paused"):
+                    channel.pause()
+            topic.apply_policies()
+            if t.get("started"):
+                topic.start()
+
+    def topic_records(self, topic_name: str, entries: Sequence[tuple[int, bytes]]) -> None:
+        topic = self.nsqd.topics.get(topic_name)
+        if topic is None or not entries:
+            return
+        items = entries_items(entries, self.nsqd.now_ns())
+        topic.put_items(items, sum(body_size(i) for i in items))
+
+    def channel_records(self, topic_name: str, channel_name: str, entries: Sequence[tuple[int, bytes]]) -> None:
+        channel = self._channel(topic_name, channel_name)
+        if channel is None or not entries:
+            return
+        channel.stage(entries_items(entries, self.nsqd.now_ns()))
+        channel.compact()
+
+    # -- the stream ----------------------------------------------------------------------
+
+    def publish(self, topic_name: str, records: list[bytes], delay: float = 0.0) -> None:
+        """PUB and DPUB: the records as the primary stored them (ID, timestamp, attempts)."""
+        existing = self.nsqd.topics.get(topic_name)
+        topic = existing if existing is not None else self._new_topic(topic_name)
+        items: list[Item]
+        if delay:
+            msgs = [Message.decode(r) for r in records]
+            for m in msgs:
+                m.deferred = delay
+            items = list(msgs)
+        else:
+            items = list(records)
+        topic.put_items(items, sum(map(len, records)) - MESSAGE_HEADER_LENGTH * len(records))
+
+    def finish(self, topic_name: str, channel_name: str, ids: Sequence[bytes]) -> None:
+        channel = self._channel(topic_name, channel_name)
+        if channel is not None:
+            channel.skip(ids)
+
+    def requeue(self, topic_name: str, channel_name: str, delay: float, record: bytes) -> None:
+        channel = self._channel(topic_name, channel_name)
+        if channel is not None:
+            channel.supersede(Message.decode(record), delay)
+
+    def control(self, doc: dict[str, Any]) -> None:
+        """A CTRL operation: ``{"op": ..., "topic": ..., "channel": ..., ...}``."""
+        nsqd = self.nsqd
+        op, topic_name, channel_name = doc.get("op"), doc.get("topic"), doc.get("channel")
+        if not isinstance(topic_name, str) or not is_valid_topic_name(topic_name):
+            return
+        if op == "topic_create":
+            created = nsqd.get_topic(topic_name, replicated=True)
+            if doc.get("started") and not created.started:
+                created.start()
+            return
+        topic = nsqd.topics.get(topic_name)
+        if topic is None:
+            return
+        if op == "topic_delete":
+            nsqd.delete_existing_topic(topic_name)
+        elif op == "topic_start":
+            if not topic.started:
+                topic.start()
+        elif op == "topic_pause":
+            topic.pause()
+        elif op == "topic_unpause":
+            topic.unpause()
+        elif op == "topic_empty":
+            topic.empty()
+        elif op == "settings" and channel_name is None:
+            topic.own_settings = self._settings(doc.get("settings"), topic_name)
+            topic.apply_policies()
+            nsqd.metadata_changed(topic_name)
+        elif isinstance(channel_name, str) and is_valid_channel_name(channel_name):
+            self._channel_control(topic, channel_name, op, doc)
+
+    def _channel_control(self, topic: Topic, name: str, op: Any, doc: dict[str, Any]) -> None:
+        if op == "channel_create":
+            topic.get_channel(name, replicated=True)
+            return
+        channel = topic.channels.get(name)
+        if channel is None:
+            return
+        if op == "channel_delete":
+            topic.delete_existing_channel(name)
+        elif op == "channel_pause":
+            channel.pause()
+        elif op == "channel_unpause":
+            channel.unpause()
+        elif op == "channel_empty":
+            channel.empty()
+        elif op == "settings":
+            channel.own_settings = self._settings(doc.get("settings"), f"{topic.name}:{name}")
+            topic.apply_policies()
+            self.nsqd.metadata_changed(topic.name)
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _new_topic(self, name: str) -> Topic:
+        topic = self.nsqd.get_topic(name, replicated=True)
+        topic.start()
+        return topic
+
+    def _channel(self, topic_name: str, channel_name: str) -> Channel | None:
+        topic = self.nsqd.topics.get(topic_name)
+        return topic.channels.get(channel_name) if topic is not None else None
+
+    def _settings(self, doc: Any, where: str) -> dict[str, Any]:
+        if not doc:
+            return {}
+        try:
+            return {k: v for k, v in parse_settings(doc).items() if v is not None}
+        except SettingsError as e:
+            self.nsqd.log.warn("REPLICATION: ignoring the settings of {where} - {err}", where=where, err=e)
+            return {}

@@ -1,0 +1,213 @@
+"""One replication connection, at either end: the handshake (HELLO, TLS when the
+acceptor has a certificate, AUTH both ways), then frames to the side the
+service gives it once both proofs have verified (:mod:`.primary`, :mod:`.standby`)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any, Protocol
+
+from twisted.internet import protocol
+from twisted.python.failure import Failure
+
+from nsqd_tw.replication import wire
+
+if TYPE_CHECKING:
+    from nsqd_tw.core.nsqd import NSQD
+
+
+class Node(Protocol):
+    """What a link and the two ends of the stream need of their node (the
+    :class:`~nsqd_tw.replication.service.ReplicationService`)."""
+
+    nsqd: NSQD
+    log: Any
+    tls: Any
+    secret: bytes
+
+    @property
+    def peer_address(self) -> str: ...
+
+    def now(self) -> float: ...
+    def hello(self) -> dict[str, Any]: ...
+    def client_tls(self) -> Any: ...
+    def established(self, link: Link) -> None: ...
+    def link_lost(self, link: Link, why: str) -> None: ...
+    def peer_refused(self, link: Link, why: str) -> None: ...
+    def snapshot_begins(self) -> None: ...
+    def snapshot_ends(self) -> None: ...
+    def diverged(self) -> None: ...
+    def witnesses(self, addresses: list[str]) -> None: ...
+
+
+class Side(Protocol):
+    """What an established link hands its frames to."""
+
+    def frame(self, kind: int, payload: bytes) -> None: ...
+    def read_done(self) -> None: ...
+    def lost(self, why: str) -> None: ...
+
+
+class Link(protocol.Protocol):
+    """``dialer``: this node opened the connection (it sends the magic first)."""
+
+    transport: Any
+
+    def __init__(self, service: Node, dialer: bool) -> None:
+        self.service = service
+        self.dialer = dialer
+        self.reader = wire.FrameReader()
+        self.nonce = os.urandom(16).hex()
+        self.my_hello = b""
+        self.peer_hello = b""
+        self.peer: dict[str, Any] = {}
+        self.tls = False
+        self.verified = False  # the peer's AUTH checked out
+        self.side: Side | None = None
+        self.closed = False
+        self._reported = False  # the node was told the link is over
+        self.heard_at = service.now()
+
+    def __repr__(self) -> str:
+        return f"<Link {'to' if self.dialer else 'from'} {self.address}>"
+
+    @property
+    def address(self) -> str:
+        """The peer's TCP address as it announced it (or as connected)."""
+        announced = self.peer.get("address")
+        if isinstance(announced, str) and announced:
+            return announced
+        peer: Any = self.transport.getPeer() if self.transport is not None else None
+        host = getattr(peer, "host", None)
+        return f"{host}:{peer.port}" if host is not None else "?"
+
+    # -- connection ---------------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        self.heard_at = self.service.now()
+        set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
+        if set_no_delay is not None:  # an ACK of a few bytes must not wait for Nagle's algorithm
+            try:
+                set_no_delay(True)
+            except OSError:
+                pass
+        if self.dialer:
+            self.my_hello = self._hello_bytes()
+            self.transport.write(wire.MAGIC + wire.frame(wire.HELLO, self.my_hello))
+
+    def _hello_bytes(self) -> bytes:
+        doc = dict(self.service.hello())
+        doc["nonce"] = self.nonce
+        doc["tls"] = not self.dialer and self.service.tls is not None  # the acceptor: TLS follows
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    def send(self, data: bytes) -> None:
+        if not self.closed:
+            self.transport.write(data)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self.heard_at = self.service.now()
+        self.reader.feed(data)
+        try:
+            while not self.closed:
+                item = self.reader.next()
+                if item is None:
+                    break
+                kind, payload = item
+                if self.side is not None:
+                    self.side.frame(kind, payload)
+                else:
+                    self._handshake(kind, payload)
+        except wire.LinkError as e:
+            self.fail(f"bad frame - {e}")
+            return
+        except Exception as e:
+            self.service.log.failure("REPLICATION: link {link} failed", link=self)
+            self.fail(f"internal error - {e}")
+            return
+        if self.side is not None and not self.closed:
+            self.side.read_done()
+
+    def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
+        self._gone(reason.getErrorMessage())
+
+    def _gone(self, why: str) -> None:
+        """The link is over (closed by either end): tell the side and the node, once."""
+        self.closed = True
+        if self._reported:
+            return
+        self._reported = True
+        side, self.side = self.side, None
+        if side is not None:
+            side.lost(why)
+        self.service.link_lost(self, why)
+
+    def fail(self, why: str, tell: bool = True) -> None:
+        """Close the link, telling the peer why (an ERROR frame) when it can be told."""
+        if self.closed:
+            return
+        if tell:
+            self.transport.write(wire.json_frame(wire.ERROR, {"error": why}))
+        self.transport.loseConnection()
+        self._gone(why)
+
+    def abort(self, why: str) -> None:
+        """Drop the link now (it went silent)."""
+        if self.closed:
+            return
+        self.transport.abortConnection()
+        self._gone(why)
+
+    # -- the handshake ------------------------------------------------------------------
+
+    def _handshake(self, kind: int, payload: bytes) -> None:
+        if kind == wire.ERROR:
+            why = wire.json_payload(payload).get("error", "")
+            self.service.peer_refused(self, str(why))
+            self.fail(f"refused by peer - {why}", tell=False)
+            return
+        if kind == wire.HELLO and not self.peer_hello:
+            self._hello(payload)
+        elif kind == wire.AUTH and self.peer_hello and not self.verified:
+            self._auth(payload)
+        else:
+            raise wire.LinkError(f"unexpected frame {kind:#x} in the handshake")
+
+    def _hello(self, payload: bytes) -> None:
+        peer = wire.json_payload(payload)
+        if peer.get("version") != wire.VERSION:
+            self.fail(f"protocol version {peer.get('version')!r} not supported (this node speaks {wire.VERSION})")
+            return
+        self.peer_hello, self.peer = payload, peer
+        if not self.dialer:
+            self.my_hello = self._hello_bytes()
+            self.transport.write(wire.frame(wire.HELLO, self.my_hello))
+            if self.service.tls is not None:
+                self.tls = True
+                self.transport.startTLS(self.service.tls)
+        elif peer.get("tls"):
+            self.tls = True
+            self.transport.startTLS(self.service.client_tls())
+        self.transport.write(wire.frame(wire.AUTH, self._proof(self.dialer)))
+
+    def _proof(self, dialer_side: bool) -> bytes:
+        if self.dialer:
+            dialer_hello, acceptor_hello = self.my_hello, self.peer_hello
+        else:
+            dialer_hello, acceptor_hello = self.peer_hello, self.my_hello
+        label = b"dialer" if dialer_side else b"acceptor"
+        return wire.proof(self.service.secret, label, dialer_hello, acceptor_hello)
+
+    def _auth(self, payload: bytes) -> None:
+        if not wire.verify(self._proof(not self.dialer), payload):
+            self.service.log.error(
+                "REPLICATION: {addr} failed to authenticate (a different --replication-secret-file?)",
+                addr=self.address,
+            )
+            self.fail("authentication failed")
+            return
+        self.verified = True
+        self.service.established(self)

@@ -1,0 +1,449 @@
+"""A primary's end of the stream: the shipper nsqd calls on every change, the
+acknowledgements its publishers wait for, and the snapshot a new link starts with."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet import defer
+from twisted.internet.interfaces import IPushProducer
+from zope.interface import implementer
+
+from nsq_wire.names import is_ephemeral
+from nsqd_tw.core.channel import Channel
+from nsqd_tw.core.message import Message
+from nsqd_tw.core.queue import Item
+from nsqd_tw.core.replica import metadata_doc
+from nsqd_tw.core.topic import Topic
+from nsqd_tw.replication import wire
+from nsqd_tw.storage.snapshot import CHUNK, QueueSnapshot
+
+if TYPE_CHECKING:
+    from nsqd_tw.replication.link import Link, Node
+
+DISCONNECTED, CATCHING_UP, IN_SYNC = "disconnected", "catching_up", "in_sync"
+FIN_FRAME_IDS = 4096  # IDs in one FIN frame at most
+SNAPSHOT_FRAMES_PER_TURN = 8  # then the reactor serves others
+SNAPSHOT_CHUNK = CHUNK  # bytes of records in one snapshot frame, about
+
+
+class ReplicaLost(Exception):
+    """A publish waited for a standby that went away (--replication-required)."""
+
+
+class NotInSync(Exception):
+    """Publishes refused while the standby is not in sync (--replication-required)."""
+
+
+class Primary:
+    """What nsqd ships (``nsqd.shipper`` while this node is the primary of a pair),
+    and the state of its standby across links."""
+
+    def __init__(self, service: Node) -> None:
+        self.service = service
+        self.nsqd = service.nsqd
+        opts = service.nsqd.opts
+        self.sync = opts.replication_mode == "sync"
+        self.required = opts.replication_required
+        self.max_lag = opts.replication_max_lag
+        self.link: Link | None = None
+        self.state = DISCONNECTED
+        self.refusal: Exception | None = None
+        # per link: operations sent and acknowledged, messages and bytes sent, and
+        # for each publish (seq, sent at, messages so far, bytes so far, waiter or None)
+        self.sent = self.acked = 0
+        self.sent_messages = self.acked_messages = 0
+        self.sent_bytes = self.acked_bytes = 0
+        self._marks: deque[tuple[int, float, int, int, defer.Deferred[None] | None]] = deque()
+        self._fins: dict[tuple[str, str], list[bytes]] = {}
+        self._fin_call: Any = None
+        self.snapshot: SnapshotSender | None = None
+        self.end_seq = 0  # the END of the snapshot: acknowledged, the standby is in sync
+        self.witnesses_told: list[str] = []
+        self._set_refusal()
+
+    # -- links ------------------------------------------------------------------------
+
+    def attach(self, link: Link) -> None:
+        """A standby is linked: send it the snapshot, then the stream."""
+        if self.link is not None:
+            self.detach("replaced by a new link")
+        self.link = link
+        self.witnesses_told = []
+        self.sent = self.acked = self.sent_messages = self.acked_messages = self.sent_bytes = self.acked_bytes = 0
+        self._set_state(CATCHING_UP)
+        self.snapshot = SnapshotSender(self, link)
+        self.snapshot.start()
+
+    def detach(self, why: str) -> None:
+        """The link is gone: publishes waiting for it are answered (or refused,
+        --replication-required)."""
+        link, self.link = self.link, None
+        if link is None:
+            return
+        if self.snapshot is not None:
+            self.snapshot.close()
+            self.snapshot = None
+        if self._fin_call is not None and self._fin_call.active():
+            self._fin_call.cancel()
+        self._fin_call = None
+        self._fins.clear()
+        marks, self._marks = self._marks, deque()
+        for _, _, _, _, waiter in marks:
+            if waiter is None:
+                continue
+            if self.required:
+                waiter.errback(ReplicaLost(f"replication: standby {link.address} lost before it held the message"))
+            else:
+                waiter.callback(None)
+        self._set_state(DISCONNECTED, why)
+
+    def _set_state(self, state: str, why: str = "") -> None:
+        old, self.state = self.state, state
+        self._set_refusal()
+        if old == state:
+            return
+        log = self.service.log
+        peer = self.service.peer_address
+        if state == IN_SYNC:
+            log.info("REPLICATION: standby {peer} in sync", peer=peer)
+        elif old == IN_SYNC:
+            log.warn(
+                "REPLICATION: degraded - standby {peer} is {state}{why}: {what}",
+                peer=peer,
+                state=state,
+                why=f" ({why})" if why else "",
+                what="publishes are refused (--replication-required)"
+                if self.required
+                else "what is acknowledged is on this node only",
+            )
+
+    def refresh(self) -> None:
+        """The node's state was loaded (the peer it names in its refusal)."""
+        self._set_refusal()
+
+    def _set_refusal(self) -> None:
+        if not self.required or self.state == IN_SYNC:
+            self.refusal = None
+        else:
+            self.refusal = NotInSync(
+                f"replication: standby {self.service.peer_address or '(none)'} is {self.state} (--replication-required)"
+            )
+
+    # -- operations out -------------------------------------------------------------------
+
+    def _send(self, data: bytes) -> None:
+        """One operation to the standby (counted, as the standby counts them)."""
+        link = self.link
+        if link is None:
+            return
+        self.sent += 1
+        self.sent_bytes += len(data)
+        link.send(data)
+
+    def published(self, topic: Topic, items: list[Item]) -> defer.Deferred[None] | None:
+        if self.link is None:
+            return None
+        first = items[0]
+        if isinstance(first, bytes):
+            records: list[bytes] = items  # type: ignore[assignment]
+            data = wire.pub(topic.name, records)
+        else:
+            delay_ns = int(first.deferred * 1e9)
+            data = wire.dpub(topic.name, delay_ns, [m if isinstance(m, bytes) else m.encode() for m in items])
+        self._send(data)
+        self.sent_messages += len(items)
+        waiter: defer.Deferred[None] | None = None
+        if self.state == IN_SYNC and (self.sync or self.sent - self.acked > self.max_lag):
+            waiter = defer.Deferred()
+        self._marks.append((self.sent, self.service.now(), self.sent_messages, self.sent_bytes, waiter))
+        return waiter
+
+    def gone(self, channel: Channel, ids: Any) -> None:
+        if self.link is None or is_ephemeral(channel.topic_name):
+            return
+        key = (channel.topic_name, channel.name)
+        batch = self._fins.get(key)
+        if batch is None:
+            batch = self._fins[key] = []
+        batch.extend(ids)
+        if self._fin_call is None:
+            self._fin_call = self.nsqd.reactor.callLater(0, self.flush_fins)
+
+    def tell_witnesses(self, addresses: list[str]) -> None:
+        """Tell the standby this node's lookupds (HTTP) when they change: they
+        are the witnesses of its automatic promotion."""
+        if self.link is None or not addresses or addresses == self.witnesses_told:
+            return
+        self.witnesses_told = list(addresses)
+        self._send(wire.json_frame(wire.CTRL, {"op": "lookupd", "addresses": addresses}))
+
+    def flush_fins(self) -> None:
+        """The FINs of this reactor turn, one frame per channel."""
+        self._fin_call = None
+        fins, self._fins = self._fins, {}
+        for (topic, channel), ids in fins.items():
+            for i in range(0, len(ids), FIN_FRAME_IDS):
+                self._send(wire.fin(topic, channel, ids[i : i + FIN_FRAME_IDS]))
+
+    def requeued(self, channel: Channel, msg: Message, delay: float) -> None:
+        if self.link is None or is_ephemeral(channel.topic_name):
+            return
+        self._send(wire.req(channel.topic_name, channel.name, int(delay * 1e9), msg.encode()))
+
+    def fed(self, channel: Channel, records: list[bytes]) -> None:
+        if self.link is None or is_ephemeral(channel.topic_name) or not records:
+            return
+        self._send(wire.entries_frame(channel.topic_name, channel.name, [(0, r) for r in records]))
+
+    def control(self, op: str, obj: Topic | Channel, channel: Channel | None = None) -> None:
+        """A change of a topic or channel: CTRL, after the FINs waiting to go."""
+        if self.link is None:
+            return
+        if isinstance(obj, Channel):
+            topic_name, channel = obj.topic_name, obj
+        else:
+            topic_name = obj.name
+        if is_ephemeral(topic_name):
+            return
+        doc: dict[str, Any] = {"op": op, "topic": topic_name}
+        if channel is not None:
+            doc["channel"] = channel.name
+        if op == "settings":
+            doc["settings"] = (channel if channel is not None else obj).settings_json()
+        elif op == "topic_create":
+            doc["started"] = obj.started  # type: ignore[union-attr]
+        if op in ("topic_empty", "channel_empty", "topic_delete", "channel_delete") and self.snapshot is not None:
+            self.snapshot.drop(obj, op == "topic_delete")
+        if self._fins:
+            self.flush_fins()
+        self._send(wire.json_frame(wire.CTRL, doc))
+
+    def changed(self, what: str, obj: Topic | Channel) -> None:
+        """nsqd's change observer: topics and channels created and deleted."""
+        op = {
+            "topic_created": "topic_create",
+            "topic_deleted": "topic_delete",
+            "channel_created": "channel_create",
+            "channel_deleted": "channel_delete",
+        }.get(what)
+        if op is not None:
+            self.control(op, obj)
+
+    # -- acknowledgements ---------------------------------------------------------------
+
+    def acknowledged(self, count: int) -> None:
+        """The standby holds every operation up to ``count``."""
+        if count <= self.acked:
+            return
+        self.acked = min(count, self.sent)
+        marks = self._marks
+        while marks and marks[0][0] <= self.acked:
+            _, _, messages, size, waiter = marks.popleft()
+            self.acked_messages, self.acked_bytes = messages, size
+            if waiter is not None:
+                waiter.callback(None)
+        if not marks:
+            self.acked_messages, self.acked_bytes = self.sent_messages, self.sent_bytes
+        if self.state == CATCHING_UP and self.end_seq and self.acked >= self.end_seq:
+            self._set_state(IN_SYNC)
+
+    def lag(self) -> dict[str, Any]:
+        """Messages and bytes sent and not acknowledged, and for how long (ms)."""
+        oldest = self._marks[0][1] if self._marks else None
+        return {
+            "operations": self.sent - self.acked,
+            "messages": self.sent_messages - self.acked_messages,
+            "bytes": self.sent_bytes - self.acked_bytes,
+            "ms": int((self.service.now() - oldest) * 1000) if oldest is not None else 0,
+        }
+
+
+class PrimaryEnd:
+    """An established link seen from its primary: ACKs in, the link's loss."""
+
+    def __init__(self, primary: Primary, link: Link) -> None:
+        self.primary = primary
+        self.link = link
+
+    def frame(self, kind: int, payload: bytes) -> None:
+        if kind == wire.ACK:
+            if self.primary.link is self.link:
+                self.primary.acknowledged(wire.ack_count(payload))
+        elif kind == wire.ERROR:
+            why = wire.json_payload(payload).get("error", "")
+            self.primary.service.log.error("REPLICATION: standby {peer}: {why}", peer=self.link.address, why=why)
+            self.link.fail(f"closed by the standby - {why}", tell=False)
+        else:
+            raise wire.LinkError(f"unexpected frame {kind:#x} from the standby")
+
+    def read_done(self) -> None:
+        pass
+
+    def lost(self, why: str) -> None:
+        if self.primary.link is self.link:
+            self.primary.detach(why)
+
+
+class _Source:
+    """One queue's part of the snapshot: what it held at BEGIN."""
+
+    __slots__ = ("channel", "parts", "queue", "topic")
+
+    def __init__(self, topic: str, channel: str | None, queue: Topic | Channel, parts: list[QueueSnapshot]) -> None:
+        self.topic = topic
+        self.channel = channel
+        self.queue = queue
+        self.parts = parts
+
+
+class _Entries(QueueSnapshot):
+    """Entries (deliver-at ns or 0, record) copied at BEGIN: a queue's memory,
+    in-flight and deferred messages."""
+
+    def __init__(self, entries: list[tuple[int, bytes]]) -> None:
+        self._entries = entries
+        self._pos = 0
+
+    def take(self, max_bytes: int = CHUNK) -> list[tuple[int, bytes]]:
+        out = []
+        size = 0
+        while self._pos < len(self._entries) and size < max_bytes:
+            entry = self._entries[self._pos]
+            self._pos += 1
+            size += len(entry[1])
+            out.append(entry)
+        return out
+
+    @property
+    def done(self) -> bool:
+        return self._pos >= len(self._entries)
+
+    def close(self) -> None:
+        self._entries = []
+        self._pos = 0
+
+
+def _item_entry(item: Item, now_ns: int) -> tuple[int, bytes]:
+    if isinstance(item, bytes):
+        return 0, item
+    return (now_ns + int(item.deferred * 1e9) if item.deferred else 0), item.encode()
+
+
+@implementer(IPushProducer)
+class SnapshotSender:
+    """BEGIN, every queue's content as it was then, END: sent as the socket
+    drains (a push producer of the link's transport), a few frames a turn."""
+
+    def __init__(self, primary: Primary, link: Link) -> None:
+        self.primary = primary
+        self.link = link
+        self.sources: deque[_Source] = deque()
+        self.paused = False
+        self.closed = False
+        self._call: Any = None
+        self.started_at = primary.service.now()
+
+    def start(self) -> None:
+        nsqd = self.primary.nsqd
+        topics = [t for t in nsqd.topics.values() if not t.ephemeral]
+        self.primary._send(wire.json_frame(wire.BEGIN, metadata_doc(topics)))
+        now_ns = nsqd.now_ns()
+        for topic in topics:
+            parts: list[QueueSnapshot] = [_Entries([_item_entry(i, now_ns) for i in topic.memory])]
+            self.sources.append(_Source(topic.name, None, topic, parts + _backend_part(topic)))
+            for channel in topic.channels.values():
+                entries = [_item_entry(i, now_ns) for i in channel.memory]
+                entries += [(0, m.encode()) for m in channel.in_flight.values()]
+                entries += [(int(m.pri * 1e9), m.encode()) for m in channel.deferred.values()]
+                self.sources.append(
+                    _Source(topic.name, channel.name, channel, [_Entries(entries), *_backend_part(channel)])
+                )
+        self.link.transport.registerProducer(self, True)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if self._call is None and not self.paused and not self.closed:
+            self._call = self.primary.nsqd.reactor.callLater(0, self._pump)
+
+    def _pump(self) -> None:
+        self._call = None
+        frames = 0
+        primary = self.primary
+        while not self.paused and not self.closed and frames < SNAPSHOT_FRAMES_PER_TURN:
+            if not self.sources:
+                self._finish()
+                return
+            source = self.sources[0]
+            if not source.parts:
+                self.sources.popleft()
+                continue
+            part = source.parts[0]
+            entries = part.take(SNAPSHOT_CHUNK)
+            if part.done:
+                part.close()
+                source.parts.pop(0)
+            if entries:
+                primary._send(wire.entries_frame(source.topic, source.channel, entries))
+                frames += 1
+        self._schedule()
+
+    def _finish(self) -> None:
+        primary = self.primary
+        primary._send(wire.frame(wire.END))
+        primary.end_seq = primary.sent
+        primary.service.log.info(
+            "REPLICATION: snapshot sent to {peer} in {t:.3f}s ({n} operations)",
+            peer=self.link.address,
+            t=primary.service.now() - self.started_at,
+            n=primary.sent,
+        )
+        self.close()
+
+    def drop(self, queue: Topic | Channel, whole_topic: bool) -> None:
+        """``queue`` was emptied or deleted (``whole_topic``: a topic and its
+        channels): what the snapshot had yet to send of it is not sent."""
+        name = queue.name if isinstance(queue, Topic) else None
+        for source in list(self.sources):
+            if source.queue is queue or (whole_topic and source.topic == name):
+                for part in source.parts:
+                    part.close()
+                source.parts = []
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._call is not None and self._call.active():
+            self._call.cancel()
+        self._call = None
+        for source in self.sources:
+            for part in source.parts:
+                part.close()
+        self.sources.clear()
+        transport = self.link.transport
+        if transport is not None and getattr(transport, "producer", self) is self:
+            transport.unregisterProducer()
+        if self.primary.snapshot is self:
+            self.primary.snapshot = None
+
+    # IPushProducer
+
+    def pauseProducing(self) -> None:
+        self.paused = True
+
+    def resumeProducing(self) -> None:
+        self.paused = False
+        self._schedule()
+
+    def stopProducing(self) -> None:
+        self.close()
+
+
+def _backend_part(queue: Topic | Channel) -> list[QueueSnapshot]:
+    take: Callable[[], QueueSnapshot] | None = getattr(queue.backend, "snapshot", None)
+    if take is None or not queue.backend.depth():
+        return []
+    return [take()]

@@ -1,0 +1,702 @@
+"""A node of a replication pair: its persisted role and epoch, the link it dials
+(a primary, to ``--replica``) or accepts (on nsqd's TCP port, magic ``"  R1"``),
+who is primary on a link, and the status ``/replication`` and ``/stats`` show."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from twisted.application import service
+from twisted.internet import defer, endpoints, protocol
+from twisted.internet.interfaces import IStreamClientEndpoint
+from twisted.internet.task import LoopingCall
+
+from nsq_service.options import DURATION, ConfigError, StartError, split_address
+from nsq_wire import lookupd
+from nsq_wire.gofmt import join_host_port
+from nsqd_tw.core.nsqd import NSQD
+from nsqd_tw.core.replica import PRIMARY, STANDBY, ReplicaState, ReplicaStateError
+from nsqd_tw.core.topic import StandbyError
+from nsqd_tw.replication import wire
+from nsqd_tw.replication.link import Link
+from nsqd_tw.replication.primary import CATCHING_UP, DISCONNECTED, IN_SYNC, Primary, PrimaryEnd
+from nsqd_tw.replication.standby import StandbySide
+
+EndpointFactory = Callable[[str, int], IStreamClientEndpoint]
+REDIAL_MIN, REDIAL_MAX = 0.1, 2.0  # seconds between a primary's attempts to reach its standby
+
+
+class PromoteError(Exception):
+    """A promotion refused: ``code`` (HTTP status) and ``message`` (what /replication/promote answers)."""
+
+    def __init__(self, code: int, message: str, why: str) -> None:
+        super().__init__(why)
+        self.code = code
+        self.message = message
+
+
+def starting(peer: str, epoch: int) -> StandbyError:
+    """The refusal of a node that starts as primary: it waits to hear from its
+    replica first, whose epoch may say it is no longer the primary."""
+    return StandbyError(
+        peer,
+        epoch,
+        text=f"this nsqd is starting: waiting to reach its replica {peer} before serving (epoch {epoch})",
+        health=f"starting, waiting to reach replica {peer} (epoch {epoch})",
+        code="STARTING",
+    )
+
+
+def fenced(peer: str, epoch: int) -> StandbyError:
+    """The refusal of a primary cut off from its standby and every lookupd."""
+    return StandbyError(
+        peer,
+        epoch,
+        text=f"this nsqd is fenced: its standby {peer} and every nsqlookupd are unreachable (epoch {epoch})",
+        health=f"fenced, standby {peer} and every nsqlookupd unreachable (epoch {epoch})",
+        code="FENCED",
+    )
+
+
+def read_secret(path: str) -> bytes:
+    """The shared secret in ``path`` (surrounding whitespace dropped)."""
+    try:
+        with open(path, "rb") as f:
+            secret = f.read().strip()
+    except OSError as e:
+        raise ConfigError(f"failed to read --replication-secret-file - {e}") from None
+    if not secret:
+        raise ConfigError(f"--replication-secret-file {path} is empty")
+    return secret
+
+
+def decide(mine: tuple[int, str], theirs: tuple[int, str]) -> str | None:
+    """Who is the primary on a link between a node at ``mine`` (epoch, role) and
+    one at ``theirs``: ``"me"``, ``"peer"`` or None (no one: the link is refused).
+    The higher epoch wins if it is a primary's; at equal epochs a primary facing
+    a standby."""
+    (my_epoch, my_role), (their_epoch, their_role) = mine, theirs
+    if my_epoch > their_epoch:
+        return "me" if my_role == PRIMARY else None
+    if their_epoch > my_epoch:
+        return "peer" if their_role == PRIMARY else None
+    if my_role == PRIMARY and their_role == STANDBY:
+        return "me"
+    if their_role == PRIMARY and my_role == STANDBY:
+        return "peer"
+    return None
+
+
+class _LinkFactory(protocol.Factory):
+    noisy = False
+
+    def __init__(self, replication: ReplicationService) -> None:
+        self.replication = replication
+
+    def buildProtocol(self, addr: Any) -> Link:
+        link = Link(self.replication, dialer=True)
+        self.replication.links.add(link)
+        return link
+
+
+class ReplicationService(service.Service):
+    """Beyond Go: this node's part in a replication pair (docs/replication.md).
+
+    ``lookup`` (the LookupService) is paused while this node is a standby;
+    ``tls`` is nsqd's server context (the link is TLS when it is set);
+    ``endpoint_factory(host, port)`` dials the peer.
+    """
+
+    name = "replication"
+
+    def __init__(
+        self,
+        nsqd: NSQD,
+        lookup: Any = None,
+        tls: Any = None,
+        endpoint_factory: EndpointFactory | None = None,
+        secret: bytes | None = None,
+        http_client: Any = None,
+    ) -> None:
+        opts = nsqd.opts
+        self.nsqd = nsqd
+        self.lookup = lookup
+        self.tls = tls
+        self.secret = secret if secret is not None else read_secret(opts.replication_secret_file)
+        self.endpoint_factory = endpoint_factory or self._endpoint
+        self.log = nsqd.log_gate.logger("nsqd_tw.replication", self)
+        self.timeout = opts.replication_timeout
+        self.state = ReplicaState("", opts.replication_role, 0)
+        self.primary = Primary(self)
+        self.link: Link | None = None  # the established link
+        self.links: set[Link] = set()  # every link open, established or not
+        self.standby_side: StandbySide | None = None
+        self._client_tls: Any = None
+        self._tick = LoopingCall(self.tick)
+        self._tick.clock = nsqd.reactor
+        self._tick_interval = self.timeout / 3
+        self._dial_call: Any = None
+        self._dialing = False
+        self._redial = REDIAL_MIN
+        self._http = http_client
+        self._settle_call: Any = None  # a primary starting: until its replica has answered
+        self.unlinked_since = nsqd.now()  # since when no primary (standby) or standby (primary) is linked
+        self.peer_promote_after = 0.0  # the standby's --promote-after, as it said in its HELLO
+        self._checking = False  # a standby is asking the lookupds about its primary
+        self.fenced = False  # a primary cut off from its standby and every lookupd
+        nsqd.replication = self
+
+    # -- time ---------------------------------------------------------------------------
+
+    def now(self) -> float:
+        return self.nsqd.now()
+
+    # -- start and stop -------------------------------------------------------------------
+
+    def startService(self) -> None:
+        opts = self.nsqd.opts
+        try:
+            self.state = ReplicaState.load(self.nsqd.data_path, opts.replication_role)
+        except ReplicaStateError as e:
+            raise StartError(str(e)) from None
+        if opts.replica:
+            self.state.peer = opts.replica
+        self._save()
+        self.primary.refresh()
+        self.nsqd.observe_changes(self._changed)
+        observe = getattr(self.lookup, "observe_identified", None)
+        if observe is not None:
+            observe(self._lookupd_identified)
+        if self.state.role == STANDBY:
+            self._serve_as_standby()
+        elif self.state.peer:
+            # its replica may have been promoted meanwhile: hear from it first
+            self.nsqd.set_standby(starting(self.state.peer, self.state.epoch))
+            if self.lookup is not None:
+                self.lookup.pause()
+            self._settle_call = self.nsqd.reactor.callLater(self.timeout, self._settled, "no answer in time")
+        else:
+            self._serve_as_primary()
+        self.log.info(
+            "REPLICATION: {role} (epoch {epoch}), peer {peer}",
+            role=self.state.role,
+            epoch=self.state.epoch,
+            peer=self.state.peer or "(none yet)",
+        )
+        if self.settling:
+            self.log.info(
+                "REPLICATION: waiting to reach replica {peer} before serving (its epoch may be higher)",
+                peer=self.state.peer,
+            )
+        elif self.state.role == PRIMARY:
+            self.log.warn(
+                "REPLICATION: degraded until standby {peer} is in sync: {what}",
+                peer=self.state.peer or "(none yet)",
+                what="publishes are refused meanwhile (--replication-required)"
+                if opts.replication_required
+                else "what is acknowledged meanwhile is on this node only",
+            )
+        service.Service.startService(self)
+        self._retick()
+        self._dial()
+
+    def stopService(self) -> Any:
+        service.Service.stopService(self)
+        if self._tick.running:
+            self._tick.stop()
+        if self._dial_call is not None and self._dial_call.active():
+            self._dial_call.cancel()
+        self._dial_call = None
+        if self._settle_call is not None and self._settle_call.active():
+            self._settle_call.cancel()
+        self._settle_call = None
+        for link in list(self.links):
+            link.fail("nsqd is stopping")
+        return None
+
+    def _save(self) -> None:
+        try:
+            self.state.save(self.nsqd.data_path)
+        except OSError as e:
+            raise StartError(f"failed to persist replication state - {e}") from None
+
+    # -- roles ---------------------------------------------------------------------------
+
+    @property
+    def peer_address(self) -> str:
+        return self.state.peer
+
+    def _serve_as_standby(self, primary_http: str = "") -> None:
+        self.nsqd.shipper = None
+        self.nsqd.set_standby(StandbyError(self.state.peer, self.state.epoch, primary_http))
+        if self.lookup is not None:
+            self.lookup.pause()
+
+    def _serve_as_primary(self) -> None:
+        self.nsqd.set_standby(None)
+        self.nsqd.shipper = self.primary
+        if self.lookup is not None:
+            self.lookup.resume()
+
+    @property
+    def settling(self) -> bool:
+        return self._settle_call is not None
+
+    def _settled(self, why: str) -> None:
+        """A primary starting has heard from its replica (or given up): it serves,
+        unless that replica made it a standby."""
+        if self._settle_call is None:
+            return
+        if self._settle_call.active():
+            self._settle_call.cancel()
+        self._settle_call = None
+        if self.state.role == PRIMARY:
+            self.log.info("REPLICATION: serving as primary (epoch {epoch}): {why}", epoch=self.state.epoch, why=why)
+            self._serve_as_primary()
+            if self.primary.state != IN_SYNC:
+                self.log.warn(
+                    "REPLICATION: degraded until standby {peer} is in sync",
+                    peer=self.state.peer,
+                )
+
+    # -- promotion ------------------------------------------------------------------------
+
+    def promote(self, force: bool = False, why: str = "POST /replication/promote") -> None:
+        """Make this standby the primary: a higher epoch, persisted before it
+        serves; it registers with the lookupds and dials its old primary to be
+        its standby. Raises :class:`PromoteError` when refused."""
+        me = self.state
+        if me.role == PRIMARY:
+            raise PromoteError(409, "ALREADY_PRIMARY", "this nsqd is the primary already")
+        if not force and self.standby_side is not None:
+            raise PromoteError(409, "PRIMARY_CONNECTED", f"primary {me.peer} is linked (stop it first, or force=true)")
+        if not force and not me.synced:
+            raise PromoteError(
+                409,
+                "NOT_IN_SYNC",
+                "this standby has not received its primary's snapshot whole (force=true loses the rest)",
+            )
+        old = me.peer
+        me.role, me.epoch = PRIMARY, me.epoch + 1
+        me.save(self.nsqd.data_path)
+        self.log.warn(
+            "REPLICATION: promoted to primary, epoch {epoch} ({why}); former primary {old}{forced}",
+            epoch=me.epoch,
+            why=why,
+            old=old or "(none)",
+            forced=", forced" if force else "",
+        )
+        if self.link is not None:
+            self.link.fail(f"promoted to primary at epoch {me.epoch}")
+        for topic in self.nsqd.topics.values():
+            for channel in topic.channels.values():
+                channel.compact()
+            if not topic.started:
+                topic.start()
+        self.primary = Primary(self)
+        self.primary.refresh()
+        self._serve_as_primary()
+        self.unlinked_since = self.now()
+        self._redial = REDIAL_MIN
+        self._dial()
+
+    def _demote(self, epoch: int, peer: str, why: str) -> None:
+        """A peer at a higher epoch: this node is its standby from now on."""
+        self.log.warn(
+            "REPLICATION: demoted to standby of {peer} (epoch {theirs} > {mine}: {why}); everything held here is "
+            "replaced by its snapshot",
+            peer=peer,
+            theirs=epoch,
+            mine=self.state.epoch,
+            why=why,
+        )
+        self.primary.detach("demoted")
+        self.state.role, self.state.epoch, self.state.peer, self.state.synced = STANDBY, epoch, peer, False
+        self.state.save(self.nsqd.data_path)
+        self.fenced = False
+        self._serve_as_standby()
+        if self._settle_call is not None:
+            self._settled("demoted")
+
+    # -- links ---------------------------------------------------------------------------
+
+    def hello(self) -> dict[str, Any]:
+        """What this node tells a peer about itself (HELLO, without its nonce)."""
+        opts = self.nsqd.opts
+        return {
+            "version": wire.VERSION,
+            "node": self.state.node,
+            "role": self.state.role,
+            "epoch": self.state.epoch,
+            "address": join_host_port(opts.broadcast_address, str(opts.broadcast_tcp_port)),
+            "http": join_host_port(opts.broadcast_address, str(opts.broadcast_http_port)),
+            # a primary's lookupds, the witnesses of a standby's automatic promotion
+            "lookupd": self._lookupds() if self.state.role == PRIMARY else [],
+            "promote_after": opts.promote_after,
+        }
+
+    def _lookupd_identified(self) -> None:
+        """A lookupd answered IDENTIFY: a primary tells its standby at once."""
+        if self.link is not None and self.primary.link is self.link:
+            self.primary.tell_witnesses(self._lookupds())
+
+    def _lookupds(self) -> list[str]:
+        if self.lookup is None:
+            return []
+        addresses: list[str] = self.lookup.lookupd_http_addresses()
+        return addresses
+
+    def accept(self, transport: Any, data: bytes) -> None:
+        """A connection to nsqd's TCP port opened with the link's magic: it is a link."""
+        link = Link(self, dialer=False)
+        self.links.add(link)
+        transport.protocol = link
+        link.makeConnection(transport)
+        if data:
+            link.dataReceived(data)
+
+    def client_tls(self) -> Any:
+        if self._client_tls is None:
+            from nsqd_tw.tls import ClientTLS
+
+            self._client_tls = ClientTLS(self.nsqd.opts)
+        return self._client_tls
+
+    def established(self, link: Link) -> None:
+        """Both ends proved the secret: decide who is primary on this link."""
+        peer = link.peer
+        try:
+            their_epoch, their_role = int(peer.get("epoch", 0)), str(peer.get("role", ""))
+        except (TypeError, ValueError):
+            link.fail("bad HELLO")
+            return
+        if peer.get("node") == self.state.node:
+            link.fail("this is a link to the node itself (--replica names this nsqd)")
+            return
+        me = self.state
+        if their_epoch > me.epoch and me.role == PRIMARY:
+            self._demote(their_epoch, link.address, "a higher epoch")
+        who = decide((me.epoch, me.role), (their_epoch, their_role))
+        if who is None:
+            why = (
+                f"no primary on this link: {me.role} at epoch {me.epoch} here, "
+                f"{their_role} at epoch {their_epoch} at {link.address}"
+            )
+            self.log.error("REPLICATION: {why}", why=why)
+            link.fail(why)
+            return
+        old = self.link
+        if old is not None and old is not link:
+            old.fail("replaced by a new link")
+        self.link = link
+        self._redial = REDIAL_MIN
+        self.unlinked_since = self.now()
+        if who == "me":
+            self._settled(f"standby {link.address} answered")
+            if self.fenced:
+                self.fenced = False
+                self.log.info("REPLICATION: no longer fenced (standby {peer} linked)", peer=link.address)
+                self._serve_as_primary()
+            try:
+                self.peer_promote_after = float(peer.get("promote_after") or 0.0)
+            except (TypeError, ValueError):
+                self.peer_promote_after = 0.0
+            self._retick()
+            if not self.nsqd.opts.replica:
+                me.peer = link.address
+                self.state.save(self.nsqd.data_path)
+            self.log.info(
+                "REPLICATION: standby {peer} linked{tls}, sending its snapshot",
+                peer=link.address,
+                tls=" (TLS)" if link.tls else "",
+            )
+            link.side = PrimaryEnd(self.primary, link)
+            self.primary.attach(link)
+            self.primary.tell_witnesses(self._lookupds())
+        else:
+            if their_epoch != me.epoch or me.peer != link.address or me.announced != link.address:
+                me.epoch, me.peer, me.announced = their_epoch, link.address, link.address
+                self.state.save(self.nsqd.data_path)
+            self.witnesses([a for a in peer.get("lookupd") or [] if isinstance(a, str)])
+            self.log.info(
+                "REPLICATION: linked to primary {peer} (epoch {epoch}){tls}",
+                peer=link.address,
+                epoch=me.epoch,
+                tls=" (TLS)" if link.tls else "",
+            )
+            self._serve_as_standby(str(peer.get("http", "")))
+            self.standby_side = StandbySide(self, link)
+            link.side = self.standby_side
+
+    def link_lost(self, link: Link, why: str) -> None:
+        self.links.discard(link)
+        if link is not self.link:
+            if link.dialer:  # refused or failed before it was established: try again later
+                self._settled(f"no link to {link.address} - {why}")
+                if self.running and self.link is None:
+                    self._schedule_dial()
+            return
+        self.link = None
+        self.unlinked_since = self.now()
+        if self.standby_side is not None and self.standby_side.link is link:
+            self.standby_side = None
+            self.log.warn("REPLICATION: link to primary {peer} lost - {why}", peer=link.address, why=why)
+        if self.running:
+            self._schedule_dial()
+
+    def peer_refused(self, link: Link, why: str) -> None:
+        self.log.error("REPLICATION: {peer} refused the link - {why}", peer=link.address, why=why)
+
+    # -- the standby's snapshot -------------------------------------------------------------
+
+    def snapshot_begins(self) -> None:
+        self.state.synced = False
+        self.state.save(self.nsqd.data_path)
+        self.log.info("REPLICATION: receiving the snapshot of primary {peer}", peer=self.state.peer)
+
+    def snapshot_ends(self) -> None:
+        self.state.synced = True
+        self.state.save(self.nsqd.data_path)
+        self.log.info("REPLICATION: in sync with primary {peer}", peer=self.state.peer)
+
+    def witnesses(self, addresses: list[str]) -> None:
+        """A standby: its primary's lookupds (HTTP), which may say it is gone."""
+        if addresses and addresses != self.state.lookupd:
+            self.state.lookupd = addresses
+            self.state.save(self.nsqd.data_path)
+
+    def diverged(self) -> None:
+        """An operation could not be applied: what is held here is not the
+        primary's any more (not promotable until the next snapshot is whole)."""
+        self.state.synced = False
+        self.state.save(self.nsqd.data_path)
+
+    # -- dialing (a primary reaches its standby) ---------------------------------------------
+
+    def _endpoint(self, host: str, port: int) -> IStreamClientEndpoint:
+        return endpoints.HostnameEndpoint(self.nsqd.reactor, host, port, timeout=self.timeout)
+
+    def _schedule_dial(self) -> None:
+        if self._dial_call is None and self.state.role == PRIMARY:
+            self._dial_call = self.nsqd.reactor.callLater(self._redial, self._dial)
+            self._redial = min(self._redial * 2, REDIAL_MAX)
+
+    def _dial(self) -> None:
+        self._dial_call = None
+        if not self.running or self.state.role != PRIMARY or self.link is not None or self._dialing:
+            return
+        address = self.state.peer
+        parsed = split_address(address) if address else None
+        if parsed is None:
+            return
+        host, port = parsed
+        self._dialing = True
+        d = self.endpoint_factory(host or "localhost", port).connect(_LinkFactory(self))
+
+        def connected(link: Link) -> None:
+            self._dialing = False
+
+        def failed(f: Any) -> None:
+            self._dialing = False
+            self.log.debug("REPLICATION: cannot reach {peer} - {err}", peer=address, err=f.getErrorMessage())
+            self._settled(f"replica {address} unreachable - {f.getErrorMessage()}")
+            if self.running:
+                self._schedule_dial()
+
+        d.addCallbacks(connected, failed)
+
+    # -- heartbeats and timeouts -----------------------------------------------------------
+
+    def _retick(self) -> None:
+        """Tick three times per --replication-timeout, and often enough for a
+        --promote-after (this standby's) or a fence (its standby's, D/2)."""
+        shortest = min(t for t in (self.timeout, self.nsqd.opts.promote_after, self.peer_promote_after) if t > 0)
+        interval = shortest / 3
+        if self._tick.running:
+            if self._tick.interval == interval:
+                return
+            self._tick.stop()
+        self._tick_interval = interval
+        if self.running:
+            self._tick.start(interval, now=False)
+
+    def tick(self) -> None:
+        """Every third of --replication-timeout: the primary's PING; any link silent
+        for the whole timeout is dropped."""
+        try:
+            now = self.now()
+            for link in list(self.links):
+                if now - link.heard_at > self.timeout:
+                    self.log.error(
+                        "REPLICATION: {peer} silent for {t}s, dropping the link", peer=link.address, t=self.timeout
+                    )
+                    link.abort(f"no frame in {self.timeout}s")
+            if self.link is not None and self.primary.link is self.link:
+                self.link.send(wire.frame(wire.PING))
+                self.primary.tell_witnesses(self._lookupds())
+            if self.link is None and self.running and self.state.role == STANDBY:
+                self._maybe_promote(now)
+            if self.state.role == PRIMARY:
+                self._fence(now)
+        except Exception:
+            self.log.failure("REPLICATION: tick failed")
+
+    # -- automatic promotion and its fence ---------------------------------------------------
+
+    def _maybe_promote(self, now: float) -> None:
+        """--promote-after: the primary unreachable that long, and no lookupd lists it."""
+        after = self.nsqd.opts.promote_after
+        if not after or self._checking or not self.state.synced or now - self.unlinked_since < after:
+            return
+        if not self.state.lookupd:
+            if now - self.unlinked_since < after + self._tick_interval:  # once
+                self.log.error(
+                    "REPLICATION: primary {peer} unreachable for {t}s, but no nsqlookupd is known to ask whether it is "
+                    "gone: not promoting (the primary names its lookupds over the link)",
+                    peer=self.state.peer,
+                    t=round(now - self.unlinked_since),
+                )
+            return
+        self._checking = True
+        d = self._primary_listed()
+
+        def answered(listed: bool) -> None:
+            self._checking = False
+            if listed or self.state.role != STANDBY or self.link is not None or not self.running:
+                if listed:
+                    self.log.info(
+                        "REPLICATION: primary {peer} unreachable, but an nsqlookupd still lists it: not promoting",
+                        peer=self.state.peer,
+                    )
+                return
+            self.promote(
+                why=f"primary {self.state.peer} unreachable for {round(self.now() - self.unlinked_since)}s "
+                "and no nsqlookupd lists it"
+            )
+
+        def failed(f: Any) -> None:
+            self._checking = False
+            self.log.failure("REPLICATION: automatic promotion failed", f)
+
+        d.addCallbacks(answered, failed)
+
+    @defer.inlineCallbacks
+    def _primary_listed(self) -> Any:
+        """Whether the lookupds still list the primary: True unless most of them
+        answered and none of those lists it (an unreachable lookupd might)."""
+        addresses = list(self.state.lookupd)
+        client = self._http_client()
+        primary = self.state.announced or self.state.peer  # as it registers itself
+        timeout = self.nsqd.opts.http_client_request_timeout
+
+        @defer.inlineCallbacks
+        def lists(address: str) -> Any:
+            resp = yield client.get(
+                lookupd.nodes_url(address),
+                headers={b"Accept": [lookupd.ACCEPT.encode()]},
+                timeout=timeout,
+                reactor=self.nsqd.reactor,
+            )
+            body = yield resp.content()
+            if resp.code != 200:
+                raise ValueError(f"{address} answered {resp.code}")
+            return any(join_host_port(host, str(port)) == primary for host, port in lookupd.producers(body))
+
+        results = yield defer.DeferredList([lists(a) for a in addresses], consumeErrors=True)
+        answers = [value for ok, value in results if ok]
+        if len(answers) * 2 <= len(addresses):
+            self.log.warn(
+                "REPLICATION: only {n} of {m} nsqlookupd answered: cannot tell whether primary {peer} is gone",
+                n=len(answers),
+                m=len(addresses),
+                peer=primary,
+            )
+            return True
+        return any(answers)
+
+    def _http_client(self) -> Any:
+        if self._http is None:
+            from treq.client import HTTPClient
+            from twisted.web.client import Agent, HTTPConnectionPool
+
+            reactor = self.nsqd.reactor
+            agent = Agent(
+                reactor,
+                connectTimeout=self.nsqd.opts.http_client_connect_timeout,
+                pool=HTTPConnectionPool(reactor, persistent=False),
+            )
+            self._http = HTTPClient(agent)
+        return self._http
+
+    def _fence(self, now: float) -> None:
+        """A primary whose standby may promote itself (it said --promote-after D)
+        refuses publishes once it has been cut off from that standby for D/2 and
+        reaches no lookupd: the lookupds may soon stop listing it, and then the
+        standby serves."""
+        after = self.peer_promote_after
+        lookup = self.lookup
+        cut_off = (
+            bool(after)
+            and self.link is None
+            and now - self.unlinked_since >= after / 2
+            and lookup is not None
+            and bool(lookup.peers)
+            and not lookup.connected()
+        )
+        if cut_off == self.fenced:
+            return
+        self.fenced = cut_off
+        if cut_off:
+            self.log.error(
+                "REPLICATION: fenced - standby {peer} and every nsqlookupd unreachable: refusing publishes, as the "
+                "standby may promote itself",
+                peer=self.state.peer,
+            )
+            self.nsqd.set_standby(fenced(self.state.peer, self.state.epoch))
+        else:
+            self.log.info("REPLICATION: no longer fenced")
+            self._serve_as_primary()
+
+    # -- nsqd's changes ---------------------------------------------------------------------
+
+    def _changed(self, what: str, obj: Any) -> None:
+        if self.nsqd.shipper is self.primary:
+            self.primary.changed(what, obj)
+
+    # -- status -------------------------------------------------------------------------------
+
+    @property
+    def link_state(self) -> str:
+        if self.state.role == PRIMARY:
+            return self.primary.state
+        side = self.standby_side
+        if side is None:
+            return DISCONNECTED
+        return IN_SYNC if side.in_sync else CATCHING_UP
+
+    def status(self) -> dict[str, Any]:
+        """What ``GET /replication`` answers (and ``/stats`` shows as ``replication``)."""
+        opts = self.nsqd.opts
+        state = self.link_state
+        out: dict[str, Any] = {
+            "role": self.state.role,
+            "epoch": self.state.epoch,
+            "node": self.state.node,
+            "peer": self.state.peer,
+            "state": state,
+            "degraded": state != IN_SYNC,  # the pair is not redundant now
+            "mode": opts.replication_mode,
+            "required": opts.replication_required,
+        }
+        if self.state.role == PRIMARY:
+            out["lag"] = self.primary.lag()
+            if self.settling:
+                out["starting"] = True
+            if self.fenced:
+                out["fenced"] = True
+        else:
+            out["synced"] = self.state.synced
+            out["promote_after"] = DURATION.show(opts.promote_after) if opts.promote_after else ""
+            out["lookupd"] = list(self.state.lookupd)  # its witnesses: the primary's lookupds
+        return out

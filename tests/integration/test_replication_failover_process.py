@@ -1,0 +1,221 @@
+"""Replication failover between nsqd processes under load (docs/replication.md):
+kill -9 of the primary, automatic then manual promotion, the old primary back as
+a standby, a link cut by a proxy. Producers over TCP (PUB, MPUB) and HTTP move to
+the other node when theirs fails; a pynsq consumer follows through nsqlookupd.
+Every body that got OK must be delivered; duplicates and the time from a kill to
+the first delivery from the other node are reported (not asserted: figures)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import time
+
+from twisted.trial import unittest
+
+from tests.integration.failover_load import Consumer, Proxy, Publishers, wait_until
+from tests.integration.procs import ServerProcess
+
+LOOPBACK = ("--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0", "--broadcast-address", "127.0.0.1")
+LOAD = 3.0  # seconds of load between the steps of a scenario
+
+
+def call(proc: ServerProcess, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+    host, port = proc.addresses["HTTP"].rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request(method, path, body=body)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def status(proc: ServerProcess) -> dict:
+    try:
+        code, body = call(proc, "GET", "/replication")
+    except OSError:
+        return {}
+    return json.loads(body) if code == 200 else {}
+
+
+class FailoverProcessTests(unittest.TestCase):
+    timeout = 300
+
+    def setUp(self) -> None:
+        self.dir = os.path.abspath(self.mktemp())
+        os.makedirs(self.dir)
+        self.secret = os.path.join(self.dir, "secret")
+        with open(self.secret, "w") as f:
+            f.write("the pair's secret\n")
+        self.lookupd = self.server("nsqlookupd", *LOOPBACK)
+        self.figures: list[str] = []
+
+    def server(self, name: str, *args: str, data: str = "") -> ServerProcess:
+        cwd = os.path.join(self.dir, data or name)
+        os.makedirs(cwd, exist_ok=True)
+        extra = ("--data-path", cwd) if name == "nsqd" else ()
+        proc = ServerProcess(name, *args, *extra, cwd=cwd).start()
+        self.addCleanup(proc.kill)
+        return proc
+
+    def nsqd(self, data: str, *args: str, tcp: str = "127.0.0.1:0", http_: str = "127.0.0.1:0") -> ServerProcess:
+        return self.server(
+            "nsqd",
+            "--tcp-address",
+            tcp,
+            "--http-address",
+            http_,
+            "--broadcast-address",
+            "127.0.0.1",
+            "--lookupd-tcp-address",
+            self.lookupd.addresses["TCP"],
+            "--replication-secret-file",
+            self.secret,
+            *args,
+            data=data,
+        )
+
+    def report(self, text: str) -> None:
+        self.figures.append(text)
+        print(f"\n    {text}", end="")
+
+    def failover_time(self, consumer: Consumer, killed_at: float, node: ServerProcess) -> None:
+        first = consumer.first_from(node.addresses["TCP"], killed_at)
+        if first is not None:
+            self.report(f"kill -9 to the first delivery from {node.addresses['TCP']}: {first - killed_at:.2f}s")
+
+    def test_kill_the_primary_under_load_twice_nothing_acknowledged_is_lost(self) -> None:
+        b = self.nsqd("b", "--replication-role", "standby", "--promote-after", "1s")
+        a = self.nsqd("a", "--replica", b.addresses["TCP"])
+        self.assertTrue(wait_until(lambda: status(b).get("state") == "in_sync", 30))
+        consumer = Consumer(self.lookupd.addresses["HTTP"])
+        self.addCleanup(consumer.stop)
+        load = Publishers([a.addresses["TCP"], b.addresses["TCP"]], [a.addresses["HTTP"], b.addresses["HTTP"]])
+        load.start()
+        self.addCleanup(load.finish)
+        time.sleep(LOAD)  # load on the pair
+
+        # 1. kill -9 the primary: the standby promotes itself (--promote-after, the lookupd forgot a)
+        a_ports = (a.addresses["TCP"], a.addresses["HTTP"])
+        killed = time.monotonic()
+        a.kill()
+        self.assertTrue(wait_until(lambda: status(b).get("role") == "primary", 30))
+        self.report(f"kill -9 to automatic promotion: {time.monotonic() - killed:.2f}s")
+        self.assertTrue(wait_until(lambda: consumer.first_from(b.addresses["TCP"], killed) is not None, 30))
+        self.failover_time(consumer, killed, b)
+        time.sleep(LOAD)
+
+        # 2. the old primary comes back on its data path: a standby of b, caught up
+        a = self.nsqd("a", "--replica", b.addresses["TCP"], tcp=a_ports[0], http_=a_ports[1])
+        self.assertTrue(wait_until(lambda: status(a).get("state") == "in_sync", 30))
+        self.assertEqual((status(a)["role"], status(a)["epoch"]), ("standby", 1))
+        self.assertEqual(call(a, "POST", "/pub?topic=failover", b"x")[0], 503)
+        time.sleep(LOAD)
+
+        # 3. kill -9 the new primary: a is promoted by hand
+        killed = time.monotonic()
+        b.kill()
+        self.assertTrue(
+            wait_until(lambda: call(a, "POST", "/replication/promote")[0] == 200, 30),
+        )
+        self.report(
+            f"kill -9 to manual promotion (polling POST /replication/promote): {time.monotonic() - killed:.2f}s"
+        )
+        self.assertEqual(status(a)["epoch"], 2)
+        self.assertTrue(wait_until(lambda: consumer.first_from(a.addresses["TCP"], killed) is not None, 30))
+        self.failover_time(consumer, killed, a)
+        time.sleep(LOAD)
+
+        load.finish()
+        acked = set(load.acked)
+        self.assertTrue(wait_until(lambda: not consumer.missing(acked), 90), f"{len(consumer.missing(acked))} lost")
+        self.report(
+            f"{len(acked)} acknowledged ({dict(load.acked_by)}), 0 lost, {consumer.duplicates()} delivered twice"
+        )
+        self.assertEqual(consumer.missing(acked), set())
+
+    def test_a_cut_link_never_makes_two_primaries(self) -> None:
+        b = self.nsqd("b", "--replication-role", "standby", "--promote-after", "1s")
+        proxy = Proxy(b.addresses["TCP"])
+        self.addCleanup(proxy.close)
+        a = self.nsqd("a", "--replica", proxy.address)
+        self.assertTrue(wait_until(lambda: status(b).get("state") == "in_sync", 30))
+        accepted: dict[str, list[float]] = {"a": [], "b": []}
+
+        def probe() -> None:
+            for name, node in (("a", a), ("b", b)):
+                try:
+                    if call(node, "POST", "/pub?topic=probe", b"p")[0] == 200:
+                        accepted[name].append(time.monotonic())
+                except OSError:
+                    pass
+
+        probe()
+        proxy.cut()  # both alive, the link between them gone; a still reaches the lookupd
+        cut = time.monotonic()
+        while time.monotonic() < cut + 4.0:  # four times --promote-after
+            probe()
+            time.sleep(0.05)
+        self.assertEqual(status(b)["role"], "standby")
+        self.assertEqual(status(b)["state"], "disconnected")
+        self.assertEqual(accepted["b"], [])
+        self.assertGreater(len(accepted["a"]), 10)  # degraded, acknowledging alone
+        self.assertTrue(status(a)["degraded"])
+
+        proxy.restore()
+        self.assertTrue(wait_until(lambda: status(b).get("state") == "in_sync", 30))
+        self.assertEqual((status(a)["role"], status(b)["role"]), ("primary", "standby"))
+        _, body = call(b, "GET", "/stats?format=json&topic=probe")
+        # what a acknowledged alone reached b with the new link's snapshot
+        self.assertEqual(json.loads(body)["topics"][0]["depth"], len(accepted["a"]))
+
+    def test_a_primary_cut_off_from_standby_and_lookupd_fences_itself_before_the_standby_serves(self) -> None:
+        b = self.nsqd("b", "--replication-role", "standby", "--promote-after", "2s")
+        link = Proxy(b.addresses["TCP"])
+        self.addCleanup(link.close)
+        witness = Proxy(self.lookupd.addresses["TCP"])  # a's way to its lookupd
+        self.addCleanup(witness.close)
+        a = self.server(
+            "nsqd",
+            *LOOPBACK,
+            "--lookupd-tcp-address",
+            witness.address,
+            "--replication-secret-file",
+            self.secret,
+            "--replica",
+            link.address,
+            data="a",
+        )
+        self.assertTrue(wait_until(lambda: status(b).get("state") == "in_sync", 30))
+        self.assertTrue(wait_until(lambda: status(b).get("lookupd"), 30))  # b knows its witness
+        accepted: dict[str, list[float]] = {"a": [], "b": []}
+
+        def probe() -> None:
+            for name, node in (("a", a), ("b", b)):
+                try:
+                    if call(node, "POST", "/pub?topic=probe", b"p")[0] == 200:
+                        accepted[name].append(time.monotonic())
+                except OSError:
+                    pass
+
+        probe()
+        link.cut()
+        witness.cut()  # a is alone: no standby, no lookupd (which forgets it at once)
+        cut = time.monotonic()
+        while time.monotonic() < cut + 5.0:
+            probe()
+            time.sleep(0.02)
+        self.assertEqual(status(b)["role"], "primary")
+        self.assertTrue(any("REPLICATION: fenced" in line for line in a.lines))
+        self.assertTrue(accepted["b"])
+        self.assertLess(max(accepted["a"]), min(accepted["b"]))  # never both at once
+        fenced, serving = max(accepted["a"]) - cut, min(accepted["b"]) - cut
+        self.report(f"a fenced {fenced:.2f}s after the cut, b serving {serving:.2f}s after it")
+        # b, promoted, dials a at the address a announced (not through the proxy): a meets the
+        # higher epoch and becomes b's standby, dropping what it acknowledged alone
+        link.restore()
+        witness.restore()
+        self.assertTrue(wait_until(lambda: status(a).get("role") == "standby" and status(a)["state"] == "in_sync", 30))
+        self.assertEqual(status(a)["epoch"], 1)

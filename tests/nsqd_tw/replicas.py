@@ -1,0 +1,221 @@
+"""A replication pair in memory: two NSQDs on one MemoryReactorClock, their links
+over :class:`tests.helpers.MemoryNetwork` (the tests of nsqd_tw.replication)."""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+from twisted.internet.interfaces import IStreamClientEndpoint
+
+from nsq_wire.message import MESSAGE_HEADER_LENGTH
+from nsqd_tw.core.channel import Channel
+from nsqd_tw.core.message import Message
+from nsqd_tw.core.nsqd import NSQD, memory_backend_factory
+from nsqd_tw.replication import wire
+from nsqd_tw.replication.service import ReplicationService
+from nsqd_tw.tcp.protocol import V2Factory
+from tests.helpers import MemoryNetwork, make_nsqd
+
+SECRET = b"pair secret"
+
+
+class Node:
+    """One nsqd of the pair: its core, its TCP side (for the link's magic), its
+    replication service. ``address``: its TCP address as the peer dials it."""
+
+    def __init__(
+        self,
+        pair: ReplicaPair,
+        port: int,
+        role: str,
+        replica: str = "",
+        data_path: str | None = None,
+        secret: bytes = SECRET,
+        **opts: Any,
+    ) -> None:
+        self.pair = pair
+        self.port = port
+        self.address = f"127.0.0.1:{port}"
+        self.data_path = data_path or tempfile.mkdtemp(prefix="nsq-replica-")
+        self.secret = secret
+        self.opts = dict(
+            data_path=self.data_path,
+            replication_role=role,
+            replica=replica,
+            replication_secret_file="(given)",
+            broadcast_address="127.0.0.1",
+            broadcast_tcp_port=port,
+            broadcast_http_port=port + 1,
+            **opts,
+        )
+        self.up = False
+        self.run_blocking: Any = None  # how its fsyncs run (inline unless a test holds them)
+        self.lookup = FakeLookup()
+        self.http_client: Any = None  # how it asks the lookupds (automatic promotion)
+        self.nsqd: NSQD = None  # type: ignore[assignment]
+        self.repl: ReplicationService = None  # type: ignore[assignment]
+        self.v2: V2Factory = None  # type: ignore[assignment]
+
+    def start(self) -> Node:
+        """A new process on the same data path (the previous one stopped or killed)."""
+        opts = dict(self.opts)
+        backend = opts.pop("backend_factory", memory_backend_factory)
+        self.nsqd = make_nsqd(backend, clock=self.pair.net.reactor, **opts)
+        if self.run_blocking is not None:
+            self.nsqd.syncer._run_blocking = self.run_blocking
+        self.v2 = V2Factory(self.nsqd)
+        self.repl = ReplicationService(
+            self.nsqd, self.lookup, None, self.pair.endpoint, secret=self.secret, http_client=self.http_client
+        )
+        self.v2.magics[wire.MAGIC] = self.repl.accept
+        self.nsqd.startService()
+        self.repl.startService()
+        self.up = True
+        return self
+
+    def stop(self) -> None:
+        """A clean stop."""
+        self.up = False
+        self.repl.stopService()
+        self.pair.net.settle()
+        self.nsqd.stopService()
+
+    def kill(self) -> None:
+        """kill -9: its connections drop, nothing more runs."""
+        self.up = False
+        for link in list(self.repl.links):
+            link.transport.loseConnection()
+        if self.repl._tick.running:
+            self.repl._tick.stop()
+        self.repl.running = False
+        self.pair.net.settle()
+        self.nsqd.syncer.stopping = True
+        self.nsqd.running = False
+        self.nsqd.dirlock.unlock()  # the process is gone: so is its lock
+
+    @property
+    def state(self) -> str:
+        return self.repl.link_state
+
+    def acks(self) -> list[int]:
+        """Every ACK count this primary has received (recorded from now on)."""
+        got: list[int] = []
+        primary = self.repl.primary
+        acknowledged = primary.acknowledged
+
+        def record(count: int) -> None:
+            got.append(count)
+            acknowledged(count)
+
+        primary.acknowledged = record  # type: ignore[method-assign]
+        return got
+
+    def channel(self, topic: str, channel: str) -> Channel:
+        return self.nsqd.topics[topic].channels[channel]
+
+
+class FakeLookup:
+    """What the replication service asks of nsqd's LookupService: whether it
+    registers (paused while a standby), with which lookupds, connected or not."""
+
+    def __init__(self) -> None:
+        self.paused = False
+        self.up = True  # connected to its lookupds
+        self.addresses = ["127.0.0.1:4161"]
+        self.peers = [object()]
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+
+    def connected(self) -> bool:
+        return self.up
+
+    def observe_identified(self, observer: Any) -> None:
+        self.identified = observer
+
+    def lookupd_http_addresses(self) -> list[str]:
+        return list(self.addresses)
+
+
+class HeldSyncs:
+    """A node's fsyncs, run only when the test says (:meth:`release`)."""
+
+    def __init__(self) -> None:
+        from twisted.internet import defer
+
+        self.defer = defer
+        self.waiting: list[tuple[Any, Any]] = []
+
+    def __call__(self, fn: Any) -> Any:
+        d = self.defer.Deferred()
+        self.waiting.append((fn, d))
+        return d
+
+    def release(self) -> int:
+        """Run the fsyncs waiting (and those they start); how many ran."""
+        n = 0
+        while self.waiting:
+            fn, d = self.waiting.pop(0)
+            fn()
+            d.callback(None)
+            n += 1
+        return n
+
+
+class ReplicaPair:
+    """``primary`` streams to ``standby``; both dial through :meth:`endpoint`."""
+
+    def __init__(self, primary_opts: dict[str, Any] | None = None, standby_opts: dict[str, Any] | None = None) -> None:
+        self.net = MemoryNetwork()
+        self.nodes: dict[int, Node] = {}
+        self.standby = self.add(Node(self, 4250, "standby", **(standby_opts or {})))
+        self.primary = self.add(Node(self, 4150, "primary", replica=self.standby.address, **(primary_opts or {})))
+
+    def add(self, node: Node) -> Node:
+        self.nodes[node.port] = node
+        return node
+
+    def endpoint(self, host: str, port: int) -> IStreamClientEndpoint:
+        node = self.nodes.get(port)
+        return self.net.endpoint(node.v2 if node is not None and node.up else None)
+
+    def start(self) -> ReplicaPair:
+        self.standby.start()
+        self.primary.start()
+        self.settle()
+        return self
+
+    def settle(self) -> None:
+        """Move every byte and run what is due now, until nothing moves."""
+        self.net.settle()
+
+    def advance(self, seconds: float) -> None:
+        self.net.advance(seconds)
+
+
+def held(channel: Channel) -> list[Message]:
+    """Every message a channel holds (queued, in flight, deferred), as the order a
+    standby keeps them in does not matter: sorted by ID, each copy once."""
+    out = channel.queued()
+    backend = channel.backend
+    out += [Message.decode(r) for r in backend.peek(backend.depth()) if len(r) >= MESSAGE_HEADER_LENGTH]
+    out += channel.in_flight.values()
+    out += channel.deferred.values()
+    return sorted(out, key=lambda m: m.id)
+
+
+def live(channel: Channel) -> list[bytes]:
+    """The IDs a channel holds, less the copies its skip counts will drop."""
+    skips = dict(channel.skips)
+    out = []
+    for msg in held(channel):
+        n = skips.get(msg.id, 0)
+        if n:
+            skips[msg.id] = n - 1
+            continue
+        out.append(msg.id)
+    return out

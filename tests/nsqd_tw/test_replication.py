@@ -1,0 +1,409 @@
+"""Replication (beyond Go): a primary streams to its standby over the link; the
+standby keeps the same queues, serves no one, and refuses clearly."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from treq.testing import StubTreq
+from twisted.trial import unittest
+
+from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, MAGIC_V2
+from nsqd_tw.core.replica import STATE_FILE, StandbyApply
+from nsqd_tw.core.topic import StandbyError
+from nsqd_tw.http.api import NSQDHTTPAPI
+from nsqd_tw.replication import wire
+from nsqd_tw.replication.service import decide
+from tests.helpers import FakeClient
+from tests.nsqd_tw.replicas import ReplicaPair, held, live
+
+
+def consume(nsqd: object, topic: str, channel: str, rdy: int = 100) -> FakeClient:
+    client = FakeClient(nsqd)  # type: ignore[arg-type]
+    client.command(b"SUB", topic, channel)
+    assert client.frames() == [(FRAME_TYPE_RESPONSE, b"OK")]
+    client.command(b"RDY", str(rdy))
+    return client
+
+
+class LinkTests(unittest.TestCase):
+    def test_the_primary_dials_its_standby_and_both_are_in_sync(self) -> None:
+        pair = ReplicaPair().start()
+        self.assertEqual(pair.primary.state, "in_sync")
+        self.assertEqual(pair.standby.state, "in_sync")
+        self.assertIs(pair.primary.nsqd.shipper, pair.primary.repl.primary)
+        self.assertIsNone(pair.primary.nsqd.standby)
+        refusal = pair.standby.nsqd.standby
+        assert refusal is not None
+        self.assertEqual(str(refusal), "this nsqd is a standby (primary 127.0.0.1:4150, epoch 0)")
+        status = pair.primary.repl.status()
+        self.assertEqual(
+            {k: status[k] for k in ("role", "epoch", "peer", "state", "mode")},
+            {"role": "primary", "epoch": 0, "peer": "127.0.0.1:4250", "state": "in_sync", "mode": "sync"},
+        )
+        self.assertEqual(status["lag"], {"operations": 0, "messages": 0, "bytes": 0, "ms": 0})
+
+    def test_roles_and_epochs_are_persisted(self) -> None:
+        pair = ReplicaPair().start()
+        with open(os.path.join(pair.standby.data_path, STATE_FILE)) as f:
+            doc = json.load(f)
+        self.assertEqual(
+            (doc["role"], doc["epoch"], doc["peer"], doc["synced"]), ("standby", 0, "127.0.0.1:4150", True)
+        )
+        with open(os.path.join(pair.primary.data_path, STATE_FILE)) as f:
+            doc = json.load(f)
+        self.assertEqual((doc["role"], doc["peer"]), ("primary", "127.0.0.1:4250"))
+        self.assertNotEqual(doc["node"], pair.standby.repl.state.node)
+
+    def test_a_wrong_secret_gets_nothing(self) -> None:
+        pair = ReplicaPair()
+        pair.primary.secret = b"not the secret"
+        pair.start()
+        pair.primary.nsqd.publish("t", [b"hello"])
+        pair.settle()
+        self.assertEqual(pair.primary.state, "disconnected")
+        self.assertEqual(pair.standby.state, "disconnected")
+        self.assertNotIn("t", pair.standby.nsqd.topics)
+        self.assertIsNone(pair.standby.repl.link)
+
+    def test_a_link_refused_before_it_is_established_is_dialed_again(self) -> None:
+        pair = ReplicaPair()
+        pair.primary.secret = b"not the secret"
+        pair.start()
+        self.assertEqual(pair.primary.state, "disconnected")
+        pair.primary.repl.secret = pair.standby.secret  # fixed: the next attempt gets through
+        pair.advance(3.0)
+        self.assertEqual(pair.primary.state, "in_sync")
+
+    def test_the_link_magic_on_a_node_without_replication_is_a_bad_protocol(self) -> None:
+        pair = ReplicaPair().start()
+        client = FakeClient(pair.primary.nsqd, magic=False)  # a V2Factory with no other magic
+        client.send(wire.MAGIC)
+        self.assertEqual(client.frames(), [(FRAME_TYPE_ERROR, b"E_BAD_PROTOCOL")])
+        self.assertTrue(client.disconnected)
+
+    def test_a_node_dialing_itself_refuses(self) -> None:
+        pair = ReplicaPair()
+        pair.primary.opts["replica"] = pair.primary.address
+        pair.start()
+        self.assertEqual(pair.primary.state, "disconnected")
+
+    def test_who_is_primary_on_a_link(self) -> None:
+        self.assertEqual(decide((0, "primary"), (0, "standby")), "me")
+        self.assertEqual(decide((0, "standby"), (0, "primary")), "peer")
+        self.assertEqual(decide((1, "primary"), (2, "primary")), "peer")
+        self.assertEqual(decide((3, "standby"), (2, "primary")), None)  # a stale primary is no one's
+        self.assertEqual(decide((2, "primary"), (2, "primary")), None)
+        self.assertEqual(decide((2, "standby"), (2, "standby")), None)
+
+    def test_a_lost_link_is_dialed_again_and_starts_with_a_new_snapshot(self) -> None:
+        pair = ReplicaPair().start()
+        pair.primary.nsqd.publish("t", [b"one"])
+        pair.settle()
+        assert pair.primary.repl.link is not None
+        pair.primary.repl.link.transport.loseConnection()
+        pair.settle()
+        self.assertEqual(pair.primary.state, "disconnected")
+        pair.primary.nsqd.publish("t", [b"two"])  # acknowledged alone (no --replication-required)
+        pair.advance(1.0)
+        self.assertEqual(pair.primary.state, "in_sync")
+        topic = pair.standby.nsqd.topics["t"]
+        self.assertEqual(sorted(m.body for m in topic.queued()), [b"one", b"two"])
+
+    def test_a_silent_link_is_dropped(self) -> None:
+        pair = ReplicaPair().start()
+        link = pair.standby.repl.link
+        assert link is not None
+        pair.net.pumps.clear()  # nothing moves any more, both ways
+        pair.standby.up = False  # and the primary cannot connect again
+        pair.advance(7.0)
+        self.assertTrue(link.closed)
+        self.assertEqual(pair.standby.state, "disconnected")
+        self.assertEqual(pair.primary.state, "disconnected")
+        pair.standby.up = True  # reachable again: linked again
+        pair.advance(3.0)
+        self.assertEqual(pair.standby.state, "in_sync")
+        self.assertIsNot(pair.standby.repl.link, link)
+
+
+class StreamTests(unittest.TestCase):
+    def setUp(self) -> None:
+        self.pair = ReplicaPair().start()
+        self.primary, self.standby = self.pair.primary.nsqd, self.pair.standby.nsqd
+
+    def test_publishes_arrive_with_their_ids_timestamps_and_bodies(self) -> None:
+        consumer = consume(self.primary, "events", "archive", rdy=0)
+        client = FakeClient(self.primary)
+        client.command(b"PUB", "events", body=b"one")
+        client.command(b"MPUB", "events", body=b"\x00\x00\x00\x02\x00\x00\x00\x03two\x00\x00\x00\x05three")
+        self.pair.settle()
+        self.assertEqual(client.frames(), [(FRAME_TYPE_RESPONSE, b"OK")] * 2)
+        self.assertEqual(
+            [(m.id, m.timestamp, m.body) for m in held(self.pair.standby.channel("events", "archive"))],
+            [(m.id, m.timestamp, m.body) for m in held(self.pair.primary.channel("events", "archive"))],
+        )
+        self.assertEqual(len(held(self.pair.standby.channel("events", "archive"))), 3)
+        consumer.lose()
+
+    def test_a_topic_without_channels_holds_them_there_too(self) -> None:
+        self.primary.publish("held", [b"a", b"b"])
+        self.pair.settle()
+        self.assertEqual([m.body for m in self.standby.topics["held"].queued()], [b"a", b"b"])
+
+    def test_dpub_is_deferred_on_the_standby(self) -> None:
+        consume(self.primary, "t", "c", rdy=0)
+        self.primary.publish("t", [b"later"], delay=30.0)
+        self.pair.settle()
+        channel = self.pair.standby.channel("t", "c")
+        [msg] = channel.deferred.values()
+        self.assertEqual(msg.body, b"later")
+        self.assertAlmostEqual(msg.pri, self.primary.now() + 30.0, delta=0.2)
+
+    def test_finished_messages_leave_the_standby(self) -> None:
+        consumer = consume(self.primary, "t", "c", rdy=10)
+        self.primary.publish("t", [b"%d" % i for i in range(5)])
+        delivered = consumer.messages()
+        self.assertEqual(len(delivered), 5)
+        self.pair.settle()
+        self.assertEqual(len(live(self.pair.standby.channel("t", "c"))), 5)  # in flight there: queued here
+        for msg in reversed(delivered[1:]):  # out of order: counted until the head goes
+            consumer.command(b"FIN", msg.id)
+        self.pair.settle()
+        standby = self.pair.standby.channel("t", "c")
+        self.assertEqual(live(standby), [delivered[0].id])
+        consumer.command(b"FIN", delivered[0].id)
+        self.pair.settle()
+        self.assertEqual(held(standby), [])
+        self.assertEqual(standby.skips, {})
+
+    def test_a_requeued_message_keeps_its_attempts_and_delay(self) -> None:
+        consumer = consume(self.primary, "t", "c", rdy=1)
+        self.primary.publish("t", [b"x"])
+        [msg] = consumer.messages()
+        consumer.command(b"REQ", msg.id, "20000")
+        self.pair.settle()
+        standby = self.pair.standby.channel("t", "c")
+        self.assertEqual(live(standby), [msg.id])
+        [copy] = standby.deferred.values()
+        self.assertEqual((copy.id, copy.attempts, copy.body), (msg.id, 1, b"x"))
+        self.assertAlmostEqual(copy.pri, self.primary.now() + 20.0, delta=0.2)
+        # due, delivered again, requeued at once, then finished: nothing left anywhere
+        self.pair.advance(21.0)
+        self.primary.queue_scan()
+        [again] = consumer.messages()
+        self.assertEqual(again.attempts, 2)
+        consumer.command(b"REQ", again.id, "0")
+        [third] = consumer.messages()
+        self.pair.settle()
+        self.assertEqual(live(standby), [msg.id])
+        self.assertEqual(max(m.attempts for m in held(standby)), 2)
+        consumer.command(b"FIN", third.id)
+        self.pair.settle()
+        self.assertEqual(live(standby), [])
+
+    def test_a_timed_out_message_and_a_gone_consumer_stay_held(self) -> None:
+        consumer = consume(self.primary, "t", "c", rdy=2)
+        self.primary.publish("t", [b"a", b"b"])
+        first, second = consumer.messages()
+        self.pair.advance(61.0)  # --msg-timeout 60s
+        self.pair.settle()
+        standby = self.pair.standby.channel("t", "c")
+        self.assertEqual(sorted(live(standby)), sorted([first.id, second.id]))
+        consumer.lose()
+        self.pair.settle()
+        self.assertEqual(sorted(live(standby)), sorted([first.id, second.id]))
+
+    def test_topic_and_channel_changes_follow(self) -> None:
+        primary = self.primary
+        consumer = consume(primary, "t", "c", rdy=0)
+        primary.get_topic("t").get_channel("other")
+        primary.publish("t", [b"1", b"2"])
+        primary.topics["t"].pause()
+        primary.topics["t"].channels["c"].pause()
+        primary.topics["t"].update_settings({"max_age": 60.0})
+        primary.topics["t"].update_settings({"max_attempts": 3}, primary.topics["t"].channels["c"])
+        self.pair.settle()
+        topic = self.standby.topics["t"]
+        self.assertTrue(topic.paused)
+        self.assertTrue(topic.channels["c"].paused)
+        self.assertEqual(topic.own_settings, {"max_age": 60.0})
+        self.assertEqual(topic.channels["c"].own_settings, {"max_attempts": 3})
+        primary.topics["t"].channels["other"].empty()
+        primary.topics["t"].unpause()
+        self.pair.settle()
+        self.assertFalse(topic.paused)
+        self.assertEqual(held(topic.channels["other"]), [])
+        self.assertEqual(len(held(topic.channels["c"])), 2)
+        primary.topics["t"].delete_existing_channel("other")
+        self.pair.settle()
+        self.assertEqual(sorted(topic.channels), ["c"])
+        consumer.lose()
+        primary.delete_existing_topic("t")
+        self.pair.settle()
+        self.assertNotIn("t", self.standby.topics)
+
+    def test_ephemeral_topics_are_not_replicated(self) -> None:
+        consume(self.primary, "t#ephemeral", "c", rdy=0)
+        self.primary.publish("t#ephemeral", [b"gone"])
+        self.pair.settle()
+        self.assertNotIn("t#ephemeral", self.standby.topics)
+
+    def test_expired_messages_leave_the_standby_as_the_primary_drops_them(self) -> None:
+        consume(self.primary, "t", "c", rdy=0)
+        self.primary.topics["t"].update_settings({"max_age": 5.0})
+        self.primary.publish("t", [b"old"])
+        self.pair.settle()
+        self.pair.advance(7.0)
+        self.primary.queue_scan()  # the TTL sweep
+        self.pair.settle()
+        self.assertEqual(held(self.pair.primary.channel("t", "c")), [])
+        self.assertEqual(live(self.pair.standby.channel("t", "c")), [])
+
+
+class SnapshotTests(unittest.TestCase):
+    def test_a_standby_linked_late_gets_everything_the_primary_holds(self) -> None:
+        pair = ReplicaPair()
+        pair.standby.start()
+        pair.primary.opts["replica"] = ""  # not linked yet: --replica set later
+        pair.primary.opts["replication_secret_file"] = "x"
+        pair.primary.start()
+        primary = pair.primary.nsqd
+        primary.publish("held", [b"h1", b"h2"])
+        consumer = consume(primary, "t", "c", rdy=1)
+        primary.get_topic("t").get_channel("idle")
+        primary.publish("t", [b"a", b"b", b"c"])
+        primary.publish("t", [b"d"], delay=120.0)
+        primary.topics["t"].channels["idle"].pause()
+        [in_flight] = consumer.messages()
+        self.assertEqual(pair.primary.state, "disconnected")
+
+        pair.primary.repl.state.peer = pair.standby.address
+        pair.primary.repl._dial()
+        pair.settle()
+        self.assertEqual(pair.primary.state, "in_sync")
+        standby = pair.standby.nsqd
+        self.assertEqual(sorted(standby.topics), ["held", "t"])
+        self.assertEqual(sorted(m.body for m in standby.topics["held"].queued()), [b"h1", b"h2"])
+        for name in ("c", "idle"):
+            self.assertEqual(
+                [(m.id, m.body) for m in held(pair.standby.channel("t", name))],
+                [(m.id, m.body) for m in held(pair.primary.channel("t", name))],
+            )
+        self.assertTrue(standby.topics["t"].channels["idle"].paused)
+        [deferred] = pair.standby.channel("t", "c").deferred.values()
+        self.assertEqual(deferred.body, b"d")
+        consumer.command(b"FIN", in_flight.id)
+        pair.settle()
+        self.assertNotIn(in_flight.id, live(pair.standby.channel("t", "c")))
+
+    def test_a_standby_drops_what_it_held_before_the_snapshot(self) -> None:
+        pair = ReplicaPair()
+        pair.standby.start()
+        StandbyApply(pair.standby.nsqd).publish("stale", [b"x" * 26])
+        self.assertIn("stale", pair.standby.nsqd.topics)
+        pair.primary.start()
+        pair.settle()
+        self.assertNotIn("stale", pair.standby.nsqd.topics)
+
+    def test_disk_queues_are_sent_from_their_files(self) -> None:
+        pair = ReplicaPair(
+            primary_opts={"backend_factory": None, "mem_queue_size": 2},
+            standby_opts={"backend_factory": None, "mem_queue_size": 2},
+        )
+        pair.standby.start()
+        pair.primary.opts["replica"] = ""
+        pair.primary.start()
+        primary = pair.primary.nsqd
+        primary.get_topic("t").get_channel("c")
+        primary.publish("t", [b"m%03d" % i for i in range(50)])
+        channel = pair.primary.channel("t", "c")
+        self.assertGreater(channel.backend.depth(), 40)
+        pair.primary.repl.state.peer = pair.standby.address
+        pair.primary.repl._dial()
+        pair.settle()
+        self.assertEqual(pair.primary.state, "in_sync")
+        got = pair.standby.channel("t", "c")
+        self.assertEqual(sorted(m.body for m in held(got)), [b"m%03d" % i for i in range(50)])
+        self.assertGreater(got.backend.depth(), 40)
+        # a consumer on the primary finishes them all: the standby's disk queue empties too
+        consumer = consume(primary, "t", "c", rdy=100)
+        for _ in range(5):
+            for msg in consumer.messages():
+                consumer.command(b"FIN", msg.id)
+            pair.settle()
+        self.assertEqual(channel.depth(), 0)
+        self.assertEqual(got.depth(), 0)
+        self.assertEqual(got.skips, {})
+
+
+class StandbyRefusalTests(unittest.TestCase):
+    def setUp(self) -> None:
+        self.pair = ReplicaPair().start()
+        self.pair.primary.nsqd.get_topic("t").get_channel("c")
+        self.pair.settle()
+        self.standby = self.pair.standby.nsqd
+
+    def test_producers_are_refused_naming_the_primary(self) -> None:
+        for verb, command in (
+            (b"PUB", lambda c: c.command(b"PUB", "t", body=b"x")),
+            (b"MPUB", lambda c: c.command(b"MPUB", "new", body=b"\x00\x00\x00\x01\x00\x00\x00\x01x")),
+            (b"DPUB", lambda c: c.command(b"DPUB", "t", "10", body=b"x")),
+        ):
+            client = FakeClient(self.standby)
+            command(client)
+            self.assertEqual(
+                client.frames(),
+                [
+                    (
+                        FRAME_TYPE_ERROR,
+                        b"E_%s_FAILED %s failed this nsqd is a standby (primary 127.0.0.1:4150, epoch 0)"
+                        % (verb, verb),
+                    )
+                ],
+            )
+        self.assertNotIn("new", self.standby.topics)
+
+    def test_consumers_are_refused(self) -> None:
+        for topic, channel in (("t", "c"), ("t", "new"), ("new", "c")):
+            client = FakeClient(self.standby)
+            client.command(b"SUB", topic, channel)
+            self.assertEqual(
+                client.frames(),
+                [
+                    (
+                        FRAME_TYPE_ERROR,
+                        b"E_SUB_FAILED SUB failed this nsqd is a standby (primary 127.0.0.1:4150, epoch 0)",
+                    )
+                ],
+            )
+        self.assertEqual(sorted(self.standby.topics["t"].channels), ["c"])
+
+    def test_http_changes_are_refused_and_ping_keeps_it_out_of_rotation(self) -> None:
+        treq = StubTreq(NSQDHTTPAPI(self.standby).resource())
+
+        def call(method: str, url: str) -> tuple[int, bytes]:
+            resp = self.successResultOf(treq.request(method, "http://n" + url, data=b"x"))
+            return resp.code, self.successResultOf(resp.content())
+
+        refused = (503, b'{"message":"STANDBY","primary":"127.0.0.1:4151","epoch":0}')
+        self.assertEqual(call("POST", "/pub?topic=t"), refused)
+        self.assertEqual(call("POST", "/topic/pause?topic=t"), refused)
+        self.assertEqual(call("POST", "/channel/empty?topic=t&channel=c"), refused)
+        self.assertEqual(call("PUT", "/topic/settings?topic=t"), refused)
+        self.assertEqual(call("GET", "/ping"), (503, b"NOK - standby of 127.0.0.1:4150 (epoch 0)"))
+        code, body = call("GET", "/replication")
+        self.assertEqual((code, json.loads(body)["role"], json.loads(body)["state"]), (200, "standby", "in_sync"))
+        self.assertEqual(call("GET", "/topic/settings?topic=t")[0], 200)
+
+    def test_a_primary_answers_404_for_replication_without_it(self) -> None:
+        from tests.helpers import make_nsqd
+
+        treq = StubTreq(NSQDHTTPAPI(make_nsqd()).resource())
+        resp = self.successResultOf(treq.get("http://n/replication"))
+        self.assertEqual(resp.code, 404)
+
+    def test_the_refusal_is_a_standby_error(self) -> None:
+        self.assertIsInstance(self.standby.standby, StandbyError)
+        self.assertRaises(StandbyError, self.standby.publish, "t", [b"x"])
+        self.assertEqual(MAGIC_V2, b"  V2")

@@ -1,0 +1,176 @@
+"""--replication-mode: in sync mode a publish is answered once the standby holds
+it (fsynced there in durable mode), pipelined and acknowledged a read at a time;
+in async mode at once, with the lag bounded and reported."""
+
+from __future__ import annotations
+
+from treq.testing import StubTreq
+from twisted.trial import unittest
+
+from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
+from nsqd_tw.http.api import NSQDHTTPAPI
+from tests.helpers import FakeClient
+from tests.nsqd_tw.replicas import HeldSyncs, ReplicaPair, held
+
+OK = (FRAME_TYPE_RESPONSE, b"OK")
+DURABLE = {"backend_factory": None, "mem_queue_size": 0, "sync_every": 1}
+
+
+def run_syncs(pair: ReplicaPair, syncs: HeldSyncs) -> None:
+    """Let the held fsyncs run, and the ones they lead to, moving bytes in between."""
+    pair.settle()
+    while syncs.release():
+        pair.settle()
+
+
+def turns(pair: ReplicaPair, n: int = 2) -> None:
+    """Run ``n`` reactor turns without moving a byte between the nodes."""
+    for _ in range(n):
+        pair.net.reactor.advance(0)
+
+
+def cut(pair: ReplicaPair) -> None:
+    """The standby goes away with what is on the wire: the primary drops the link."""
+    pair.net.pumps.clear()
+    pair.standby.up = False
+    link = pair.primary.repl.link
+    assert link is not None
+    link.abort("cut by the test")
+    pair.settle()
+
+
+def mpub(*bodies: bytes) -> bytes:
+    out = len(bodies).to_bytes(4, "big")
+    for b in bodies:
+        out += len(b).to_bytes(4, "big") + b
+    return out
+
+
+class SyncModeTests(unittest.TestCase):
+    def test_pub_mpub_and_dpub_are_answered_once_the_standby_holds_them(self) -> None:
+        pair = ReplicaPair().start()
+        pair.primary.nsqd.get_topic("t").get_channel("c")
+        pair.settle()
+        client = FakeClient(pair.primary.nsqd)
+        client.command(b"PUB", "t", body=b"one")
+        client.command(b"MPUB", "t", body=mpub(b"two", b"three"))
+        client.command(b"DPUB", "t", "5000", body=b"four")
+        self.assertEqual(client.frames(), [])  # nothing has reached the standby yet
+        pair.settle()
+        self.assertEqual(client.frames(), [OK, OK, OK])
+        self.assertEqual(len(held(pair.standby.channel("t", "c"))), 4)
+
+    def test_http_publishes_wait_too(self) -> None:
+        pair = ReplicaPair().start()
+        treq = StubTreq(NSQDHTTPAPI(pair.primary.nsqd).resource())
+        pub = treq.post("http://n/pub?topic=t", data=b"hello")
+        mpub_ = treq.post("http://n/mpub?topic=t", data=b"a\nb")
+        treq.flush()
+        self.assertNoResult(pub)
+        self.assertNoResult(mpub_)
+        pair.settle()
+        treq.flush()
+        for d in (pub, mpub_):
+            resp = self.successResultOf(d)
+            self.assertEqual((resp.code, self.successResultOf(resp.content())), (200, b"OK"))
+        self.assertEqual(len(pair.standby.nsqd.topics["t"].queued()), 3)
+
+    def test_publishes_are_pipelined_and_one_ack_answers_a_read(self) -> None:
+        pair = ReplicaPair().start()
+        acks = pair.primary.acks()
+        clients = [FakeClient(pair.primary.nsqd) for _ in range(10)]
+        for i, client in enumerate(clients):
+            for j in range(5):
+                client.command(b"PUB", "t", body=b"%d-%d" % (i, j))
+        pair.settle()
+        for client in clients:
+            self.assertEqual(client.frames(), [OK] * 5)
+        self.assertEqual(len(acks), 1, acks)  # every publish of that turn arrived in one read
+        self.assertEqual(len(pair.standby.nsqd.topics["t"].queued()), 50)
+
+    def test_a_durable_standby_acknowledges_once_fsynced(self) -> None:
+        pair = ReplicaPair(standby_opts=DURABLE)
+        syncs = pair.standby.run_blocking = HeldSyncs()
+        pair.standby.start()
+        pair.primary.start()
+        run_syncs(pair, syncs)  # the snapshot's
+        self.assertEqual(pair.primary.state, "in_sync")
+        client = FakeClient(pair.primary.nsqd)
+        client.command(b"PUB", "t", body=b"x")
+        client.command(b"PUB", "t", body=b"y")
+        pair.settle()
+        self.assertEqual(client.frames(), [])  # on the standby's disk, not yet fsynced
+        self.assertEqual(len(syncs.waiting), 1)  # both in one fsync
+        run_syncs(pair, syncs)
+        self.assertEqual(client.frames(), [OK, OK])
+
+    def test_a_durable_primary_answers_once_both_hold_it(self) -> None:
+        pair = ReplicaPair(primary_opts=DURABLE)
+        syncs = pair.primary.run_blocking = HeldSyncs()
+        pair.start()
+        run_syncs(pair, syncs)
+        client = FakeClient(pair.primary.nsqd)
+        client.command(b"PUB", "t", body=b"x")
+        pair.settle()
+        self.assertEqual(client.frames(), [])  # the standby holds it; this node's fsync waits
+        run_syncs(pair, syncs)
+        self.assertEqual(client.frames(), [OK])
+        client.command(b"PUB", "t", body=b"y")
+        turns(pair)
+        self.assertEqual(syncs.release(), 1)
+        self.assertEqual(client.frames(), [])  # fsynced here; the standby has not answered
+        pair.settle()
+        self.assertEqual(client.frames(), [OK])
+
+    def test_a_lost_standby_answers_the_publishes_waiting_for_it(self) -> None:
+        pair = ReplicaPair().start()
+        client = FakeClient(pair.primary.nsqd)
+        client.command(b"PUB", "t", body=b"x")
+        cut(pair)
+        self.assertEqual(client.frames(), [OK])  # held here: acknowledged alone, degraded
+        self.assertEqual(pair.primary.state, "disconnected")
+
+    def test_with_replication_required_they_fail_and_stay_held(self) -> None:
+        pair = ReplicaPair(primary_opts={"replication_required": True}).start()
+        client = FakeClient(pair.primary.nsqd)
+        client.command(b"PUB", "t", body=b"x")
+        cut(pair)
+        self.assertEqual(
+            client.frames(),
+            [
+                (
+                    FRAME_TYPE_ERROR,
+                    b"E_PUB_FAILED PUB failed replication: standby 127.0.0.1:4250 lost before it held the message",
+                )
+            ],
+        )
+        self.assertEqual(len(pair.primary.nsqd.topics["t"].queued()), 1)  # a retry is a duplicate, never a loss
+
+
+class AsyncModeTests(unittest.TestCase):
+    def test_publishes_are_answered_at_once_and_the_lag_is_reported(self) -> None:
+        pair = ReplicaPair(primary_opts={"replication_mode": "async"}).start()
+        client = FakeClient(pair.primary.nsqd)
+        client.command(b"PUB", "t", body=b"x" * 100)
+        client.command(b"MPUB", "t", body=mpub(b"a", b"b"))
+        self.assertEqual(client.frames(), [OK, OK])
+        pair.net.reactor.advance(0.25)
+        lag = pair.primary.repl.status()["lag"]
+        self.assertEqual((lag["messages"], lag["ms"]), (3, 250))
+        self.assertGreaterEqual(lag["operations"], 2)  # and the topic's creation
+        self.assertGreater(lag["bytes"], 100 + 2 * 26)
+        pair.settle()
+        self.assertEqual(pair.primary.repl.status()["lag"], {"operations": 0, "messages": 0, "bytes": 0, "ms": 0})
+        self.assertEqual(len(pair.standby.nsqd.topics["t"].queued()), 3)
+
+    def test_past_the_lag_bound_publishes_wait_for_the_standby(self) -> None:
+        pair = ReplicaPair(primary_opts={"replication_mode": "async", "replication_max_lag": 3}).start()
+        pair.primary.nsqd.get_topic("t")
+        pair.settle()
+        client = FakeClient(pair.primary.nsqd)
+        for i in range(5):
+            client.command(b"PUB", "t", body=b"%d" % i)
+            client.command(b"NOP")  # one PUB per batch
+        self.assertEqual(client.frames(), [OK] * 3)
+        pair.settle()
+        self.assertEqual(client.frames(), [OK] * 2)

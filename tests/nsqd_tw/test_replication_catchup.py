@@ -1,0 +1,278 @@
+"""Catch-up (beyond Go): a standby that joins late or comes back gets the
+primary's queues, then the stream; until it is in sync the primary says it is
+degraded and, with --replication-required, refuses publishes."""
+
+from __future__ import annotations
+
+import json
+
+from treq.testing import StubTreq
+from twisted.trial import unittest
+
+from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
+from nsqd_tw.http.api import NSQDHTTPAPI
+from nsqd_tw.replication import primary as primary_module
+from tests.helpers import FakeClient, make_nsqd
+from tests.nsqd_tw.replicas import ReplicaPair, held, live
+from tests.nsqd_tw.test_replication import consume
+
+OK = (FRAME_TYPE_RESPONSE, b"OK")
+
+
+def linked_late(pair: ReplicaPair) -> None:
+    """Start the primary with no replica, then point it at the standby."""
+    pair.standby.start()
+    pair.primary.opts["replica"] = ""
+    pair.primary.start()
+
+
+def link(pair: ReplicaPair) -> None:
+    pair.primary.repl.state.peer = pair.standby.address
+    pair.primary.repl._dial()
+
+
+def http(nsqd: object, method: str, url: str, body: bytes = b"") -> tuple[int, bytes]:
+    """A request to ``nsqd``'s HTTP API in memory: status and body."""
+    stub = StubTreq(NSQDHTTPAPI(nsqd).resource())  # type: ignore[arg-type]
+    d = stub.request(method, "http://n" + url, data=body)
+    stub.flush()
+    resp = d.result  # type: ignore[attr-defined]
+    content = resp.content()
+    stub.flush()
+    return resp.code, content.result
+
+
+class RequiredTests(unittest.TestCase):
+    def test_publishes_are_refused_until_the_standby_is_in_sync(self) -> None:
+        pair = ReplicaPair(primary_opts={"replication_required": True})
+        pair.primary.start()
+        pair.settle()
+        primary = pair.primary.nsqd
+        client = FakeClient(primary)
+        client.command(b"PUB", "t", body=b"x")
+        self.assertEqual(
+            client.frames(),
+            [
+                (
+                    FRAME_TYPE_ERROR,
+                    b"E_PUB_FAILED PUB failed replication: standby 127.0.0.1:4250 is disconnected "
+                    b"(--replication-required)",
+                )
+            ],
+        )
+        self.assertEqual(http(primary, "POST", "/pub?topic=t", b"x"), (503, b'{"message":"REPLICA_NOT_IN_SYNC"}'))
+        self.assertEqual(primary.topics["t"].depth(), 0)  # refused before anything is stored
+        pair.standby.start()
+        pair.advance(1.0)
+        self.assertEqual(pair.primary.state, "in_sync")
+        client = FakeClient(primary)
+        client.command(b"PUB", "t", body=b"x")
+        pair.settle()
+        self.assertEqual(client.frames(), [OK])
+
+
+class CatchingUpTests(unittest.TestCase):
+    def setUp(self) -> None:
+        # a snapshot of small frames that waits, once begun, for the test to send them
+        self.patch(primary_module, "SNAPSHOT_FRAMES_PER_TURN", 1)
+        self.patch(primary_module, "SNAPSHOT_CHUNK", 4096)
+        start = primary_module.SnapshotSender.start
+
+        def start_held(sender: primary_module.SnapshotSender) -> None:
+            start(sender)
+            sender.pauseProducing()
+
+        self.patch(primary_module.SnapshotSender, "start", start_held)
+
+    def send(self, pair: ReplicaPair, frames: int) -> None:
+        """Let the snapshot send ``frames`` more frames, and move them."""
+        sender = pair.primary.repl.primary.snapshot
+        assert sender is not None
+        for _ in range(frames):
+            sender.paused = False
+            sender._pump()
+            sender.paused = True
+        pair.settle()
+
+    def finish(self, pair: ReplicaPair) -> None:
+        """Let the snapshot go to its end."""
+        pair.settle()
+        sender = pair.primary.repl.primary.snapshot
+        if sender is not None:
+            sender.resumeProducing()
+        pair.settle()
+
+    def big_backlog(self, pair: ReplicaPair, n: int = 200) -> list[bytes]:
+        """``n`` messages queued in t:c (about 1 KiB each: many snapshot frames)."""
+        primary = pair.primary.nsqd
+        primary.get_topic("t").get_channel("c")
+        primary.publish("t", [b"%04d" % i + b"." * 1000 for i in range(n)])
+        return [m.id for m in held(pair.primary.channel("t", "c"))]
+
+    def test_publishes_and_fins_during_the_snapshot(self) -> None:
+        pair = ReplicaPair()
+        linked_late(pair)
+        ids = self.big_backlog(pair)
+        consumer = consume(pair.primary.nsqd, "t", "c", rdy=0)
+        link(pair)
+        pair.settle()
+        self.send(pair, 10)
+        self.assertEqual(pair.primary.state, "catching_up")
+        self.assertEqual(pair.standby.state, "catching_up")
+        self.assertTrue(pair.primary.repl.status()["degraded"])
+        # a publish is answered at once (on this node only); a consumer finishes messages
+        # the snapshot has not sent yet
+        client = FakeClient(pair.primary.nsqd)
+        client.command(b"PUB", "t", body=b"during")
+        self.assertEqual(client.frames(), [OK])
+        consumer.command(b"RDY", "5")
+        finished = consumer.messages()
+        for msg in finished:
+            consumer.command(b"FIN", msg.id)
+        self.finish(pair)
+        self.assertEqual(pair.primary.state, "in_sync")
+        self.assertEqual(pair.standby.state, "in_sync")
+        standby = pair.standby.channel("t", "c")
+        expect = sorted(set(ids) - {m.id for m in finished})
+        got = live(standby)
+        self.assertEqual(len(got), len(expect) + 1)
+        self.assertTrue(set(expect) <= set(got))
+        self.assertEqual(sorted(live(standby)), sorted(m.id for m in held(pair.primary.channel("t", "c"))))
+
+    def test_with_replication_required_they_are_refused_meanwhile(self) -> None:
+        pair = ReplicaPair()
+        linked_late(pair)
+        self.big_backlog(pair)
+        pair.primary.repl.primary.required = True  # from now on: --replication-required
+        link(pair)
+        pair.settle()
+        self.send(pair, 10)
+        self.assertEqual(pair.primary.state, "catching_up")
+        client = FakeClient(pair.primary.nsqd)
+        client.command(b"PUB", "t", body=b"x")
+        self.assertEqual(
+            client.frames(),
+            [
+                (
+                    FRAME_TYPE_ERROR,
+                    b"E_PUB_FAILED PUB failed replication: standby 127.0.0.1:4250 is catching_up "
+                    b"(--replication-required)",
+                )
+            ],
+        )
+        self.finish(pair)
+        client = FakeClient(pair.primary.nsqd)
+        client.command(b"PUB", "t", body=b"x")
+        pair.settle()
+        self.assertEqual(client.frames(), [OK])
+
+    def test_the_snapshot_waits_while_the_socket_is_backed_up(self) -> None:
+        pair = ReplicaPair()
+        linked_late(pair)
+        self.big_backlog(pair, 50)
+        link(pair)
+        pair.settle()
+        self.send(pair, 4)
+        sender = pair.primary.repl.primary.snapshot
+        assert sender is not None
+        sender.resumeProducing()
+        sender.pauseProducing()  # what the transport says when its buffer is full
+        sent = pair.primary.repl.primary.sent
+        pair.advance(1.0)
+        self.assertEqual(pair.primary.repl.primary.sent, sent)
+        self.assertEqual(pair.primary.state, "catching_up")
+        sender.resumeProducing()  # drained
+        pair.settle()
+        self.assertEqual(pair.primary.state, "in_sync")
+        self.assertEqual(len(held(pair.standby.channel("t", "c"))), 50)
+
+    def test_a_queue_emptied_during_the_snapshot_is_not_sent_on(self) -> None:
+        pair = ReplicaPair()
+        linked_late(pair)
+        self.big_backlog(pair)
+        link(pair)
+        pair.settle()
+        self.send(pair, 10)
+        pair.primary.channel("t", "c").empty()
+        self.finish(pair)
+        self.assertEqual(pair.primary.state, "in_sync")
+        self.assertEqual(held(pair.standby.channel("t", "c")), [])
+
+    def test_a_deleted_and_recreated_channel_gets_only_the_new_ones(self) -> None:
+        pair = ReplicaPair()
+        linked_late(pair)
+        self.big_backlog(pair)
+        link(pair)
+        pair.settle()
+        self.send(pair, 10)
+        topic = pair.primary.nsqd.topics["t"]
+        topic.delete_existing_channel("c")
+        topic.get_channel("c")
+        pair.primary.nsqd.publish("t", [b"new"])
+        self.finish(pair)
+        self.assertEqual([m.body for m in held(pair.standby.channel("t", "c"))], [b"new"])
+
+    def test_a_durable_primarys_messages_in_flight_are_sent(self) -> None:
+        durable = {"backend_factory": None, "mem_queue_size": 0, "sync_every": 1}
+        pair = ReplicaPair(primary_opts=durable, standby_opts=durable)
+        linked_late(pair)
+        ids = self.big_backlog(pair, 20)
+        consumer = consume(pair.primary.nsqd, "t", "c", rdy=5)
+        self.assertEqual(len(consumer.messages()), 5)
+        link(pair)
+        self.finish(pair)
+        self.assertEqual(pair.primary.state, "in_sync")
+        self.assertEqual(sorted(live(pair.standby.channel("t", "c"))), sorted(ids))
+
+
+class FallingBehindTests(unittest.TestCase):
+    def test_a_standby_that_cannot_hold_the_stream_drops_the_link(self) -> None:
+        pair = ReplicaPair(standby_opts={"backend_factory": None, "mem_queue_size": 0, "max_disk_bytes": 4096})
+        pair.start()
+        pair.primary.nsqd.get_topic("t").get_channel("c")
+        pair.settle()
+        client = FakeClient(pair.primary.nsqd)
+        client.command(b"PUB", "t", body=b"x" * 8000)
+        pair.settle()
+        self.assertEqual(client.frames(), [OK])  # held by the primary, acknowledged alone
+        self.assertIn(pair.primary.state, ("disconnected", "catching_up"))
+        self.assertEqual(pair.primary.nsqd.topics["t"].channels["c"].depth(), 1)
+        self.assertFalse(pair.standby.repl.state.synced)  # not promotable as it is
+
+
+class ReportingTests(unittest.TestCase):
+    def test_stats_and_metrics_show_the_pair(self) -> None:
+        pair = ReplicaPair().start()
+        _, body = http(pair.primary.nsqd, "GET", "/stats?format=json")
+        stats = json.loads(body)
+        self.assertEqual(list(stats)[-1], "replication")
+        self.assertEqual(
+            {k: stats["replication"][k] for k in ("role", "epoch", "peer", "state", "degraded")},
+            {"role": "primary", "epoch": 0, "peer": "127.0.0.1:4250", "state": "in_sync", "degraded": False},
+        )
+        _, text = http(pair.primary.nsqd, "GET", "/stats")
+        self.assertIn(
+            b"\nReplication: primary (epoch 0), standby 127.0.0.1:4250 in_sync, lag 0 msgs 0 bytes 0ms\n", text
+        )
+        _, metrics = http(pair.primary.nsqd, "GET", "/metrics")
+        for line in (
+            b"nsq_replication_primary 1.0",
+            b'nsq_replication_state{state="in_sync"} 1.0',
+            b"nsq_replication_degraded 0.0",
+            b"nsq_replication_lag_messages 0.0",
+        ):
+            self.assertIn(line, metrics)
+        _, metrics = http(pair.standby.nsqd, "GET", "/metrics")
+        self.assertIn(b"nsq_replication_primary 0.0", metrics)
+        pair.standby.kill()
+        _, text = http(pair.primary.nsqd, "GET", "/stats")
+        self.assertIn(b"standby 127.0.0.1:4250 disconnected - DEGRADED", text)
+
+    def test_nothing_changes_without_replication(self) -> None:
+        nsqd = make_nsqd()
+        _, body = http(nsqd, "GET", "/stats?format=json")
+        self.assertNotIn("replication", json.loads(body))
+        _, text = http(nsqd, "GET", "/stats")
+        self.assertNotIn(b"Replication", text)
+        _, metrics = http(nsqd, "GET", "/metrics")
+        self.assertNotIn(b"nsq_replication", metrics)

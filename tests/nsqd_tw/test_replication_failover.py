@@ -1,0 +1,250 @@
+"""Failover (beyond Go): a standby promoted (POST /replication/promote, or by itself
+after --promote-after when no nsqlookupd lists its primary) serves what its primary
+held; a former primary that comes back sees the higher epoch and rejoins as its standby."""
+
+from __future__ import annotations
+
+import json
+
+from treq.testing import StubTreq
+from twisted.trial import unittest
+from twisted.web.resource import Resource
+
+from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
+from tests.helpers import FakeClient
+from tests.nsqd_tw.replicas import ReplicaPair, held, live
+from tests.nsqd_tw.test_replication import consume
+from tests.nsqd_tw.test_replication_catchup import http
+
+OK = (FRAME_TYPE_RESPONSE, b"OK")
+DISK = {"backend_factory": None}
+
+
+def promote(node: object, force: bool = False) -> tuple[int, dict]:
+    code, body = http(node.nsqd, "POST", "/replication/promote" + ("?force=true" if force else ""))  # type: ignore[attr-defined]
+    return code, json.loads(body)
+
+
+class ManualPromotionTests(unittest.TestCase):
+    def test_a_standby_linked_to_its_primary_is_not_promoted(self) -> None:
+        pair = ReplicaPair().start()
+        code, body = promote(pair.standby)
+        self.assertEqual((code, body["message"]), (409, "PRIMARY_CONNECTED"))
+        code, body = promote(pair.primary)
+        self.assertEqual((code, body["message"]), (409, "ALREADY_PRIMARY"))
+        self.assertEqual(pair.standby.repl.state.role, "standby")
+
+    def test_promoted_it_serves_what_the_primary_held_and_nothing_finished(self) -> None:
+        pair = ReplicaPair().start()
+        primary = pair.primary.nsqd
+        consumer = consume(primary, "t", "c", rdy=3)
+        primary.publish("t", [b"%d" % i for i in range(6)])
+        first = consumer.messages()  # 3 in flight
+        consumer.command(b"FIN", first[0].id)
+        consumer.command(b"REQ", first[1].id, "30000")
+        pair.settle()
+        pair.primary.kill()
+        self.assertEqual(pair.standby.state, "disconnected")
+        self.assertTrue(pair.standby.lookup.paused)
+
+        code, status = promote(pair.standby)
+        self.assertEqual(code, 200)
+        self.assertEqual((status["role"], status["epoch"], status["state"]), ("primary", 1, "disconnected"))
+        with open(f"{pair.standby.data_path}/replication.json") as f:
+            self.assertEqual(json.load(f)["epoch"], 1)
+        self.assertFalse(pair.standby.lookup.paused)  # registers with its lookupds
+        new = pair.standby.nsqd
+        self.assertIsNone(new.standby)
+        consumer = consume(new, "t", "c", rdy=10)
+        got = consumer.messages()
+        # the one in flight there and the three never delivered, at once; the finished one never
+        self.assertEqual(sorted(m.body for m in got), [b"2", b"3", b"4", b"5"])
+        pair.advance(31.0)
+        new.queue_scan()
+        [later] = consumer.messages()  # the one requeued for 30 s, at its time
+        self.assertEqual((later.body, later.attempts), (b"1", 2))
+        client = FakeClient(new)
+        client.command(b"PUB", "t", body=b"after")
+        self.assertEqual(client.frames(), [OK])  # alone, degraded
+
+    def test_a_standby_not_in_sync_needs_force(self) -> None:
+        pair = ReplicaPair().start()
+        pair.standby.repl.diverged()
+        pair.primary.kill()
+        code, body = promote(pair.standby)
+        self.assertEqual((code, body["message"]), (409, "NOT_IN_SYNC"))
+        code, body = promote(pair.standby, force=True)
+        self.assertEqual((code, body["role"]), (200, "primary"))
+
+    def test_a_forced_promotion_while_linked_demotes_the_primary_when_they_meet(self) -> None:
+        pair = ReplicaPair().start()
+        code, _ = promote(pair.standby, force=True)
+        self.assertEqual(code, 200)
+        pair.advance(3.0)
+        # the old primary dialed again, met epoch 1 and is now its standby
+        self.assertEqual(pair.primary.repl.state.role, "standby")
+        self.assertEqual(pair.primary.repl.state.epoch, 1)
+        self.assertEqual(pair.standby.state, "in_sync")
+        self.assertEqual(pair.primary.state, "in_sync")
+        client = FakeClient(pair.primary.nsqd)
+        client.command(b"PUB", "t", body=b"x")
+        self.assertEqual(
+            client.frames(),
+            [(FRAME_TYPE_ERROR, b"E_PUB_FAILED PUB failed this nsqd is a standby (primary 127.0.0.1:4250, epoch 1)")],
+        )
+
+
+class FormerPrimaryTests(unittest.TestCase):
+    def test_the_old_primary_rejoins_as_standby_and_a_second_failover_loses_nothing(self) -> None:
+        pair = ReplicaPair(primary_opts=DISK, standby_opts=DISK).start()
+        a, b = pair.primary, pair.standby
+        consume(a.nsqd, "t", "c", rdy=0)
+        a.nsqd.publish("t", [b"before"])
+        pair.settle()
+        a.kill()
+        self.assertEqual(promote(b)[0], 200)
+        b.nsqd.publish("t", [b"while a was down"])
+
+        a.start()  # the same data path: epoch 0, primary, what it held when killed
+        self.assertIsNotNone(a.nsqd.standby)  # starting: it waits to hear from its replica
+        client = FakeClient(a.nsqd)
+        client.command(b"PUB", "t", body=b"too early")
+        [(kind, data)] = client.frames()
+        self.assertEqual(kind, FRAME_TYPE_ERROR)
+        self.assertIn(b"this nsqd is starting: waiting to reach its replica 127.0.0.1:4250", data)
+        self.assertEqual(http(a.nsqd, "POST", "/pub?topic=t", b"x")[0], 503)
+        self.assertEqual(json.loads(http(a.nsqd, "POST", "/pub?topic=t", b"x")[1])["message"], "STARTING")
+        pair.advance(3.0)
+        self.assertEqual((a.repl.state.role, a.repl.state.epoch), ("standby", 1))
+        self.assertTrue(a.lookup.paused)
+        self.assertEqual(b.state, "in_sync")
+        self.assertEqual(sorted(m.body for m in held(a.channel("t", "c"))), [b"before", b"while a was down"])
+
+        b.nsqd.publish("t", [b"after a rejoined"])
+        pair.settle()
+        b.kill()
+        self.assertEqual(promote(a)[0], 200)
+        self.assertEqual(a.repl.state.epoch, 2)
+        consumer = consume(a.nsqd, "t", "c", rdy=10)
+        self.assertEqual(
+            sorted(m.body for m in consumer.messages()), [b"after a rejoined", b"before", b"while a was down"]
+        )
+
+    def test_a_primary_whose_replica_is_down_serves_once_it_cannot_reach_it(self) -> None:
+        pair = ReplicaPair()
+        pair.primary.start()
+        pair.settle()  # the dial is refused at once
+        self.assertIsNone(pair.primary.nsqd.standby)
+        client = FakeClient(pair.primary.nsqd)
+        client.command(b"PUB", "t", body=b"x")
+        self.assertEqual(client.frames(), [OK])
+        self.assertEqual(pair.primary.repl.status()["degraded"], True)
+
+    def test_a_primary_that_hears_nothing_serves_after_the_timeout(self) -> None:
+        pair = ReplicaPair()
+        pair.standby.start()
+        pair.net.pumps.clear()
+        pair.primary.start()
+        pair.net.pumps.clear()  # the connection is made; nothing comes back
+        self.assertIsNotNone(pair.primary.nsqd.standby)
+        pair.net.reactor.advance(5.1)
+        self.assertIsNone(pair.primary.nsqd.standby)
+
+
+class _Nodes(Resource):
+    """A lookupd's GET /nodes listing the producers the test says."""
+
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.producers: list[tuple[str, int]] = []
+        self.asked = 0
+
+    def render_GET(self, request: object) -> bytes:
+        self.asked += 1
+        producers = [{"broadcast_address": h, "tcp_port": p, "http_port": p + 1} for h, p in self.producers]
+        return json.dumps({"producers": producers}).encode()
+
+
+class AutomaticPromotionTests(unittest.TestCase):
+    def setUp(self) -> None:
+        self.lookupd = _Nodes()
+        self.stub = StubTreq(self.lookupd)
+        self.pair = ReplicaPair(standby_opts={"promote_after": 2.0})
+        self.pair.standby.http_client = self.stub
+        self.pair.start()
+        self.lookupd.producers = [("127.0.0.1", 4150)]  # the primary, registered
+        self.assertEqual(self.pair.standby.repl.state.lookupd, ["127.0.0.1:4161"])
+
+    def wait(self, seconds: float) -> None:
+        for _ in range(int(seconds * 10)):
+            self.pair.advance(0.1)
+            self.stub.flush()
+
+    def test_the_primary_tells_its_lookupds_as_it_learns_them(self) -> None:
+        self.pair.primary.lookup.addresses = ["127.0.0.1:4161", "127.0.0.1:4163"]
+        self.pair.primary.lookup.identified()  # a lookupd answered IDENTIFY
+        self.pair.settle()
+        self.assertEqual(self.pair.standby.repl.state.lookupd, ["127.0.0.1:4161", "127.0.0.1:4163"])
+
+    def test_not_while_a_lookupd_lists_the_primary(self) -> None:
+        self.pair.primary.kill()
+        self.wait(4.0)
+        self.assertGreater(self.lookupd.asked, 0)
+        self.assertEqual(self.pair.standby.repl.state.role, "standby")
+        self.lookupd.producers = []  # its lookupd connection closed: forgotten
+        self.wait(1.5)
+        self.assertEqual(self.pair.standby.repl.state.role, "primary")
+        self.assertEqual(self.pair.standby.repl.state.epoch, 1)
+        self.assertIsNone(self.pair.standby.nsqd.standby)
+
+    def test_not_before_promote_after(self) -> None:
+        self.lookupd.producers = []
+        self.pair.primary.kill()
+        self.wait(1.5)
+        self.assertEqual(self.pair.standby.repl.state.role, "standby")
+        self.wait(1.5)
+        self.assertEqual(self.pair.standby.repl.state.role, "primary")
+
+    def test_a_cut_link_with_the_primary_alive_promotes_no_one(self) -> None:
+        self.pair.net.pumps.clear()
+        self.pair.standby.up = False  # the primary cannot reach it; it still reaches its lookupd
+        self.wait(6.0)
+        self.assertEqual(self.pair.standby.state, "disconnected")
+        self.assertEqual(self.pair.standby.repl.state.role, "standby")
+        client = FakeClient(self.pair.primary.nsqd)
+        client.command(b"PUB", "t", body=b"x")
+        self.assertEqual(client.frames(), [OK])  # one node accepts, degraded
+
+    def test_a_primary_cut_off_from_standby_and_lookupds_fences_itself(self) -> None:
+        self.pair.primary.lookup.up = False  # its lookupd connections are gone too
+        self.pair.net.pumps.clear()
+        self.pair.standby.up = False
+        self.wait(5.5)  # the link is dropped once silent for --replication-timeout (5s)
+        self.assertIsNone(self.pair.primary.repl.status().get("fenced"))
+        self.wait(1.5)  # and half the standby's --promote-after later
+        self.assertTrue(self.pair.primary.repl.status().get("fenced"))
+        client = FakeClient(self.pair.primary.nsqd)
+        client.command(b"PUB", "t", body=b"x")
+        [(kind, data)] = client.frames()
+        self.assertEqual(kind, FRAME_TYPE_ERROR)
+        self.assertIn(b"this nsqd is fenced", data)
+        self.pair.primary.lookup.up = True
+        self.wait(2.0)
+        self.assertIsNone(self.pair.primary.nsqd.standby)
+
+    def test_promoted_its_channels_drop_what_the_primary_finished(self) -> None:
+        consumer = consume(self.pair.primary.nsqd, "t", "c", rdy=50)
+        self.pair.primary.nsqd.publish("t", [b"%02d" % i for i in range(50)])
+        msgs = consumer.messages()
+        for msg in msgs[::2]:
+            consumer.command(b"FIN", msg.id)
+        self.pair.settle()
+        standby = self.pair.standby.channel("t", "c")
+        self.assertEqual(len(live(standby)), 25)
+        self.lookupd.producers = []
+        self.pair.primary.kill()
+        self.wait(3.0)
+        consumer = consume(self.pair.standby.nsqd, "t", "c", rdy=100)
+        self.assertEqual(sorted(m.body for m in consumer.messages()), [b"%02d" % i for i in range(1, 50, 2)])

@@ -1,0 +1,99 @@
+"""The replication link's frames: what one end writes, the other reads back."""
+
+from __future__ import annotations
+
+from twisted.trial import unittest
+
+from nsq_wire.message import records
+from nsqd_tw.replication import wire
+
+IDS = [b"%016x" % i for i in range(3)]
+RECORDS = records(IDS, [b"a", b"", b"c" * 300], 1_700_000_000_000_000_000)
+
+
+def read_all(data: bytes, step: int = 0) -> list[tuple[int, bytes]]:
+    """The frames in ``data``, fed whole or ``step`` bytes at a time."""
+    reader = wire.FrameReader()
+    out = []
+    chunks = [data] if not step else [data[i : i + step] for i in range(0, len(data), step)]
+    for chunk in chunks:
+        reader.feed(chunk)
+        while (item := reader.next()) is not None:
+            out.append(item)
+    return out
+
+
+class FrameTests(unittest.TestCase):
+    def test_pub_round_trip(self) -> None:
+        [(kind, payload)] = read_all(wire.pub("events", RECORDS))
+        self.assertEqual(kind, wire.PUB)
+        p = wire.Payload(payload)
+        self.assertEqual((p.name(), p.records()), ("events", RECORDS))
+        p.end()
+
+    def test_dpub_carries_the_delay(self) -> None:
+        [(kind, payload)] = read_all(wire.dpub("t", 1_500_000_000, RECORDS[:1]))
+        p = wire.Payload(payload)
+        self.assertEqual((kind, p.name(), p.i64(), p.records()), (wire.DPUB, "t", 1_500_000_000, RECORDS[:1]))
+
+    def test_fin_req_and_entries(self) -> None:
+        data = (
+            wire.fin("t", "c", IDS)
+            + wire.req("t", "c", 2_000, RECORDS[2])
+            + wire.entries_frame("t", None, [(0, RECORDS[0]), (99, RECORDS[1])])
+            + wire.entries_frame("t", "c", [(5, RECORDS[2])])
+        )
+        fin, req, topic_entries, channel_entries = read_all(data, step=7)
+        p = wire.Payload(fin[1])
+        self.assertEqual((fin[0], p.name(), p.name(), p.ids()), (wire.FIN, "t", "c", IDS))
+        p = wire.Payload(req[1])
+        self.assertEqual((req[0], p.name(), p.name(), p.i64(), p.rest()), (wire.REQ, "t", "c", 2_000, RECORDS[2]))
+        p = wire.Payload(topic_entries[1])
+        self.assertEqual(
+            (topic_entries[0], p.name(), p.entries()), (wire.TOPIC_RECORDS, "t", [(0, RECORDS[0]), (99, RECORDS[1])])
+        )
+        p = wire.Payload(channel_entries[1])
+        self.assertEqual(
+            (channel_entries[0], p.name(), p.name(), p.entries()), (wire.CHANNEL_RECORDS, "t", "c", [(5, RECORDS[2])])
+        )
+
+    def test_json_ack_and_empty_frames(self) -> None:
+        frames = read_all(wire.json_frame(wire.CTRL, {"op": "topic_pause"}) + wire.ack(7) + wire.frame(wire.PING))
+        self.assertEqual(frames[0][0], wire.CTRL)
+        self.assertEqual(wire.json_payload(frames[0][1]), {"op": "topic_pause"})
+        self.assertEqual(wire.ack_count(frames[1][1]), 7)
+        self.assertEqual(frames[2], (wire.PING, b""))
+
+    def test_a_partial_frame_waits(self) -> None:
+        data = wire.pub("t", RECORDS)
+        reader = wire.FrameReader()
+        reader.feed(data[:-1])
+        self.assertIsNone(reader.next())
+        reader.feed(data[-1:])
+        self.assertEqual(reader.next(), read_all(data)[0])
+        self.assertIsNone(reader.next())
+
+    def test_bad_sizes_and_short_payloads_are_link_errors(self) -> None:
+        reader = wire.FrameReader(max_frame=100)
+        reader.feed(b"\x00\x00\x10\x00\x20")
+        self.assertRaises(wire.LinkError, reader.next)
+        reader = wire.FrameReader()
+        reader.feed(b"\x00\x00\x00\x00\x20")
+        self.assertRaises(wire.LinkError, reader.next)
+        self.assertRaises(wire.LinkError, wire.Payload(b"\x05ab").name)
+        self.assertRaises(wire.LinkError, wire.Payload(b"\x00" * 17).ids)
+        self.assertRaises(wire.LinkError, wire.json_payload, b"[1]")
+        self.assertRaises(wire.LinkError, wire.ack_count, b"\x00")
+        p = wire.Payload(b"\x01tX")
+        p.name()
+        self.assertRaises(wire.LinkError, p.end)
+
+
+class ProofTests(unittest.TestCase):
+    def test_each_side_proves_the_secret_over_both_hellos(self) -> None:
+        a, b = b'{"nonce":"1"}', b'{"nonce":"2"}'
+        dialer = wire.proof(b"s3cret", b"dialer", a, b)
+        self.assertTrue(wire.verify(wire.proof(b"s3cret", b"dialer", a, b), dialer))
+        self.assertFalse(wire.verify(wire.proof(b"other", b"dialer", a, b), dialer))
+        self.assertFalse(wire.verify(wire.proof(b"s3cret", b"acceptor", a, b), dialer))  # not replayable
+        self.assertFalse(wire.verify(wire.proof(b"s3cret", b"dialer", a, b'{"nonce":"3"}'), dialer))
