@@ -182,6 +182,44 @@ def read_frame(sock: socket.socket, reader: FrameReader) -> tuple[int, bytes]:
     return frame
 
 
+class Subscriber(threading.Thread):
+    """SUB, RDY ``rdy``, then each message to :meth:`handle` (which FINs it)
+    until :meth:`stop`; answers heartbeats."""
+
+    def __init__(self, address: str, topic: str, channel: str, rdy: int, poll: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.poll = poll
+        self.sock = connect(address)
+        self.reader = FrameReader()
+        self.sock.sendall(commands.sub(topic, channel))
+        read_frame(self.sock, self.reader)
+        self.sock.sendall(commands.rdy(rdy))
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        self.sock.settimeout(self.poll)
+        while not self.stopping.is_set():
+            try:
+                frame_type, data = read_frame(self.sock, self.reader)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if frame_type != FRAME_TYPE_MESSAGE:
+                if data == b"_heartbeat_":
+                    self.sock.sendall(commands.NOP)
+                continue
+            self.handle(*decode(data))
+
+    def handle(self, msg_id: bytes, body: bytes, ts: int, attempts: int) -> None:
+        self.sock.sendall(commands.fin(msg_id))
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(5)
+        self.sock.close()
+
+
 def rounds_of(servers: dict[str, str], rounds: int) -> Iterator[tuple[int, str, str]]:
     names = list(servers)
     for r in range(rounds):

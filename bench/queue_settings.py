@@ -28,13 +28,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-from go_compare import Server, connect, read_frame
+from go_compare import Server, Subscriber, connect, read_frame
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nsq_wire import commands
-from nsq_wire.frames import FRAME_TYPE_MESSAGE, FrameReader
-from nsq_wire.message import decode
+from nsq_wire.frames import FrameReader
 
 
 def put(server: Server, path: str, doc: dict) -> None:
@@ -71,43 +70,19 @@ def publish(address: str, topic: str, bodies: list[bytes], batch: int = 200, win
     sock.close()
 
 
-class Consumer(threading.Thread):
+class Consumer(Subscriber):
     """SUB, RDY ``rdy``; FIN (or REQ) every message; keeps the bodies and attempts it saw."""
 
     def __init__(self, address: str, topic: str, channel: str, rdy: int, requeue: bool = False, pause: float = 0.0):
-        super().__init__(daemon=True)
-        self.sock = connect(address)
-        self.reader = FrameReader()
-        self.sock.sendall(commands.sub(topic, channel))
-        read_frame(self.sock, self.reader)
-        self.sock.sendall(commands.rdy(rdy))
+        super().__init__(address, topic, channel, rdy)
         self.requeue, self.pause = requeue, pause
         self.seen: list[tuple[bytes, int]] = []
-        self.stopping = threading.Event()
 
-    def run(self) -> None:
-        self.sock.settimeout(0.5)
-        while not self.stopping.is_set():
-            try:
-                frame_type, data = read_frame(self.sock, self.reader)
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            if frame_type != FRAME_TYPE_MESSAGE:
-                if data == b"_heartbeat_":
-                    self.sock.sendall(commands.NOP)
-                continue
-            msg_id, body, _ts, attempts = decode(data)
-            self.seen.append((body, attempts))
-            if self.pause:
-                time.sleep(self.pause)
-            self.sock.sendall(commands.req(msg_id, 0) if self.requeue else commands.fin(msg_id))
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.join(5)
-        self.sock.close()
+    def handle(self, msg_id: bytes, body: bytes, ts: int, attempts: int) -> None:
+        self.seen.append((body, attempts))
+        if self.pause:
+            time.sleep(self.pause)
+        self.sock.sendall(commands.req(msg_id, 0) if self.requeue else commands.fin(msg_id))
 
 
 def ttl(a: argparse.Namespace) -> None:

@@ -48,14 +48,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from go_compare import Server, connect, read_frame
+from go_compare import Server, Subscriber, connect, read_frame
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nsq_wire import commands
-from nsq_wire.frames import FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, FrameReader
+from nsq_wire.frames import FRAME_TYPE_RESPONSE, FrameReader
 from nsq_wire.gofmt import parse_duration, rfc3339_nano
-from nsq_wire.message import decode
 
 HERE = Path(__file__).resolve().parent
 
@@ -91,50 +90,26 @@ class Node(Server):
         return (doc.get("topics") or [{}])[0]
 
 
-class Collector(threading.Thread):
+class Collector(Subscriber):
     """SUB, RDY ``rdy``; FIN every message; keeps (id, timestamp, body)."""
 
     def __init__(self, address: str, topic: str, channel: str, rdy: int = 1000, keep: bool = True) -> None:
         """``keep``: keep what came (else only count it)."""
-        super().__init__(daemon=True)
+        super().__init__(address, topic, channel, rdy, poll=0.2)
         self.keep = keep
         self.count = 0
-        self.sock = connect(address)
-        self.reader = FrameReader()
-        self.sock.sendall(commands.sub(topic, channel))
-        read_frame(self.sock, self.reader)
-        self.sock.sendall(commands.rdy(rdy))
         self.got: list[tuple[bytes, int, bytes]] = []
-        self.stopping = threading.Event()
 
-    def run(self) -> None:
-        self.sock.settimeout(0.2)
-        while not self.stopping.is_set():
-            try:
-                frame_type, data = read_frame(self.sock, self.reader)
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            if frame_type != FRAME_TYPE_MESSAGE:
-                if data == b"_heartbeat_":
-                    self.sock.sendall(commands.NOP)
-                continue
-            msg_id, body, ts, _attempts = decode(data)
-            self.count += 1
-            if self.keep:
-                self.got.append((msg_id, ts, body))
-            self.sock.sendall(commands.fin(msg_id))
+    def handle(self, msg_id: bytes, body: bytes, ts: int, attempts: int) -> None:
+        self.count += 1
+        if self.keep:
+            self.got.append((msg_id, ts, body))
+        super().handle(msg_id, body, ts, attempts)
 
     def wait_for(self, n: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while len(self.got) < n and time.monotonic() < deadline:
             time.sleep(0.05)
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.join(5)
-        self.sock.close()
 
 
 def mpub(sock: Any, reader: FrameReader, topic: str, bodies: list[bytes]) -> None:

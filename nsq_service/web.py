@@ -420,3 +420,14 @@ def fixed_path(path: str, routes: dict[str, tuple[str, ...]]) -> str | None:
         if cand in static and cand != path:
             return cand
     return None
+
+
+def http_client(reactor: Any, connect_timeout: float) -> Any:
+    """A treq client for a server's own calls to another's HTTP API (nsqd to
+    nsqlookupd): the server's reactor, its connect timeout, no persistent
+    connections."""
+    from treq.client import HTTPClient
+    from twisted.web.client import Agent, HTTPConnectionPool
+
+    agent = Agent(reactor, connectTimeout=connect_timeout, pool=HTTPConnectionPool(reactor, persistent=False))
+    return HTTPClient(agent)

@@ -24,6 +24,7 @@ from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
 
 from nsq_service.options import hostname
+from nsq_service.web import http_client
 from nsq_wire import lookupd, v1
 from nsq_wire.gofmt import join_host_port
 from nsq_wire.names import is_ephemeral
@@ -319,16 +320,7 @@ class LookupService(service.MultiService):
 
     def _http_client(self) -> Any:
         if self._http is None:
-            from treq.client import HTTPClient
-            from twisted.web.client import Agent, HTTPConnectionPool
-
-            reactor = self.nsqd.reactor
-            agent = Agent(
-                reactor,
-                connectTimeout=self.nsqd.opts.http_client_connect_timeout,
-                pool=HTTPConnectionPool(reactor, persistent=False),
-            )
-            self._http = HTTPClient(agent)
+            self._http = http_client(self.nsqd.reactor, self.nsqd.opts.http_client_connect_timeout)
         return self._http
 
     def observe_identified(self, observer: Callable[[], None]) -> None:

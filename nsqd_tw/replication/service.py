@@ -13,6 +13,7 @@ from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.task import LoopingCall
 
 from nsq_service.options import DURATION, ConfigError, StartError, split_address
+from nsq_service.web import http_client
 from nsq_wire import lookupd
 from nsq_wire.gofmt import join_host_port
 from nsqd_tw.core.nsqd import NSQD
@@ -617,16 +618,7 @@ class ReplicationService(service.Service):
 
     def _http_client(self) -> Any:
         if self._http is None:
-            from treq.client import HTTPClient
-            from twisted.web.client import Agent, HTTPConnectionPool
-
-            reactor = self.nsqd.reactor
-            agent = Agent(
-                reactor,
-                connectTimeout=self.nsqd.opts.http_client_connect_timeout,
-                pool=HTTPConnectionPool(reactor, persistent=False),
-            )
-            self._http = HTTPClient(agent)
+            self._http = http_client(self.nsqd.reactor, self.nsqd.opts.http_client_connect_timeout)
         return self._http
 
     def _fence(self, now: float) -> None:
