@@ -84,9 +84,12 @@ class ClassCache:
         return cls(directory, _key(java, conf))
 
     def java_options(self) -> str:
+        # the JVM's own notes on the archive (a class it skips, one it cannot
+        # map) would land in the job's output, hundreds of lines at a dump
+        quiet = "-Xlog:cds*=off"
         if self.reading:
-            return f"-XX:SharedArchiveFile={self.archive}"
-        return f"-XX:ArchiveClassesAtExit={self.pending}"
+            return f"-XX:SharedArchiveFile={self.archive} {quiet}"
+        return f"-XX:ArchiveClassesAtExit={self.pending} {quiet}"
 
     def configure(self, builder: Any, conf: Mapping[str, str]) -> Any:
         """``builder`` with the archive's option before the user's own JVM options."""
