@@ -5,6 +5,7 @@
     python bench/core_paths.py --calls              # function calls per consumed message (cProfile)
     python bench/core_paths.py --disk [--calls]     # consume with half the backlog in a disk queue
     python bench/core_paths.py --retention          # publish with a retained log (issue 24) too
+    python bench/core_paths.py --overflow           # publish to a channel whose memory queue is full
 
 ``publish``: 500,000 messages of 200 bytes as MPUBs of 200 straight into
 ``NSQD.publish_to`` (a topic with no channel: what bench_writer measures).
@@ -28,11 +29,20 @@ from typing import Any
 BODY = b"a" * 200
 
 
-def publish(make_nsqd: Any, retention: bool = False) -> float:
-    """``retention``: the topic keeps a retained log (written to a temporary data path)."""
+def publish(make_nsqd: Any, retention: bool = False, overflow: bool = False) -> float:
+    """``retention``: the topic keeps a retained log (written to a temporary data
+    path). ``overflow``: the topic has a channel whose memory queue (10,000) is
+    full, so that every message goes on to its disk queue (a consumer far behind)."""
     data = tempfile.mkdtemp(prefix="core_paths.")
-    nsqd = make_nsqd(mem_queue_size=2_000_000, data_path=data, **({"retention": 3600.0} if retention else {}))
+    kw: dict[str, Any] = {"retention": 3600.0} if retention else {}
+    if overflow:
+        kw.update(mem_queue_size=10_000, backend_factory=None)
+    nsqd = make_nsqd(**{"mem_queue_size": 2_000_000, "data_path": data, **kw})
     topic = nsqd.get_topic("t")
+    if overflow:
+        topic.get_channel("c")
+        for _ in range(50):
+            nsqd.publish_to(topic, [BODY] * 200)  # fill its memory queue first
     bodies = [BODY] * 200
     started = time.perf_counter()
     for _ in range(2500):
@@ -91,6 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--calls", action="store_true", help="count the function calls per consumed message instead")
     p.add_argument("--disk", action="store_true", help="consume: half the backlog in a disk queue (100K in memory)")
     p.add_argument("--retention", action="store_true", help="publish: also with a retained log (this tree only)")
+    p.add_argument("--overflow", action="store_true", help="publish: to a channel whose memory queue is full (disk)")
     a = p.parse_args(argv)
     sys.path.insert(0, a.tree)
     from nsq_wire.frames import FRAME_TYPE_MESSAGE
@@ -102,9 +113,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     pubs, subs, kept = [], [], []
     for _ in range(a.runs):
-        pubs.append(publish(make_nsqd))
+        pubs.append(publish(make_nsqd, overflow=a.overflow))
         if a.retention:
-            kept.append(publish(make_nsqd, retention=True))
+            kept.append(publish(make_nsqd, retention=True, overflow=a.overflow))
         subs.append(consume(make_nsqd, FakeClient, FRAME_TYPE_MESSAGE, disk=a.disk))
         with_log = f"  publish with a retained log {kept[-1]:,.0f} msg/s" if kept else ""
         print(f"publish {pubs[-1]:,.0f} msg/s{with_log}  consume {subs[-1]:,.0f} msg/s", flush=True)

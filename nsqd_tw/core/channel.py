@@ -18,7 +18,7 @@ from nsq_wire.names import is_ephemeral
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.pqueue import TimeoutQueue
 from nsqd_tw.core.quantile import Quantile, new_latency_quantile
-from nsqd_tw.core.queue import Context, Item, MessageQueue, as_items, body_size
+from nsqd_tw.core.queue import BYTES, Context, Item, MessageQueue, as_items, body_size
 
 if TYPE_CHECKING:
     from nsqd_tw.core.rewind import Rewind
@@ -123,7 +123,12 @@ class Channel(MessageQueue):
         deferred_ids: list[bytes] = []
         now = None
         memory, mem_size, mem_bytes = self.memory, self._mem_size, self._mem_bytes
-        for item in items:  # _room_for and _hold inlined below: once per message published
+        if len(memory) >= mem_size and not self.ephemeral and all(map(isinstance, items, BYTES)):
+            items_left: Sequence[Item] = ()  # memory is full: every record goes to the backend
+            to_backend = list(items)
+        else:
+            items_left = items
+        for item in items_left:  # _room_for and _hold inlined below: once per message published
             if not isinstance(item, bytes):  # deferred
                 if now is None:
                     now = self.ctx.now()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from itertools import islice
+from itertools import islice, repeat
 from typing import Any, Protocol
 
 from nsq_wire.message import ID_OFFSET, MESSAGE_HEADER_LENGTH, TIMESTAMP
@@ -25,6 +25,7 @@ from nsqd_tw.storage.backend import IBackendQueue
 
 # what memory and a backend write take: a record, or a Message (one coming back, or deferred)
 Item = bytes | Message
+BYTES = repeat(bytes)  # all(map(isinstance, items, BYTES)): every item a record, checked in C
 
 
 def body_size(item: Item) -> int:
@@ -299,14 +300,18 @@ class MessageQueue:
         deliver-at time; return the backend's mark for taking them back (:meth:`_unwrite`)."""
         ctx = self.ctx
         try:
-            mark = self.backend.put_many([m if isinstance(m, bytes) else m.encode() for m in items])
+            records = items
+            if not all(map(isinstance, items, BYTES)):
+                records = [m if isinstance(m, bytes) else m.encode() for m in items]
+            mark = self.backend.put_many(records)  # type: ignore[arg-type]
         except Exception as e:
             ctx.set_health(e)
             ctx.log.error(self.write_error, name=self.name, err=e)
             raise
         if ctx.health_error is not None:
             ctx.set_health(None)
-        self._remember_delays(items)
+        if records is not items:
+            self._remember_delays(items)
         return mark
 
     def _remember_delays(self, items: Sequence[Item]) -> None:

@@ -9,21 +9,19 @@ the channels.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from nsq_wire.names import is_ephemeral
 from nsqd_tw.core.channel import Channel, ChannelError
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.quantile import Quantile, new_latency_quantile
-from nsqd_tw.core.queue import Context, Item, MessageQueue, QueueFull, as_items, body_size, timestamp
+from nsqd_tw.core.queue import BYTES, Context, Item, MessageQueue, QueueFull, as_items, body_size, timestamp
 from nsqd_tw.core.settings import CHANNEL_KEYS, KEYS, TOPIC_ONLY, SettingsError, merge_settings, resolve
 
 if TYPE_CHECKING:
     from nsqd_tw.storage.retained import RetainedLog
 
 PUMP_BATCH = 512
-_BYTES = repeat(bytes)  # all(map(isinstance, items, _BYTES)): every item a record, checked in C
 
 
 class TopicError(Exception):
@@ -109,7 +107,7 @@ class Topic(MessageQueue):
         assert retained is not None
         ctx = self.ctx
         records = items
-        if not all(map(isinstance, items, _BYTES)):
+        if not all(map(isinstance, items, BYTES)):
             records = [i if isinstance(i, bytes) else i.encode() for i in items]
         try:
             mark = retained.append(records, ctx.now_ns())  # type: ignore[arg-type]

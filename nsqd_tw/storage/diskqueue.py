@@ -130,10 +130,9 @@ class DiskQueue:
         if self.exiting:
             raise DiskQueueError("exiting")
         lo, hi = self.min_msg_size, self.max_msg_size
-        for data in records:
-            n = len(data)
-            if n < lo or n > hi:
-                raise DiskQueueError(f"invalid message write size ({n}) minMsgSize={lo} maxMsgSize={hi}")
+        if records and (min(map(len, records)) < lo or max(map(len, records)) > hi):
+            n = next(n for n in map(len, records) if n < lo or n > hi)
+            raise DiskQueueError(f"invalid message write size ({n}) minMsgSize={lo} maxMsgSize={hi}")
         mark = WriteMark(self.write_file_num, self.write_pos, self._depth, self.queued_bytes)
         chunks = plan_writes(records, self.write_file_num, self.write_pos, self.max_bytes_per_file)
         total = sum(len(chunk[2]) for chunk in chunks)

@@ -53,23 +53,49 @@ class Meta(NamedTuple):
         return b"%d\n%d,%d\n%d,%d\n" % self
 
 
+class SizePrefixes(dict[int, bytes]):
+    """Record size -> its 4-byte prefix, made once per size (a lookup costs half a
+    pack); at most 4,096 sizes kept, then it starts over."""
+
+    def __missing__(self, size: int) -> bytes:
+        if len(self) >= 4096:
+            self.clear()
+        prefix = self[size] = RECORD_SIZE.pack(size)
+        return prefix
+
+
+_prefixes = SizePrefixes()
+
+
+def framed(records: Sequence[bytes]) -> bytes:
+    """The records as a data file holds them, each after its 4-byte size."""
+    pieces: list[Any] = [None] * (2 * len(records))
+    pieces[0::2] = map(_prefixes.__getitem__, map(len, records))
+    pieces[1::2] = records
+    return b"".join(pieces)
+
+
 def plan_writes(records: Sequence[bytes], file_num: int, pos: int, limit: int) -> list[Write]:
     """Frame records written from (file_num, pos) into (file, offset, bytes, count)
     writes, a new file whenever the next record would pass ``limit``."""
+    if not records:
+        return []
+    if pos + 4 * len(records) + sum(map(len, records)) <= limit or (pos == 0 and len(records) == 1):
+        return [(file_num, pos, framed(records), len(records))]  # the whole batch in this file
     pack = RECORD_SIZE.pack
     chunks: list[Write] = []
     parts: list[bytes] = []
     start = pos
-    for data in records:
-        total = 4 + len(data)
+    for record in records:
+        total = 4 + len(record)
         if pos > 0 and pos + total > limit:
             if parts:
                 chunks.append((file_num, start, b"".join(parts), len(parts) // 2))
                 parts = []
             file_num, pos = file_num + 1, 0
             start = 0
-        parts.append(pack(len(data)))
-        parts.append(data)
+        parts.append(pack(len(record)))
+        parts.append(record)
         pos += total
     if parts:
         chunks.append((file_num, start, b"".join(parts), len(parts) // 2))

@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 from nsq_wire.message import MESSAGE_HEADER_LENGTH, TIMESTAMP
 from nsqd_tw.storage.budget import DiskBudget
 from nsqd_tw.storage.files import read_regular, write_atomic
-from nsqd_tw.storage.layout import RECORD_SIZE
+from nsqd_tw.storage.layout import RECORD_SIZE, framed
 from nsqd_tw.storage.records import READ_CHUNK, RecordReader
 from nsqd_tw.storage.syncer import Syncer
 
@@ -48,18 +48,6 @@ SPARSE_BYTES = 256 * 1024  # bytes of records between two entries of a segment's
 INFIX = ".retained."
 _SEGMENT_RE = re.compile(r"(.+)\.retained\.(\d{6,})\.dat")
 _MIN_TS = 1_300_000_000 * 10**9  # 2011, before Go's ID epoch
-_pack_size = RECORD_SIZE.pack
-
-
-class _SizePrefixes(dict[int, bytes]):
-    """Record size -> its 4-byte prefix, made once per size (a lookup costs half a
-    pack); at most 4,096 sizes kept, then it starts over."""
-
-    def __missing__(self, size: int) -> bytes:
-        if len(self) >= 4096:
-            self.clear()
-        prefix = self[size] = _pack_size(size)
-        return prefix
 
 
 _unpack_size = RECORD_SIZE.unpack_from
@@ -176,7 +164,6 @@ class RetainedLog:
         self.next_num = 0  # segment numbers only grow (a rewind's position names one)
         self._fd: int | None = None
         self.on_delete: Callable[[Segment, str], None] | None = None
-        self._prefixes = _SizePrefixes()
         self.horizon_ns = self._load(existing, now_ns)
         self._add_bytes(self.bytes)
         syncer.register(self)
@@ -306,10 +293,7 @@ class RetainedLog:
         raised. Returns a mark for :meth:`take_back`."""
         if self.exiting:
             raise OSError(errno.ESHUTDOWN, "retained log closed")
-        pieces: list[Any] = [None] * (2 * len(records))
-        pieces[0::2] = map(self._prefixes.__getitem__, map(len, records))
-        pieces[1::2] = records
-        data = b"".join(pieces)
+        data = framed(records)
         size = len(data)
         if self.budget is not None:
             self.budget.check(size)  # may evict retained segments, this log's active one too

@@ -19,6 +19,15 @@ class PlanWritesTests(unittest.TestCase):
         self.assertEqual(chunks[0][2], struct.pack(">i", 30) + a + struct.pack(">i", 30) + b)
         self.assertEqual([(f, off, n) for f, off, _, n in plan_writes([a], 3, 40, 70)], [(4, 0, 1)])
 
+    def test_a_batch_that_fits_is_one_write_and_one_byte_more_splits_it(self) -> None:
+        a = b"a" * 30
+        fits = plan_writes([a, a], 2, 6, 74)  # 6 + 2 * 34 = 74: exactly the limit
+        self.assertEqual([(f, off, n) for f, off, _, n in fits], [(2, 6, 2)])
+        self.assertEqual(fits[0][2], (struct.pack(">i", 30) + a) * 2)
+        over = plan_writes([a, a], 2, 7, 74)
+        self.assertEqual([(f, off, n) for f, off, _, n in over], [(2, 7, 1), (3, 0, 1)])
+        self.assertEqual(plan_writes([], 2, 7, 74), [])
+
     def test_a_record_larger_than_a_file_starts_one_of_its_own(self) -> None:
         big = b"x" * 100
         self.assertEqual([(f, off, n) for f, off, _, n in plan_writes([big], 0, 0, 50)], [(0, 0, 1)])
