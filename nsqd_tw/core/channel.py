@@ -503,7 +503,7 @@ class Channel(MessageQueue):
                 why=why,
                 left=rewind.left,
             )
-            self.ctx.rewind_finished(self, rewind)
+            self.ctx.retention.rewind_finished(self, rewind)
 
     def rewind_state(self) -> dict[str, Any] | None:
         """What nsqd.dat keeps of its rewind: where to read again from after a

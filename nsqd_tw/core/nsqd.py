@@ -20,7 +20,6 @@ from twisted.python.failure import Failure
 from nsq_service.limits import RateLimitedLog
 from nsq_service.log import LogGate
 from nsq_service.options import DURATION, StartError
-from nsq_wire.gofmt import go_duration, rfc3339_nano
 from nsq_wire.message import MESSAGE_HEADER_LENGTH, records
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
 from nsq_wire.version import version_string
@@ -37,8 +36,8 @@ from nsqd_tw.core.metadata import (
     read_metadata,
 )
 from nsqd_tw.core.queue import Item, MessageQueue
-from nsqd_tw.core.rewind import Rewind, position_of
-from nsqd_tw.core.settings import Policy, SettingsError, defaults_from_options, parse_settings
+from nsqd_tw.core.retention import Retention
+from nsqd_tw.core.settings import SettingsError, defaults_from_options, parse_settings
 from nsqd_tw.core.topic import DrainingError, StandbyError, Topic, TopicError
 from nsqd_tw.options import NSQDOptions
 from nsqd_tw.storage.backend import DummyBackendQueue, IBackendQueue, MemoryBackendQueue
@@ -46,7 +45,6 @@ from nsqd_tw.storage.budget import DiskBudget
 from nsqd_tw.storage.diskqueue import DiskQueue
 from nsqd_tw.storage.files import read_regular, write_atomic
 from nsqd_tw.storage.layout import DataDirectory
-from nsqd_tw.storage.retained import RetainedLog, Segment
 from nsqd_tw.storage.syncer import Syncer
 
 
@@ -107,14 +105,6 @@ class Client(Protocol):
 
 SWEEP_INTERVAL = 1.0  # seconds between passes of the TTL sweep
 SWEEP_LIMIT = 100_000  # messages a pass may expire (then the reactor serves others)
-RETENTION_INTERVAL = 1.0  # seconds between checks of the retained logs (and rewinds' pokes)
-REWIND_PROGRESS_INTERVAL = 5.0  # seconds between a rewind's progress lines (and persisted positions)
-NEVER_BY_COUNT = 1 << 62  # a sync_every that is never reached
-
-
-class RewindError(Exception):
-    """A rewind that cannot start; ``str()`` says why."""
-
 
 BackendFactory = Callable[[str, bool], IBackendQueue]
 
@@ -156,7 +146,6 @@ class NSQD(service.Service):
         self.durable = backend_factory is None and opts.mem_queue_size == 0 and opts.sync_every <= 1
         self.syncer = Syncer(reactor, run_blocking, self._sync_result)
         self.disk_budget = DiskBudget(opts.max_disk_bytes)
-        self.disk_budget.reclaim = self._reclaim_retained
         self.dirlock = DirLock(self.data_path)
         self.data_dir = DataDirectory(opts.data_path)
         self.guid = GUIDFactory(opts.node_id, self.now_ns)
@@ -188,10 +177,9 @@ class NSQD(service.Service):
         self._ledger_saved_at = 0.0
         self._scan_channels: list[Channel] | None = None
         self._scan_refresh_at = 0.0
-        # beyond Go: the topics with a retained log, the channels rewinding
-        self._retained: dict[Topic, None] = {}
-        self._rewinding: dict[Channel, None] = {}
-        self._retention_checked_at = 0.0
+        # beyond Go: the retained logs and the rewinds; a full disk budget deletes retained segments first
+        self.retention = Retention(self)
+        self.disk_budget.reclaim = self.retention.reclaim_retained
 
         # beyond Go, replication (nsqd_tw.replication): a primary's shipper (None: no
         # replica), a standby's refusal (None: not a standby), the service for HTTP
@@ -519,235 +507,6 @@ class NSQD(service.Service):
             except Exception:
                 self.log.failure("TTL: failed to expire messages of {queue}", queue=queue)
 
-    # -- beyond Go: retained logs and rewinds ------------------------------------------
-
-    def _segment_shape(self, policy: Policy) -> tuple[int, int]:
-        """A retained log's segment size and roll age (ns): a segment is at most
-        --max-bytes-per-file, an eighth of retention_bytes, a sixteenth of
-        --max-disk-bytes, and an eighth of the retention old, so that deleting
-        whole segments keeps close to the limits."""
-        size = self.opts.max_bytes_per_file
-        if policy.retention_bytes:
-            size = min(size, max(1, policy.retention_bytes // 8))
-        if self.opts.max_disk_bytes:
-            size = min(size, max(1, self.opts.max_disk_bytes // 16))
-        return size, int(policy.retention * 1e9 / 8)
-
-    def open_retained(self, topic: Topic) -> RetainedLog:
-        """The topic's retained log, with what the data path holds of it."""
-        opts = self.opts
-        size, roll_ns = self._segment_shape(topic.policy)
-        log = RetainedLog(
-            topic.name,
-            opts.data_path,
-            self.syncer,
-            self.log,
-            self.now_ns(),
-            self.data_dir.take_retained(topic.name),
-            max_msg_size=opts.max_msg_size,
-            # fsynced with every group commit in durable mode, else every --sync-timeout:
-            # the channels deliver, this copy is for rewinds (and a kill -9 loses no page)
-            sync_every=1 if self.durable else NEVER_BY_COUNT,
-            budget=self.disk_budget,
-            segment_bytes=size,
-            roll_ns=roll_ns,
-        )
-        log.on_delete = lambda seg, why: self._segment_deleted(topic, seg, why)
-        self._retained[topic] = None
-        self.log.info(
-            "TOPIC({name}): retained log: {n} messages, {size} bytes in {segs} segment(s); retention {ret}, "
-            "retention_bytes {rb}",
-            name=topic.name,
-            n=log.messages,
-            size=log.bytes,
-            segs=len(log.segments),
-            ret=go_duration(int(topic.policy.retention * 1e9)) if topic.policy.retention else "none",
-            rb=topic.policy.retention_bytes or "none",
-        )
-        limit = topic.policy.retention_bytes
-        if limit and log.bytes > limit:
-            log.trim(limit)
-        return log
-
-    def retention_changed(self, topic: Topic) -> None:
-        log = topic.retained
-        if log is not None:
-            log.segment_bytes, log.roll_ns = self._segment_shape(topic.policy)
-
-    def drop_retained(self, topic: Topic, why: str) -> None:
-        """Delete the topic's retained log (and stop its channels' rewinds)."""
-        log = topic.retained
-        if log is None:
-            return
-        for channel in list(topic.channels.values()):
-            channel.cancel_rewind(why)
-        self.log.info(
-            "TOPIC({name}): retained log deleted ({why}): {n} messages, {size} bytes",
-            name=topic.name,
-            why=why,
-            n=log.messages,
-            size=log.bytes,
-        )
-        log.delete()
-        topic.retained = None
-        self._retained.pop(topic, None)
-
-    def _segment_deleted(self, topic: Topic, seg: Segment, why: str) -> None:
-        self.log.info(
-            "TOPIC({name}): retained segment {num} deleted ({why}): {n} messages, {size} bytes, "
-            "published {first} to {last}",
-            name=topic.name,
-            num=seg.num,
-            why=why,
-            n=seg.count,
-            size=seg.size,
-            first=rfc3339_nano(seg.first_ts) if seg.count else "-",
-            last=rfc3339_nano(seg.max_ts) if seg.count else "-",
-        )
-
-    def _reclaim_retained(self, need: int) -> None:
-        """--max-disk-bytes is reached: delete retained segments, the oldest of
-        any topic first, until ``need`` bytes are free or none is left."""
-        freed = 0
-        while freed < need:
-            logs = [t.retained for t in self._retained if t.retained is not None and t.retained.segments]
-            if not logs:
-                return
-            oldest = min(logs, key=lambda log: log.segments[0].appended_ns)
-            freed += oldest.evict()
-
-    def check_retention(self, now: float) -> None:
-        """Once a second (from the queue scan): delete the retained segments aged
-        out; poke every rewind, log its progress and persist its position."""
-        if now < self._retention_checked_at + RETENTION_INTERVAL:
-            return
-        self._retention_checked_at = now
-        now_ns = int(now * 1e9)
-        for topic in list(self._retained):
-            log, retention = topic.retained, topic.policy.retention
-            if log is not None and retention:
-                try:
-                    log.expire(now_ns - int(retention * 1e9))
-                except Exception:
-                    self.log.failure("RETAINED({name}): failed to delete aged-out segments", name=topic.name)
-        for channel in list(self._rewinding):
-            rewind = channel.rewind
-            if rewind is None:
-                self._rewinding.pop(channel, None)
-                continue
-            if channel.is_clear():
-                rewind.safe = rewind.reader.position
-            rewind.poke()
-            if now >= rewind.progress_at + REWIND_PROGRESS_INTERVAL:
-                rewind.progress_at = now
-                self.log.info(
-                    "CHANNEL({topic}:{name}): rewinding since {since}: {queued} messages queued, {left} left",
-                    topic=channel.topic_name,
-                    name=channel.name,
-                    since=rewind.since_text(),
-                    queued=rewind.queued,
-                    left=rewind.left,
-                )
-                if not channel.ephemeral:
-                    self.metadata_changed(channel.topic_name)
-
-    def start_rewind(self, channel: Channel, since_ns: int | None) -> Rewind:
-        """Give ``channel`` again every retained message published at or after
-        ``since_ns`` (None: every one retained), replacing a rewind it has.
-        Raises :class:`RewindError` (no retained log) or
-        :class:`~nsqd_tw.storage.retained.SinceTooOld`."""
-        topic = self.topics.get(channel.topic_name)
-        log = topic.retained if topic is not None else None
-        if log is None:
-            raise RewindError(f"topic {channel.topic_name} has no retention")
-        start = log.locate(since_ns)
-        return self._rewind(channel, log, since_ns, start, log.end())
-
-    def create_channel_since(self, topic: Topic, name: str, since_ns: int | None) -> Channel:
-        """A new channel of ``topic`` that starts from the retained past (every
-        message published at or after ``since_ns``, None: every one retained)
-        instead of from now. Checked before the channel is made: raises
-        :class:`RewindError`, ``SinceTooOld`` or :class:`DrainingError`."""
-        log = topic.retained
-        if log is None:
-            raise RewindError(f"topic {topic.name} has no retention")
-        start = log.locate(since_ns)
-        end = log.end()
-        channel = topic.get_channel(name)
-        self._rewind(channel, log, since_ns, start, end)
-        return channel
-
-    def _rewind(self, channel: Channel, log: RetainedLog, since_ns: int | None, start: Any, end: Any) -> Rewind:
-        old = channel.rewind
-        if old is not None:
-            old.close()
-        channel.rewind_pending = None
-        rewind = Rewind(channel, log, since_ns, start, end)
-        rewind.progress_at = self.now()
-        channel.rewind = rewind
-        channel.copies = True
-        self._rewinding[channel] = None
-        self.log.info(
-            "CHANNEL({topic}:{name}): rewinding since {since}{replaced}: {n} retained messages to queue again",
-            topic=channel.topic_name,
-            name=channel.name,
-            since=rewind.since_text(),
-            replaced=f" (replacing the rewind since {old.since_text()})" if old is not None else "",
-            n=rewind.left,
-        )
-        if not channel.ephemeral:
-            self.metadata_changed(channel.topic_name)
-        if rewind.done:
-            self.rewind_finished(channel, rewind)
-        else:
-            rewind.feed_now()  # the first batch before anything published from now on
-        return rewind
-
-    def rewind_finished(self, channel: Channel, rewind: Rewind, completed: bool = False) -> None:
-        """A rewind read all it had to (``completed``: until its copies are
-        finished, a kill makes it start again from its safe position), or was
-        cancelled."""
-        rewind.close()
-        if channel.rewind is rewind:
-            channel.rewind = None
-            self._rewinding.pop(channel, None)
-            channel.rewind_pending = rewind.state() if completed and not channel.is_clear() else None
-            if not channel.ephemeral and not channel.exiting:
-                self.metadata_changed(channel.topic_name)
-
-    def _resume_rewinds(self, pending: list[tuple[Channel, Any]]) -> None:
-        """The rewinds nsqd.dat kept (a restart): on from their last position."""
-        for channel, state in pending:
-            topic = self.topics.get(channel.topic_name)
-            log = topic.retained if topic is not None else None
-            where = f"{channel.topic_name}:{channel.name}"
-            if not isinstance(state, dict):
-                self.log.warn("ignoring the rewind of {where} in nsqd.dat - not an object", where=where)
-                continue
-            channel.copies = True  # its copies may be queued still
-            if not state:
-                continue  # a rewind done
-            since, start, end = state.get("since"), position_of(state.get("from")), position_of(state.get("to"))
-            if since is not None and (isinstance(since, bool) or not isinstance(since, int)):
-                since = None
-            if log is None or start is None or end is None:
-                self.log.warn(
-                    "ignoring the rewind of {where} in nsqd.dat - {why}",
-                    where=where,
-                    why="its topic has no retention" if log is None else "bad position",
-                )
-                continue
-            self._rewind(channel, log, since, start, end)
-
-    def _warn_retained_left(self) -> None:
-        for topic, nums in sorted(self.data_dir.retained_left().items()):
-            self.log.warn(
-                "TOPIC({name}): {n} retained segment(s) under the data path, but the topic has no retention: "
-                "kept, unused (set retention to use them, or remove {name}.retained.*)",
-                name=topic,
-                n=len(nums),
-            )
-
     def channels(self) -> list[Channel]:
         return [c for t in self.topics.values() for c in t.channels.values()]
 
@@ -808,8 +567,8 @@ class NSQD(service.Service):
                 channels = self._scan_channels = self.channels()
                 self._scan_refresh_at = now + self.opts.queue_scan_refresh_interval
             self.sweep_expired(now)
-            if self._retained or self._rewinding:
-                self.check_retention(now)
+            if self.retention.active:
+                self.retention.check_retention(now)
             self._save_dead_letters(now)
             if not channels:
                 return
@@ -883,8 +642,8 @@ class NSQD(service.Service):
                 topic.apply_retention()
             except OSError as e:
                 self.log.error("TOPIC({name}): cannot open its retained log - {err}", name=topic.name, err=e)
-        self._resume_rewinds(rewinds)
-        self._warn_retained_left()
+        self.retention.resume_rewinds(rewinds)
+        self.retention.warn_retained_left()
         for topic in self.topics.values():
             topic.start()
 

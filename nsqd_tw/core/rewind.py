@@ -116,7 +116,7 @@ class Rewind:
                 name=channel.name,
                 err=e,
             )
-            channel.ctx.rewind_finished(channel, self)
+            channel.ctx.retention.rewind_finished(channel, self)
             return
         if self.reader.lost:  # segments deleted (aged out, evicted) before they were read
             self.reader.lost = False
@@ -135,7 +135,7 @@ class Rewind:
                 since=self.since_text(),
                 n=self.queued,
             )
-            channel.ctx.rewind_finished(channel, self, completed=True)
+            channel.ctx.retention.rewind_finished(channel, self, completed=True)
         else:
             self.poke()
 

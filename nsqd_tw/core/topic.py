@@ -335,11 +335,11 @@ class Topic(MessageQueue):
             return
         if self.policy.retained:
             if self.retained is None:
-                self.retained = self.ctx.open_retained(self)
+                self.retained = self.ctx.retention.open_retained(self)
             else:
-                self.ctx.retention_changed(self)
+                self.ctx.retention.retention_changed(self)
         elif self.retained is not None:
-            self.ctx.drop_retained(self, "retention turned off")
+            self.ctx.retention.drop_retained(self, "retention turned off")
 
     def get_existing_channel(self, name: str) -> Channel:
         channel = self.channels.get(name)
@@ -397,7 +397,7 @@ class Topic(MessageQueue):
         self.empty()
         self.backend.delete()
         if self.retained is not None:
-            self.ctx.drop_retained(self, "topic deleted")
+            self.ctx.retention.drop_retained(self, "topic deleted")
 
     def close(self, retire_empty: bool = False) -> None:
         """Close every channel and hand what is held to the backend;

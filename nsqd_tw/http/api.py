@@ -34,8 +34,9 @@ from nsq_wire.gofmt import parse_rfc3339_ns, rfc3339_nano
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
 from nsq_wire.version import VERSION, version_string
 from nsqd_tw.core.message import Message
-from nsqd_tw.core.nsqd import NSQD, RewindError
+from nsqd_tw.core.nsqd import NSQD
 from nsqd_tw.core.queue import QueueFull
+from nsqd_tw.core.retention import RewindError
 from nsqd_tw.core.settings import SettingsError, parse_settings
 from nsqd_tw.core.topic import DrainingError, StandbyError, Topic, TopicError
 from nsqd_tw.http.stats import get_stats, print_stats
@@ -325,7 +326,7 @@ class NSQDHTTPAPI(GoHTTPAPI):
         if self.nsqd.draining:
             raise HTTPError(503, DRAINING)
         try:
-            self.nsqd.create_channel_since(topic, name, since)
+            self.nsqd.retention.create_channel_since(topic, name, since)
         except DrainingError:
             raise HTTPError(503, DRAINING) from None
         except RewindError:
@@ -343,7 +344,7 @@ class NSQDHTTPAPI(GoHTTPAPI):
         if self.nsqd.draining:
             raise HTTPError(503, DRAINING)
         try:
-            rewind = self.nsqd.start_rewind(channel, since)
+            rewind = self.nsqd.retention.start_rewind(channel, since)
         except RewindError:
             raise HTTPError(400, "NO_RETENTION") from None
         except SinceTooOld as e:

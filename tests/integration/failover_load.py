@@ -16,25 +16,19 @@ import threading
 import time
 from pathlib import Path
 
-FRAME = struct.Struct(">ii")
+from bench._common import read_frame
+
 TOPIC = "failover"
 
 
 def _read_frame(sock: socket.socket, buf: bytearray) -> tuple[int, bytes]:
+    """The next frame from nsqd (``buf``: what was read past the last one), heartbeats answered."""
     while True:
-        if len(buf) >= 8:
-            size, ft = FRAME.unpack_from(buf)
-            if len(buf) >= 4 + size:
-                data = bytes(buf[8 : 4 + size])
-                del buf[: 4 + size]
-                if ft == 0 and data == b"_heartbeat_":
-                    sock.sendall(b"NOP\n")
-                    continue
-                return ft, data
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("closed")
-        buf += chunk
+        ft, data = read_frame(sock, buf)
+        if ft == 0 and data == b"_heartbeat_":
+            sock.sendall(b"NOP\n")
+            continue
+        return ft, data
 
 
 class Publishers:

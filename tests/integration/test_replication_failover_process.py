@@ -40,6 +40,28 @@ def status(proc: ServerProcess) -> dict:
     return json.loads(body) if code == 200 else {}
 
 
+class Probes:
+    """One PUB to each of ``nodes`` at a time over HTTP, noting when each accepted it."""
+
+    def __init__(self, **nodes: ServerProcess) -> None:
+        self.nodes = nodes
+        self.accepted: dict[str, list[float]] = {name: [] for name in nodes}
+
+    def once(self) -> None:
+        for name, node in self.nodes.items():
+            try:
+                if call(node, "POST", "/pub?topic=probe", b"p")[0] == 200:
+                    self.accepted[name].append(time.monotonic())
+            except OSError:
+                pass
+
+    def until(self, deadline: float, interval: float) -> None:
+        """Probe every ``interval`` seconds until ``deadline`` (``time.monotonic()``)."""
+        while time.monotonic() < deadline:
+            self.once()
+            time.sleep(interval)
+
+
 class FailoverProcessTests(unittest.TestCase):
     timeout = 300
 
@@ -60,7 +82,11 @@ class FailoverProcessTests(unittest.TestCase):
         self.addCleanup(proc.kill)
         return proc
 
-    def nsqd(self, data: str, *args: str, tcp: str = "127.0.0.1:0", http_: str = "127.0.0.1:0") -> ServerProcess:
+    def nsqd(
+        self, data: str, *args: str, tcp: str = "127.0.0.1:0", http_: str = "127.0.0.1:0", lookupd: str = ""
+    ) -> ServerProcess:
+        """An nsqd of the pair on the data path ``data``, registered with ``lookupd``
+        (the test's nsqlookupd by default)."""
         return self.server(
             "nsqd",
             "--tcp-address",
@@ -70,26 +96,37 @@ class FailoverProcessTests(unittest.TestCase):
             "--broadcast-address",
             "127.0.0.1",
             "--lookupd-tcp-address",
-            self.lookupd.addresses["TCP"],
+            lookupd or self.lookupd.addresses["TCP"],
             "--replication-secret-file",
             self.secret,
             *args,
             data=data,
         )
 
+    def standby(self, promote_after: str) -> ServerProcess:
+        """Node b, a standby that promotes itself ``promote_after`` its primary is gone."""
+        return self.nsqd("b", "--replication-role", "standby", "--promote-after", promote_after)
+
+    def wait_in_sync(self, node: ServerProcess) -> None:
+        """The standby ``node`` is caught up with its primary (within 30 s)."""
+        self.assertTrue(wait_until(lambda: status(node).get("state") == "in_sync", 30))
+
     def report(self, text: str) -> None:
         self.figures.append(text)
         print(f"\n    {text}", end="")
 
     def failover_time(self, consumer: Consumer, killed_at: float, node: ServerProcess) -> None:
+        """Wait (30 s at most) for the consumer to get a message from ``node`` after
+        the kill at ``killed_at``; report how long it took."""
+        self.assertTrue(wait_until(lambda: consumer.first_from(node.addresses["TCP"], killed_at) is not None, 30))
         first = consumer.first_from(node.addresses["TCP"], killed_at)
         if first is not None:
             self.report(f"kill -9 to the first delivery from {node.addresses['TCP']}: {first - killed_at:.2f}s")
 
     def test_kill_the_primary_under_load_twice_nothing_acknowledged_is_lost(self) -> None:
-        b = self.nsqd("b", "--replication-role", "standby", "--promote-after", "1s")
+        b = self.standby("1s")
         a = self.nsqd("a", "--replica", b.addresses["TCP"])
-        self.assertTrue(wait_until(lambda: status(b).get("state") == "in_sync", 30))
+        self.wait_in_sync(b)
         consumer = Consumer(self.lookupd.addresses["HTTP"])
         self.addCleanup(consumer.stop)
         load = Publishers([a.addresses["TCP"], b.addresses["TCP"]], [a.addresses["HTTP"], b.addresses["HTTP"]])
@@ -103,13 +140,12 @@ class FailoverProcessTests(unittest.TestCase):
         a.kill()
         self.assertTrue(wait_until(lambda: status(b).get("role") == "primary", 30))
         self.report(f"kill -9 to automatic promotion: {time.monotonic() - killed:.2f}s")
-        self.assertTrue(wait_until(lambda: consumer.first_from(b.addresses["TCP"], killed) is not None, 30))
         self.failover_time(consumer, killed, b)
         time.sleep(LOAD)
 
         # 2. the old primary comes back on its data path: a standby of b, caught up
         a = self.nsqd("a", "--replica", b.addresses["TCP"], tcp=a_ports[0], http_=a_ports[1])
-        self.assertTrue(wait_until(lambda: status(a).get("state") == "in_sync", 30))
+        self.wait_in_sync(a)
         self.assertEqual((status(a)["role"], status(a)["epoch"]), ("standby", 1))
         self.assertEqual(call(a, "POST", "/pub?topic=failover", b"x")[0], 503)
         time.sleep(LOAD)
@@ -124,7 +160,6 @@ class FailoverProcessTests(unittest.TestCase):
             f"kill -9 to manual promotion (polling POST /replication/promote): {time.monotonic() - killed:.2f}s"
         )
         self.assertEqual(status(a)["epoch"], 2)
-        self.assertTrue(wait_until(lambda: consumer.first_from(a.addresses["TCP"], killed) is not None, 30))
         self.failover_time(consumer, killed, a)
         time.sleep(LOAD)
 
@@ -137,27 +172,17 @@ class FailoverProcessTests(unittest.TestCase):
         self.assertEqual(consumer.missing(acked), set())
 
     def test_a_cut_link_never_makes_two_primaries(self) -> None:
-        b = self.nsqd("b", "--replication-role", "standby", "--promote-after", "1s")
+        b = self.standby("1s")
         proxy = Proxy(b.addresses["TCP"])
         self.addCleanup(proxy.close)
         a = self.nsqd("a", "--replica", proxy.address)
-        self.assertTrue(wait_until(lambda: status(b).get("state") == "in_sync", 30))
-        accepted: dict[str, list[float]] = {"a": [], "b": []}
-
-        def probe() -> None:
-            for name, node in (("a", a), ("b", b)):
-                try:
-                    if call(node, "POST", "/pub?topic=probe", b"p")[0] == 200:
-                        accepted[name].append(time.monotonic())
-                except OSError:
-                    pass
-
-        probe()
+        self.wait_in_sync(b)
+        probes = Probes(a=a, b=b)
+        accepted = probes.accepted
+        probes.once()
         proxy.cut()  # both alive, the link between them gone; a still reaches the lookupd
         cut = time.monotonic()
-        while time.monotonic() < cut + 4.0:  # four times --promote-after
-            probe()
-            time.sleep(0.05)
+        probes.until(cut + 4.0, 0.05)  # four times --promote-after
         self.assertEqual(status(b)["role"], "standby")
         self.assertEqual(status(b)["state"], "disconnected")
         self.assertEqual(accepted["b"], [])
@@ -165,48 +190,28 @@ class FailoverProcessTests(unittest.TestCase):
         self.assertTrue(status(a)["degraded"])
 
         proxy.restore()
-        self.assertTrue(wait_until(lambda: status(b).get("state") == "in_sync", 30))
+        self.wait_in_sync(b)
         self.assertEqual((status(a)["role"], status(b)["role"]), ("primary", "standby"))
         _, body = call(b, "GET", "/stats?format=json&topic=probe")
         # what a acknowledged alone reached b with the new link's snapshot
         self.assertEqual(json.loads(body)["topics"][0]["depth"], len(accepted["a"]))
 
     def test_a_primary_cut_off_from_standby_and_lookupd_fences_itself_before_the_standby_serves(self) -> None:
-        b = self.nsqd("b", "--replication-role", "standby", "--promote-after", "2s")
+        b = self.standby("2s")
         link = Proxy(b.addresses["TCP"])
         self.addCleanup(link.close)
         witness = Proxy(self.lookupd.addresses["TCP"])  # a's way to its lookupd
         self.addCleanup(witness.close)
-        a = self.server(
-            "nsqd",
-            *LOOPBACK,
-            "--lookupd-tcp-address",
-            witness.address,
-            "--replication-secret-file",
-            self.secret,
-            "--replica",
-            link.address,
-            data="a",
-        )
-        self.assertTrue(wait_until(lambda: status(b).get("state") == "in_sync", 30))
+        a = self.nsqd("a", "--replica", link.address, lookupd=witness.address)
+        self.wait_in_sync(b)
         self.assertTrue(wait_until(lambda: status(b).get("lookupd"), 30))  # b knows its witness
-        accepted: dict[str, list[float]] = {"a": [], "b": []}
-
-        def probe() -> None:
-            for name, node in (("a", a), ("b", b)):
-                try:
-                    if call(node, "POST", "/pub?topic=probe", b"p")[0] == 200:
-                        accepted[name].append(time.monotonic())
-                except OSError:
-                    pass
-
-        probe()
+        probes = Probes(a=a, b=b)
+        accepted = probes.accepted
+        probes.once()
         link.cut()
         witness.cut()  # a is alone: no standby, no lookupd (which forgets it at once)
         cut = time.monotonic()
-        while time.monotonic() < cut + 5.0:
-            probe()
-            time.sleep(0.02)
+        probes.until(cut + 5.0, 0.02)
         self.assertEqual(status(b)["role"], "primary")
         self.assertTrue(any("REPLICATION: fenced" in line for line in a.lines))
         self.assertTrue(accepted["b"])

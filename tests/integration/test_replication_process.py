@@ -10,7 +10,7 @@ import treq
 from twisted.internet import defer
 from twisted.trial import unittest
 
-from tests.certs import make_certs
+from tests.certs import Files, make_certs
 from tests.integration.procs import ServerProcess, eventually
 
 LOOPBACK = (
@@ -23,6 +23,18 @@ LOOPBACK = (
     "--broadcast-address",
     "127.0.0.1",
 )
+
+
+def tls_standby(certs: Files) -> list[str]:
+    """A standby's TLS flags: its own certificate, and a primary's client certificate
+    required and verified against the test CA."""
+    return [
+        f"--tls-cert={certs.cert}",
+        f"--tls-key={certs.key}",
+        f"--tls-root-ca-file={certs.ca}",
+        "--tls-client-auth-policy=require-verify",
+        "--tls-required=tcp-https",  # plain HTTP for the test to read /replication
+    ]
 
 
 class ReplicationProcessTests(unittest.TestCase):
@@ -57,14 +69,7 @@ class ReplicationProcessTests(unittest.TestCase):
     def test_a_tls_link_with_client_certificates(self):
         certs = make_certs(os.path.join(self.dir, "certs"))
         standby = self.nsqd(
-            "standby",
-            "--replication-role=standby",
-            f"--replication-secret-file={self.secret}",
-            f"--tls-cert={certs.cert}",
-            f"--tls-key={certs.key}",
-            f"--tls-root-ca-file={certs.ca}",
-            "--tls-client-auth-policy=require-verify",
-            "--tls-required=tcp-https",  # plain HTTP for the test to read /replication
+            "standby", "--replication-role=standby", f"--replication-secret-file={self.secret}", *tls_standby(certs)
         )
         primary = self.nsqd(
             "primary",
@@ -90,14 +95,7 @@ class ReplicationProcessTests(unittest.TestCase):
     def test_a_primary_without_the_secret_or_a_trusted_certificate_gets_nothing(self):
         certs = make_certs(os.path.join(self.dir, "certs"))
         standby = self.nsqd(
-            "standby",
-            "--replication-role=standby",
-            f"--replication-secret-file={self.secret}",
-            f"--tls-cert={certs.cert}",
-            f"--tls-key={certs.key}",
-            f"--tls-root-ca-file={certs.ca}",
-            "--tls-client-auth-policy=require-verify",
-            "--tls-required=tcp-https",  # plain HTTP for the test to read /replication
+            "standby", "--replication-role=standby", f"--replication-secret-file={self.secret}", *tls_standby(certs)
         )
         wrong = os.path.join(self.dir, "wrong")
         with open(wrong, "w") as f:

@@ -61,7 +61,7 @@ class OpenAPITests(unittest.TestCase):
         kept.update_settings({"retention": 3600.0})
         kept.get_channel("c").pause()
         self.nsqd.publish("kept", [b"z"] * 6000)
-        self.nsqd.start_rewind(kept.channels["c"], None)
+        self.nsqd.retention.start_rewind(kept.channels["c"], None)
 
     def test_document_is_valid(self) -> None:
         validate(self.spec)

@@ -31,6 +31,22 @@ def link(pair: ReplicaPair) -> None:
     pair.primary.repl._dial()
 
 
+def pub(pair: ReplicaPair, body: bytes = b"x", settle: bool = True) -> list[tuple[int, bytes]]:
+    """PUB ``body`` to t through a new client of the primary: the frames it got
+    (once the pair has settled, if ``settle``)."""
+    client = FakeClient(pair.primary.nsqd)
+    client.command(b"PUB", "t", body=body)
+    if settle:
+        pair.settle()
+    return client.frames()
+
+
+def refused(state: str) -> list[tuple[int, bytes]]:
+    """What a --replication-required primary answers a PUB while its standby is ``state``."""
+    why = b"E_PUB_FAILED PUB failed replication: standby 127.0.0.1:4250 is %s (--replication-required)"
+    return [(FRAME_TYPE_ERROR, why % state.encode())]
+
+
 def http(nsqd: object, method: str, url: str, body: bytes = b"") -> tuple[int, bytes]:
     """A request to ``nsqd``'s HTTP API in memory: status and body."""
     stub = StubTreq(NSQDHTTPAPI(nsqd).resource())  # type: ignore[arg-type]
@@ -48,27 +64,13 @@ class RequiredTests(unittest.TestCase):
         pair.primary.start()
         pair.settle()
         primary = pair.primary.nsqd
-        client = FakeClient(primary)
-        client.command(b"PUB", "t", body=b"x")
-        self.assertEqual(
-            client.frames(),
-            [
-                (
-                    FRAME_TYPE_ERROR,
-                    b"E_PUB_FAILED PUB failed replication: standby 127.0.0.1:4250 is disconnected "
-                    b"(--replication-required)",
-                )
-            ],
-        )
+        self.assertEqual(pub(pair, settle=False), refused("disconnected"))
         self.assertEqual(http(primary, "POST", "/pub?topic=t", b"x"), (503, b'{"message":"REPLICA_NOT_IN_SYNC"}'))
         self.assertEqual(primary.topics["t"].depth(), 0)  # refused before anything is stored
         pair.standby.start()
         pair.advance(1.0)
         self.assertEqual(pair.primary.state, "in_sync")
-        client = FakeClient(primary)
-        client.command(b"PUB", "t", body=b"x")
-        pair.settle()
-        self.assertEqual(client.frames(), [OK])
+        self.assertEqual(pub(pair), [OK])
 
 
 class CatchingUpTests(unittest.TestCase):
@@ -102,29 +104,32 @@ class CatchingUpTests(unittest.TestCase):
             sender.resumeProducing()
         pair.settle()
 
-    def big_backlog(self, pair: ReplicaPair, n: int = 200) -> list[bytes]:
-        """``n`` messages queued in t:c (about 1 KiB each: many snapshot frames)."""
+    def start_with_backlog(self, pair: ReplicaPair, n: int = 200) -> list[bytes]:
+        """Start the pair with the primary not linked yet and ``n`` messages queued
+        in its t:c (about 1 KiB each: many snapshot frames); their IDs."""
+        linked_late(pair)
         primary = pair.primary.nsqd
         primary.get_topic("t").get_channel("c")
         primary.publish("t", [b"%04d" % i + b"." * 1000 for i in range(n)])
         return [m.id for m in held(pair.primary.channel("t", "c"))]
 
-    def test_publishes_and_fins_during_the_snapshot(self) -> None:
-        pair = ReplicaPair()
-        linked_late(pair)
-        ids = self.big_backlog(pair)
-        consumer = consume(pair.primary.nsqd, "t", "c", rdy=0)
+    def begin_snapshot(self, pair: ReplicaPair, frames: int = 10) -> None:
+        """Link the primary to its standby and let the snapshot send its first ``frames`` frames."""
         link(pair)
         pair.settle()
-        self.send(pair, 10)
+        self.send(pair, frames)
+
+    def test_publishes_and_fins_during_the_snapshot(self) -> None:
+        pair = ReplicaPair()
+        ids = self.start_with_backlog(pair)
+        consumer = consume(pair.primary.nsqd, "t", "c", rdy=0)
+        self.begin_snapshot(pair)
         self.assertEqual(pair.primary.state, "catching_up")
         self.assertEqual(pair.standby.state, "catching_up")
         self.assertTrue(pair.primary.repl.status()["degraded"])
         # a publish is answered at once (on this node only); a consumer finishes messages
         # the snapshot has not sent yet
-        client = FakeClient(pair.primary.nsqd)
-        client.command(b"PUB", "t", body=b"during")
-        self.assertEqual(client.frames(), [OK])
+        self.assertEqual(pub(pair, b"during", settle=False), [OK])
         consumer.command(b"RDY", "5")
         finished = consumer.messages()
         for msg in finished:
@@ -141,38 +146,18 @@ class CatchingUpTests(unittest.TestCase):
 
     def test_with_replication_required_they_are_refused_meanwhile(self) -> None:
         pair = ReplicaPair()
-        linked_late(pair)
-        self.big_backlog(pair)
+        self.start_with_backlog(pair)
         pair.primary.repl.primary.required = True  # from now on: --replication-required
-        link(pair)
-        pair.settle()
-        self.send(pair, 10)
+        self.begin_snapshot(pair)
         self.assertEqual(pair.primary.state, "catching_up")
-        client = FakeClient(pair.primary.nsqd)
-        client.command(b"PUB", "t", body=b"x")
-        self.assertEqual(
-            client.frames(),
-            [
-                (
-                    FRAME_TYPE_ERROR,
-                    b"E_PUB_FAILED PUB failed replication: standby 127.0.0.1:4250 is catching_up "
-                    b"(--replication-required)",
-                )
-            ],
-        )
+        self.assertEqual(pub(pair, settle=False), refused("catching_up"))
         self.finish(pair)
-        client = FakeClient(pair.primary.nsqd)
-        client.command(b"PUB", "t", body=b"x")
-        pair.settle()
-        self.assertEqual(client.frames(), [OK])
+        self.assertEqual(pub(pair), [OK])
 
     def test_the_snapshot_waits_while_the_socket_is_backed_up(self) -> None:
         pair = ReplicaPair()
-        linked_late(pair)
-        self.big_backlog(pair, 50)
-        link(pair)
-        pair.settle()
-        self.send(pair, 4)
+        self.start_with_backlog(pair, 50)
+        self.begin_snapshot(pair, 4)
         sender = pair.primary.repl.primary.snapshot
         assert sender is not None
         sender.resumeProducing()
@@ -188,11 +173,8 @@ class CatchingUpTests(unittest.TestCase):
 
     def test_a_queue_emptied_during_the_snapshot_is_not_sent_on(self) -> None:
         pair = ReplicaPair()
-        linked_late(pair)
-        self.big_backlog(pair)
-        link(pair)
-        pair.settle()
-        self.send(pair, 10)
+        self.start_with_backlog(pair)
+        self.begin_snapshot(pair)
         pair.primary.channel("t", "c").empty()
         self.finish(pair)
         self.assertEqual(pair.primary.state, "in_sync")
@@ -200,11 +182,8 @@ class CatchingUpTests(unittest.TestCase):
 
     def test_a_deleted_and_recreated_channel_gets_only_the_new_ones(self) -> None:
         pair = ReplicaPair()
-        linked_late(pair)
-        self.big_backlog(pair)
-        link(pair)
-        pair.settle()
-        self.send(pair, 10)
+        self.start_with_backlog(pair)
+        self.begin_snapshot(pair)
         topic = pair.primary.nsqd.topics["t"]
         topic.delete_existing_channel("c")
         topic.get_channel("c")
@@ -215,8 +194,7 @@ class CatchingUpTests(unittest.TestCase):
     def test_a_durable_primarys_messages_in_flight_are_sent(self) -> None:
         durable = {"backend_factory": None, "mem_queue_size": 0, "sync_every": 1}
         pair = ReplicaPair(primary_opts=durable, standby_opts=durable)
-        linked_late(pair)
-        ids = self.big_backlog(pair, 20)
+        ids = self.start_with_backlog(pair, 20)
         consumer = consume(pair.primary.nsqd, "t", "c", rdy=5)
         self.assertEqual(len(consumer.messages()), 5)
         link(pair)
@@ -231,10 +209,7 @@ class FallingBehindTests(unittest.TestCase):
         pair.start()
         pair.primary.nsqd.get_topic("t").get_channel("c")
         pair.settle()
-        client = FakeClient(pair.primary.nsqd)
-        client.command(b"PUB", "t", body=b"x" * 8000)
-        pair.settle()
-        self.assertEqual(client.frames(), [OK])  # held by the primary, acknowledged alone
+        self.assertEqual(pub(pair, b"x" * 8000), [OK])  # held by the primary, acknowledged alone
         self.assertIn(pair.primary.state, ("disconnected", "catching_up"))
         self.assertEqual(pair.primary.nsqd.topics["t"].channels["c"].depth(), 1)
         self.assertFalse(pair.standby.repl.state.synced)  # not promotable as it is

@@ -10,7 +10,8 @@ from twisted.trial import unittest
 
 from nsqd_tw.core import rewind as rewind_module
 from nsqd_tw.core.channel import Channel
-from nsqd_tw.core.nsqd import NSQD, RewindError
+from nsqd_tw.core.nsqd import NSQD
+from nsqd_tw.core.retention import RewindError
 from nsqd_tw.core.settings import SettingsError
 from nsqd_tw.storage.errors import DiskBudgetFull
 from nsqd_tw.storage.retained import SinceTooOld
@@ -78,7 +79,7 @@ class RetentionTests(RetentionTestCase):
         self.assertIsNone(n.topics["t"].retained)
         self.assertEqual(self.retained_files(), [])
         with self.assertRaises(RewindError):
-            n.start_rewind(n.topics["t"].get_channel("c"), None)
+            n.retention.start_rewind(n.topics["t"].get_channel("c"), None)
 
     def test_every_publish_is_retained_whatever_the_channels_do(self) -> None:
         n = self.start(retention=3600.0)
@@ -178,7 +179,7 @@ class RewindTests(RetentionTestCase):
         self.assertEqual(len(done), 100)
         ids = [m.id for m in self.c.got]
         since = first + 5 * SECOND  # the 6th publish: messages 50...
-        n.start_rewind(self.channel, since)
+        n.retention.start_rewind(self.channel, since)
         self.drain(n, self.channel, self.c)
         again = self.c.got[100:]
         self.assertEqual([m.body for m in again], [b"m%d" % i for i in range(50, 100)])
@@ -191,7 +192,7 @@ class RewindTests(RetentionTestCase):
         n = self.n
         self.c.ready_count = 0
         self.publish(n, "t", 20)
-        n.start_rewind(self.channel, None)
+        n.retention.start_rewind(self.channel, None)
         n.publish("t", [b"live"])
         self.c.ready_count = 5  # each FINed before its copy comes
         self.channel.kick()
@@ -202,7 +203,7 @@ class RewindTests(RetentionTestCase):
         n = self.n
         self.c.ready_count = 0
         self.publish(n, "t", 20)
-        n.start_rewind(self.channel, None)
+        n.retention.start_rewind(self.channel, None)
         self.c.ready_count = 100
         self.channel.kick()
         self.assertEqual([m.body for m in self.c.got], [b"m%d" % i for i in range(20)])
@@ -216,7 +217,7 @@ class RewindTests(RetentionTestCase):
         for k in range(40):
             n.publish("t", [b"%05d" % i for i in range(k * 1000, k * 1000 + 1000)])
         self.channel.empty()
-        n.start_rewind(self.channel, None)
+        n.retention.start_rewind(self.channel, None)
         for _ in range(50):
             n.reactor.advance(0)
         most = rewind_module.ROOM_MESSAGES + rewind_module.FEED_MESSAGES
@@ -233,9 +234,9 @@ class RewindTests(RetentionTestCase):
         self.publish(n, "t", 20_000, batch=1000)
         self.drain(n, self.channel, self.c)
         self.c.ready_count = 0
-        n.start_rewind(self.channel, None)
+        n.retention.start_rewind(self.channel, None)
         queued = len(self.channel.memory)  # its first batch: that stays queued
-        second = n.start_rewind(self.channel, first + 10 * SECOND)
+        second = n.retention.start_rewind(self.channel, first + 10 * SECOND)
         self.assertIs(self.channel.rewind, second)
         self.assertEqual((second.left + second.queued, second.since_ns), (10_000, first + 10 * SECOND))
         self.c.ready_count = 2500
@@ -247,16 +248,16 @@ class RewindTests(RetentionTestCase):
         n = self.n
         horizon = self.topic.retained.horizon_ns
         with self.assertRaises(SinceTooOld) as cm:
-            n.start_rewind(self.channel, horizon - 1)
+            n.retention.start_rewind(self.channel, horizon - 1)
         self.assertEqual(cm.exception.horizon_ns, horizon)
-        n.start_rewind(self.channel, horizon)  # nothing retained yet: nothing to do
+        n.retention.start_rewind(self.channel, horizon)  # nothing retained yet: nothing to do
         self.assertIsNone(self.channel.rewind)
 
     def test_a_new_channel_from_the_retained_past(self) -> None:
         n = self.n
         first = n.now_ns()
         self.publish(n, "t", 30)
-        fresh = n.create_channel_since(self.topic, "fresh", first + SECOND)
+        fresh = n.retention.create_channel_since(self.topic, "fresh", first + SECOND)
         n.publish("t", [b"live"])
         c = self.consumer(fresh)
         self.assertEqual(self.drain(n, fresh, c), [b"m%d" % i for i in range(10, 30)] + [b"live"])
@@ -268,7 +269,7 @@ class RewindTests(RetentionTestCase):
         first = n.now_ns()
         self.c.ready_count = 0
         self.publish(n, "t", 12_000, batch=1000)
-        n.start_rewind(self.channel, first + SECOND)
+        n.retention.start_rewind(self.channel, first + SECOND)
         stats = get_stats(n)["topics"][0]
         self.assertEqual(list(stats)[-2:], ["settings", "retained"])
         self.assertEqual(
@@ -297,7 +298,7 @@ class RestartTests(RetentionTestCase):
         self.publish(n, "t", 12_000, batch=1000)
         channel = n.topics["t"].get_channel("c")
         n.reactor.advance(0)
-        n.start_rewind(channel, first + SECOND)  # 11,000 to queue again, a few thousand at a time
+        n.retention.start_rewind(channel, first + SECOND)  # 11,000 to queue again, a few thousand at a time
         n.reactor.advance(0)
         self.assertLess(len(channel.memory), 11_000)
         self.stop(n)
@@ -318,7 +319,7 @@ class RestartTests(RetentionTestCase):
         channel = n.topics["t"].get_channel("c")
         c = self.consumer(channel)
         self.drain(n, channel, c)
-        n.start_rewind(channel, first + SECOND)
+        n.retention.start_rewind(channel, first + SECOND)
         self.settle(n)  # nsqd.dat written (POST /channel/rewind answers then)
         self.crash(n)
         n = self.start(retention=3600.0, mem_queue_size=0, sync_every=1)
@@ -326,7 +327,7 @@ class RestartTests(RetentionTestCase):
         channel = n.topics["t"].channels["c"]
         c = self.consumer(channel)
         self.assertEqual(self.drain(n, channel, c), [b"m%d" % i for i in range(10, 30)])
-        n.start_rewind(channel, first)
+        n.retention.start_rewind(channel, first)
         self.assertEqual(self.drain(n, channel, c), [b"m%d" % i for i in range(30)])
 
 
@@ -442,7 +443,7 @@ class CleanStopTests(RetentionTestCase):
         channel = n.topics["t"].get_channel("c")
         n.reactor.advance(0)
         channel.empty()
-        n.start_rewind(channel, None)  # read to its end at once: its 30 copies queued
+        n.retention.start_rewind(channel, None)  # read to its end at once: its 30 copies queued
         self.assertIsNone(channel.rewind)
         self.assertEqual(channel.rewind_state()["from"], [0, 0, 0], "a kill now would read it again")
         self.stop(n)

@@ -1,0 +1,300 @@
+"""Retained logs and rewinds (beyond Go): what the NSQD keeps of them.
+
+A topic whose policy has ``retention`` or ``retention_bytes`` holds a
+:class:`~nsqd_tw.storage.retained.RetainedLog`, opened, reshaped and deleted
+here; a channel's :class:`~nsqd_tw.core.rewind.Rewind` is started, resumed
+after a restart and ended here. :class:`Retention` keeps the topics that retain
+and the channels that rewind, and its :meth:`~Retention.check_retention` (from
+the queue scan, once a second) ages out segments and pokes every rewind. See
+docs/replay.md for the user's side.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from nsq_wire.gofmt import go_duration, rfc3339_nano
+from nsqd_tw.core.channel import Channel
+from nsqd_tw.core.rewind import Rewind, position_of
+from nsqd_tw.core.settings import Policy
+from nsqd_tw.core.topic import Topic
+from nsqd_tw.options import NSQDOptions
+from nsqd_tw.storage.budget import DiskBudget
+from nsqd_tw.storage.layout import DataDirectory
+from nsqd_tw.storage.retained import RetainedLog, Segment
+from nsqd_tw.storage.syncer import Syncer
+
+RETENTION_INTERVAL = 1.0  # seconds between checks of the retained logs (and rewinds' pokes)
+REWIND_PROGRESS_INTERVAL = 5.0  # seconds between a rewind's progress lines (and persisted positions)
+NEVER_BY_COUNT = 1 << 62  # a sync_every that is never reached
+
+
+class RewindError(Exception):
+    """A rewind that cannot start; ``str()`` says why."""
+
+
+class Owner(Protocol):
+    """What the retained logs and rewinds need of their nsqd (the NSQD)."""
+
+    opts: NSQDOptions
+    log: Any
+    syncer: Syncer
+    data_dir: DataDirectory
+    disk_budget: DiskBudget
+    durable: bool
+    topics: dict[str, Topic]
+
+    def now(self) -> float: ...
+    def now_ns(self) -> int: ...
+    def metadata_changed(self, topic_name: str | None = None) -> None: ...
+
+
+class Retention:
+    """The retained logs of an nsqd's topics and the rewinds of its channels."""
+
+    def __init__(self, nsqd: Owner) -> None:
+        self.nsqd = nsqd
+        # the topics with a retained log, the channels rewinding
+        self.retained: dict[Topic, None] = {}
+        self.rewinding: dict[Channel, None] = {}
+        self._checked_at = 0.0
+
+    @property
+    def active(self) -> bool:
+        """Some topic retains or some channel rewinds: the queue scan checks them."""
+        return bool(self.retained or self.rewinding)
+
+    def _segment_shape(self, policy: Policy) -> tuple[int, int]:
+        """A retained log's segment size and roll age (ns): a segment is at most
+        --max-bytes-per-file, an eighth of retention_bytes, a sixteenth of
+        --max-disk-bytes, and an eighth of the retention old, so that deleting
+        whole segments keeps close to the limits."""
+        opts = self.nsqd.opts
+        size = opts.max_bytes_per_file
+        if policy.retention_bytes:
+            size = min(size, max(1, policy.retention_bytes // 8))
+        if opts.max_disk_bytes:
+            size = min(size, max(1, opts.max_disk_bytes // 16))
+        return size, int(policy.retention * 1e9 / 8)
+
+    def open_retained(self, topic: Topic) -> RetainedLog:
+        """The topic's retained log, with what the data path holds of it."""
+        nsqd = self.nsqd
+        opts = nsqd.opts
+        size, roll_ns = self._segment_shape(topic.policy)
+        log = RetainedLog(
+            topic.name,
+            opts.data_path,
+            nsqd.syncer,
+            nsqd.log,
+            nsqd.now_ns(),
+            nsqd.data_dir.take_retained(topic.name),
+            max_msg_size=opts.max_msg_size,
+            # fsynced with every group commit in durable mode, else every --sync-timeout:
+            # the channels deliver, this copy is for rewinds (and a kill -9 loses no page)
+            sync_every=1 if nsqd.durable else NEVER_BY_COUNT,
+            budget=nsqd.disk_budget,
+            segment_bytes=size,
+            roll_ns=roll_ns,
+        )
+        log.on_delete = lambda seg, why: self._segment_deleted(topic, seg, why)
+        self.retained[topic] = None
+        nsqd.log.info(
+            "TOPIC({name}): retained log: {n} messages, {size} bytes in {segs} segment(s); retention {ret}, "
+            "retention_bytes {rb}",
+            name=topic.name,
+            n=log.messages,
+            size=log.bytes,
+            segs=len(log.segments),
+            ret=go_duration(int(topic.policy.retention * 1e9)) if topic.policy.retention else "none",
+            rb=topic.policy.retention_bytes or "none",
+        )
+        limit = topic.policy.retention_bytes
+        if limit and log.bytes > limit:
+            log.trim(limit)
+        return log
+
+    def retention_changed(self, topic: Topic) -> None:
+        log = topic.retained
+        if log is not None:
+            log.segment_bytes, log.roll_ns = self._segment_shape(topic.policy)
+
+    def drop_retained(self, topic: Topic, why: str) -> None:
+        """Delete the topic's retained log (and stop its channels' rewinds)."""
+        log = topic.retained
+        if log is None:
+            return
+        for channel in list(topic.channels.values()):
+            channel.cancel_rewind(why)
+        self.nsqd.log.info(
+            "TOPIC({name}): retained log deleted ({why}): {n} messages, {size} bytes",
+            name=topic.name,
+            why=why,
+            n=log.messages,
+            size=log.bytes,
+        )
+        log.delete()
+        topic.retained = None
+        self.retained.pop(topic, None)
+
+    def _segment_deleted(self, topic: Topic, seg: Segment, why: str) -> None:
+        self.nsqd.log.info(
+            "TOPIC({name}): retained segment {num} deleted ({why}): {n} messages, {size} bytes, "
+            "published {first} to {last}",
+            name=topic.name,
+            num=seg.num,
+            why=why,
+            n=seg.count,
+            size=seg.size,
+            first=rfc3339_nano(seg.first_ts) if seg.count else "-",
+            last=rfc3339_nano(seg.max_ts) if seg.count else "-",
+        )
+
+    def reclaim_retained(self, need: int) -> None:
+        """--max-disk-bytes is reached: delete retained segments, the oldest of
+        any topic first, until ``need`` bytes are free or none is left (the
+        disk budget's ``reclaim``)."""
+        freed = 0
+        while freed < need:
+            logs = [t.retained for t in self.retained if t.retained is not None and t.retained.segments]
+            if not logs:
+                return
+            oldest = min(logs, key=lambda log: log.segments[0].appended_ns)
+            freed += oldest.evict()
+
+    def check_retention(self, now: float) -> None:
+        """Once a second (from the queue scan): delete the retained segments aged
+        out; poke every rewind, log its progress and persist its position."""
+        if now < self._checked_at + RETENTION_INTERVAL:
+            return
+        self._checked_at = now
+        nsqd = self.nsqd
+        now_ns = int(now * 1e9)
+        for topic in list(self.retained):
+            log, retention = topic.retained, topic.policy.retention
+            if log is not None and retention:
+                try:
+                    log.expire(now_ns - int(retention * 1e9))
+                except Exception:
+                    nsqd.log.failure("RETAINED({name}): failed to delete aged-out segments", name=topic.name)
+        for channel in list(self.rewinding):
+            rewind = channel.rewind
+            if rewind is None:
+                self.rewinding.pop(channel, None)
+                continue
+            if channel.is_clear():
+                rewind.safe = rewind.reader.position
+            rewind.poke()
+            if now >= rewind.progress_at + REWIND_PROGRESS_INTERVAL:
+                rewind.progress_at = now
+                nsqd.log.info(
+                    "CHANNEL({topic}:{name}): rewinding since {since}: {queued} messages queued, {left} left",
+                    topic=channel.topic_name,
+                    name=channel.name,
+                    since=rewind.since_text(),
+                    queued=rewind.queued,
+                    left=rewind.left,
+                )
+                if not channel.ephemeral:
+                    nsqd.metadata_changed(channel.topic_name)
+
+    def start_rewind(self, channel: Channel, since_ns: int | None) -> Rewind:
+        """Give ``channel`` again every retained message published at or after
+        ``since_ns`` (None: every one retained), replacing a rewind it has.
+        Raises :class:`RewindError` (no retained log) or
+        :class:`~nsqd_tw.storage.retained.SinceTooOld`."""
+        topic = self.nsqd.topics.get(channel.topic_name)
+        log = topic.retained if topic is not None else None
+        if log is None:
+            raise RewindError(f"topic {channel.topic_name} has no retention")
+        start = log.locate(since_ns)
+        return self._rewind(channel, log, since_ns, start, log.end())
+
+    def create_channel_since(self, topic: Topic, name: str, since_ns: int | None) -> Channel:
+        """A new channel of ``topic`` that starts from the retained past (every
+        message published at or after ``since_ns``, None: every one retained)
+        instead of from now. Checked before the channel is made: raises
+        :class:`RewindError`, ``SinceTooOld`` or
+        :class:`~nsqd_tw.core.topic.DrainingError`."""
+        log = topic.retained
+        if log is None:
+            raise RewindError(f"topic {topic.name} has no retention")
+        start = log.locate(since_ns)
+        end = log.end()
+        channel = topic.get_channel(name)
+        self._rewind(channel, log, since_ns, start, end)
+        return channel
+
+    def _rewind(self, channel: Channel, log: RetainedLog, since_ns: int | None, start: Any, end: Any) -> Rewind:
+        nsqd = self.nsqd
+        old = channel.rewind
+        if old is not None:
+            old.close()
+        channel.rewind_pending = None
+        rewind = Rewind(channel, log, since_ns, start, end)
+        rewind.progress_at = nsqd.now()
+        channel.rewind = rewind
+        channel.copies = True
+        self.rewinding[channel] = None
+        nsqd.log.info(
+            "CHANNEL({topic}:{name}): rewinding since {since}{replaced}: {n} retained messages to queue again",
+            topic=channel.topic_name,
+            name=channel.name,
+            since=rewind.since_text(),
+            replaced=f" (replacing the rewind since {old.since_text()})" if old is not None else "",
+            n=rewind.left,
+        )
+        if not channel.ephemeral:
+            nsqd.metadata_changed(channel.topic_name)
+        if rewind.done:
+            self.rewind_finished(channel, rewind)
+        else:
+            rewind.feed_now()  # the first batch before anything published from now on
+        return rewind
+
+    def rewind_finished(self, channel: Channel, rewind: Rewind, completed: bool = False) -> None:
+        """A rewind read all it had to (``completed``: until its copies are
+        finished, a kill makes it start again from its safe position), or was
+        cancelled."""
+        rewind.close()
+        if channel.rewind is rewind:
+            channel.rewind = None
+            self.rewinding.pop(channel, None)
+            channel.rewind_pending = rewind.state() if completed and not channel.is_clear() else None
+            if not channel.ephemeral and not channel.exiting:
+                self.nsqd.metadata_changed(channel.topic_name)
+
+    def resume_rewinds(self, pending: list[tuple[Channel, Any]]) -> None:
+        """The rewinds nsqd.dat kept (a restart): on from their last position."""
+        nsqd = self.nsqd
+        for channel, state in pending:
+            topic = nsqd.topics.get(channel.topic_name)
+            log = topic.retained if topic is not None else None
+            where = f"{channel.topic_name}:{channel.name}"
+            if not isinstance(state, dict):
+                nsqd.log.warn("ignoring the rewind of {where} in nsqd.dat - not an object", where=where)
+                continue
+            channel.copies = True  # its copies may be queued still
+            if not state:
+                continue  # a rewind done
+            since, start, end = state.get("since"), position_of(state.get("from")), position_of(state.get("to"))
+            if since is not None and (isinstance(since, bool) or not isinstance(since, int)):
+                since = None
+            if log is None or start is None or end is None:
+                nsqd.log.warn(
+                    "ignoring the rewind of {where} in nsqd.dat - {why}",
+                    where=where,
+                    why="its topic has no retention" if log is None else "bad position",
+                )
+                continue
+            self._rewind(channel, log, since, start, end)
+
+    def warn_retained_left(self) -> None:
+        """Retained segments under the data path that no topic took (it has no retention)."""
+        for topic, nums in sorted(self.nsqd.data_dir.retained_left().items()):
+            self.nsqd.log.warn(
+                "TOPIC({name}): {n} retained segment(s) under the data path, but the topic has no retention: "
+                "kept, unused (set retention to use them, or remove {name}.retained.*)",
+                name=topic,
+                n=len(nums),
+            )
