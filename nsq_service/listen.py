@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -51,7 +52,20 @@ class _Connection(tcp.Server):
     without bound under connection churn. Here a read fills one buffer the port
     keeps for all its connections (one reactor thread) and the bytes that
     arrived are copied out: an allocation of exactly their size.
+
+    As in Go, every accepted connection has TCP_NODELAY: a small frame written
+    while an earlier one is not yet acknowledged goes out at once instead of
+    waiting for that ACK (Nagle's algorithm).
     """
+
+    def __init__(
+        self, sock: socket.socket, protocol: Any, client: Any, server: Any, sessionno: int, reactor: Any
+    ) -> None:
+        super().__init__(sock, protocol, client, server, sessionno, reactor)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass  # gone already: the first read says so
 
     def doRead(self) -> Any:
         port: Any = self.server  # a _Port

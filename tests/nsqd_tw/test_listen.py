@@ -64,3 +64,29 @@ class ReadTests(unittest.TestCase):
         chunks = yield done
         self.assertTrue(all(type(c) is bytes for c in chunks))
         self.assertEqual(b"".join(chunks), payload)
+
+
+class Sockopt(protocol.Protocol):
+    """Reports its accepted socket's TCP_NODELAY."""
+
+    def __init__(self, done: defer.Deferred[int]) -> None:
+        self.done = done
+
+    def connectionMade(self) -> None:
+        handle = self.transport.getHandle()  # type: ignore[attr-defined]
+        self.done.callback(handle.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+
+class NoDelayTests(unittest.TestCase):
+    @defer.inlineCallbacks
+    def test_accepted_connections_send_at_once_as_go_s_do(self) -> Any:
+        """Go sets TCP_NODELAY on every TCP connection: a small frame (a
+        response, a message) is not held back by Nagle's algorithm."""
+        done: defer.Deferred[int] = defer.Deferred()
+        port = yield listen.server_endpoint(reactor, "127.0.0.1:0").listen(
+            protocol.Factory.forProtocol(lambda: Sockopt(done))
+        )
+        self.addCleanup(port.stopListening)
+        client = socket.create_connection(("127.0.0.1", port.getHost().port))
+        self.addCleanup(client.close)
+        self.assertTrue((yield done))
