@@ -184,7 +184,7 @@ class Topic(MessageQueue):
         backlog (``from_backlog``) is never taken back: each channel keeps it.
         """
         channels = list(self.channels.values())
-        shared = all(isinstance(i, bytes) for i in items) if len(channels) > 1 else True
+        shared = all(map(isinstance, items, BYTES)) if len(channels) > 1 else True
         staged: list[Callable[[], None]] = []
         failure: Exception | None = None
         for n, channel in enumerate(channels):
