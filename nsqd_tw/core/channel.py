@@ -123,7 +123,10 @@ class Channel(MessageQueue):
         deferred_ids: list[bytes] = []
         now = None
         memory, mem_size, mem_bytes = self.memory, self._mem_size, self._mem_bytes
-        if len(memory) >= mem_size and not self.ephemeral and all(map(isinstance, items, BYTES)):
+        # beyond Go: a retained topic's backlog kept as runs of its log takes every
+        # publish until it is read (storage/spill.py)
+        spilling = getattr(self.backend, "spilling", False)
+        if (spilling or len(memory) >= mem_size) and not self.ephemeral and all(map(isinstance, items, BYTES)):
             items_left: Sequence[Item] = ()  # memory is full: every record goes to the backend
             to_backend = list(items)
         else:
@@ -139,10 +142,11 @@ class Channel(MessageQueue):
                     deferred_ids.append(item.id)
                 continue
             size = len(item) - MESSAGE_HEADER_LENGTH
-            if (len(memory) < mem_size and (not mem_bytes or self.memory_bytes + size <= mem_bytes)) or (
+            if not spilling and (
+                (len(memory) < mem_size and (not mem_bytes or self.memory_bytes + size <= mem_bytes))
                 # Go hands an ephemeral message straight to a waiting consumer even
                 # when its memory queue is full (or 0), and drops it otherwise
-                self.ephemeral and len(memory) < self._spare_capacity()
+                or (self.ephemeral and len(memory) < self._spare_capacity())
             ):
                 memory.append(item)
                 self.memory_bytes += size

@@ -20,8 +20,10 @@ from nsqd_tw.core.settings import Policy
 from nsqd_tw.core.topic import Topic
 from nsqd_tw.options import NSQDOptions
 from nsqd_tw.storage.budget import DiskBudget
+from nsqd_tw.storage.diskqueue import DiskQueue
 from nsqd_tw.storage.layout import DataDirectory
 from nsqd_tw.storage.retained import RetainedLog, Segment
+from nsqd_tw.storage.spill import SpillQueue
 from nsqd_tw.storage.syncer import Syncer
 
 RETENTION_INTERVAL = 1.0  # seconds between checks of the retained logs (and rewinds' pokes)
@@ -99,6 +101,7 @@ class Retention:
         )
         log.on_delete = lambda seg, why: self._segment_deleted(topic, seg, why)
         self.retained[topic] = None
+        self.spill_channels(topic, log)
         nsqd.log.info(
             "TOPIC({name}): retained log: {n} messages, {size} bytes in {segs} segment(s); retention {ret}, "
             "retention_bytes {rb}",
@@ -118,6 +121,19 @@ class Retention:
         log = topic.retained
         if log is not None:
             log.segment_bytes, log.roll_ns = self._segment_shape(topic.policy)
+            self.spill_channels(topic, log)  # a channel made since
+
+    def spill_channels(self, topic: Topic, log: RetainedLog) -> None:
+        """The channels of ``topic`` keep what their memory cannot hold as runs
+        of its retained log rather than a second copy (storage/spill.py); not in
+        durable mode, where a disk queue's records stay until finished."""
+        nsqd = self.nsqd
+        if nsqd.durable:
+            return
+        for channel in topic.channels.values():
+            backend = channel.backend
+            if isinstance(backend, DiskQueue) and not backend.acked:
+                channel.backend = SpillQueue(backend, log, backend.name, nsqd.opts.data_path, nsqd.log)
 
     def drop_retained(self, topic: Topic, why: str) -> None:
         """Delete the topic's retained log (and stop its channels' rewinds)."""
@@ -126,6 +142,8 @@ class Retention:
             return
         for channel in list(topic.channels.values()):
             channel.cancel_rewind(why)
+            if isinstance(channel.backend, SpillQueue):
+                channel.backend = channel.backend.unwrap()  # its runs copied to the disk queue
         self.nsqd.log.info(
             "TOPIC({name}): retained log deleted ({why}): {n} messages, {size} bytes",
             name=topic.name,
@@ -153,14 +171,16 @@ class Retention:
     def reclaim_retained(self, need: int) -> None:
         """--max-disk-bytes is reached: delete retained segments, the oldest of
         any topic first, until ``need`` bytes are free or none is left (the
-        disk budget's ``reclaim``)."""
-        freed = 0
-        while freed < need:
+        disk budget's ``reclaim``). What a channel still owes of a segment is
+        copied to its disk queue first (storage/spill.py): that much is not freed."""
+        budget = self.nsqd.disk_budget
+        target = budget.used - need
+        while budget.used > target:
             logs = [t.retained for t in self.retained if t.retained is not None and t.retained.segments]
             if not logs:
                 return
             oldest = min(logs, key=lambda log: log.segments[0].appended_ns)
-            freed += oldest.evict()
+            oldest.evict()
 
     def check_retention(self, now: float) -> None:
         """Once a second (from the queue scan): delete the retained segments aged

@@ -28,6 +28,10 @@ class IBackendQueue(Interface):
     """Go nsqd's BackendQueue, in pull form for a single-threaded reactor."""
 
     acked = Attribute("True if records read stay owned until done() (durable mode)")
+    spilling = Attribute(
+        "Optional (beyond Go): True while every record put should go here rather than to memory "
+        "(a retained topic's backlog kept as runs of its log, nsqd_tw.storage.spill)"
+    )
 
     def put(data: bytes) -> None:
         """Append one record. Raise an exception if it could not be stored."""
@@ -90,6 +94,7 @@ class IBackendQueue(Interface):
 
 class _NoAcks:
     acked = False
+    spilling = False  # see nsqd_tw.storage.spill
 
     def put_many(self, records: Sequence[bytes]) -> object:
         mark = self.depth()  # type: ignore[attr-defined]

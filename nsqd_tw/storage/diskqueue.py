@@ -63,6 +63,7 @@ class DiskQueue:
     """One topic's or channel's queue: records put, read and (acknowledged mode) done."""
 
     acked: bool
+    spilling = False  # see nsqd_tw.storage.spill
 
     def __init__(
         self,

@@ -164,6 +164,10 @@ class RetainedLog:
         self.next_num = 0  # segment numbers only grow (a rewind's position names one)
         self._fd: int | None = None
         self.on_delete: Callable[[Segment, str], None] | None = None
+        # the last publish written: where, and its records (a channel's spill queue
+        # keeps what its memory can't hold as a run of the log: see storage/spill.py)
+        self.last_append: tuple[Position, Sequence[bytes]] | None = None
+        self.holders: dict[Any, None] = {}  # spill queues with runs in this log
         self.horizon_ns = self._load(existing, now_ns)
         self._add_bytes(self.bytes)
         syncer.register(self)
@@ -331,6 +335,7 @@ class RetainedLog:
         seg.count += len(records)
         seg.size += size
         seg.appended_ns = now_ns
+        self.last_append = (Position(seg.num, offset, mark.messages), records)
         self.messages += len(records)
         self.bytes += size
         self._add_bytes(size)
@@ -341,6 +346,7 @@ class RetainedLog:
     def take_back(self, mark: Mark) -> None:
         """Take back the append that returned ``mark`` (the publish failed elsewhere)."""
         seg = mark.segment
+        self.last_append = None
         if seg is not self._active or self._fd is None:
             return  # evicted meanwhile: nothing of it is left
         n, size = seg.count - mark.messages, seg.size - mark.size
@@ -384,7 +390,12 @@ class RetainedLog:
     # -- deleting ------------------------------------------------------------------------
 
     def _delete_first(self, why: str) -> Segment:
-        seg = self.segments.pop(0)
+        seg = self.segments[0]
+        for holder in list(self.holders):
+            holder.before_delete(seg)  # the runs in it are copied to their disk queues first
+        self.segments.pop(0)
+        if self.last_append is not None and self.last_append[0].segment == seg.num:
+            self.last_append = None
         if seg is self._active:
             fd, self._fd, self._active = self._fd, None, None
             if fd is not None:
@@ -504,6 +515,7 @@ class RetainedLog:
         if self.exiting:
             return
         self.exiting = True
+        self.last_append = None
         try:
             if self._fd is not None:
                 os.fsync(self._fd)
@@ -517,8 +529,11 @@ class RetainedLog:
 
     def delete(self) -> None:
         """Remove every file of the log (retention turned off, the topic deleted)."""
+        for holder in list(self.holders):
+            holder.release_log()  # every run copied to its disk queue
         self.exiting = True
         self.deleted = True
+        self.last_append = None
         if self._fd is not None:
             os.close(self._fd)
         self._fd = self._active = None
@@ -554,6 +569,22 @@ class RetainedReader:
     def done(self) -> bool:
         return self.position[:2] >= self.end[:2]
 
+    def extend(self, end: Position) -> None:
+        """Read on to ``end`` (later than the end so far: the log grew)."""
+        self.end = end
+        r = self._reader
+        if r.fd is not None:
+            seg = self.log.segment(r.num)
+            self._limit = r.limit = end.offset if r.num == end.segment else (seg.size if seg else self._limit)
+
+    def peek(self, max_n: int, max_bytes: int) -> list[bytes]:
+        """What :meth:`read` would return, not read."""
+        position, lost = self.position, self.lost
+        try:
+            return self.read(max_n, max_bytes)
+        finally:
+            self.position, self.lost = position, lost
+
     def read(self, max_n: int, max_bytes: int) -> list[bytes]:
         """Up to ``max_n`` records (at least one, and no more once ``max_bytes``
         are passed) from the position on, not past the end."""
@@ -586,7 +617,22 @@ class RetainedReader:
                 continue
             out.append(data)
             total += size
-            self.position = Position(num, offset + 4 + size, ordinal + 1)
+            offset += 4 + size
+            ordinal += 1
+            # the records wholly in the read-ahead buffer, in one pass (same checks)
+            buf, start = r.window()
+            end = min(self._limit, start + len(buf))
+            lo, hi = log.min_size, log.max_size
+            while len(out) < max_n and total < max_bytes and offset + 4 <= end:
+                (size,) = _unpack_size(buf, offset - start)
+                if size < lo or size > hi or offset + 4 + size > end:
+                    break  # the loop above looks at it (an error, or more to read first)
+                i = offset - start + 4
+                out.append(buf[i : i + size])
+                total += size
+                offset += 4 + size
+                ordinal += 1
+            self.position = Position(num, offset, ordinal)
         return out
 
     def _open(self, num: int) -> bool:

@@ -149,18 +149,32 @@ class RetentionTests(RetentionTestCase):
 
     def test_the_disk_budget_deletes_retained_segments_before_refusing(self) -> None:
         n = self.start(retention=3600.0, mem_queue_size=0, max_disk_bytes=20_000)
-        n.get_topic("t").get_channel("slow")  # nobody reads it: its disk queue grows
-        for i in range(300):
-            n.publish("t", [b"%07d" % i])  # 37 bytes each on disk, twice
+        self.consumer(n.get_topic("t").get_channel("read"))  # finishes all: the log holds only retained copies
+        for i in range(1000):
+            n.publish("t", [b"%07d" % i])  # 37 bytes each on disk
         log = n.topics["t"].retained
         assert log is not None
-        self.assertLess(log.messages, 300)
+        self.assertLess(log.messages, 1000)
         self.assertGreater(log.messages, 0)
         self.assertLessEqual(n.disk_budget.used, 20_000)
+
+    def test_what_a_channel_owes_is_copied_before_its_segment_goes(self) -> None:
+        # a channel nobody reads keeps its backlog as runs of the retained log: evicting a
+        # segment for the disk budget moves its records to the channel's disk queue first
+        n = self.start(retention=3600.0, mem_queue_size=0, max_disk_bytes=20_000)
+        slow = n.get_topic("t").get_channel("slow")
+        accepted = 0
         with self.assertRaises(DiskBudgetFull):
             for i in range(1000):
                 n.publish("t", [b"%07d" % i])
+                accepted += 1
+        log = n.topics["t"].retained
+        assert log is not None
         self.assertEqual(log.messages, 0, "every retained segment went before the publish was refused")
+        self.assertEqual(slow.depth(), accepted, "and nothing the channel owed was lost")
+        self.assertLessEqual(n.disk_budget.used, 20_000)
+        bodies = [m.body for m in slow.peek(accepted)]
+        self.assertEqual(bodies, [b"%07d" % i for i in range(accepted)])
 
 
 class RewindTests(RetentionTestCase):
