@@ -140,3 +140,36 @@ class AgeOutProcessTests(ReplayProcessTestCase):
         self.assertEqual((retained["bytes"], retained["segments"]), (0, 0))
         code, _ = yield self.call("POST", "/channel/create?topic=ticks&channel=late&since=earliest")
         self.assertEqual(code, 200)
+
+
+class SpillProcessTests(ReplayProcessTestCase):
+    """A retained topic's channel keeps its backlog as runs of the retained log (storage/spill.py)."""
+
+    def queue_data_files(self) -> list[str]:
+        return sorted(f for f in os.listdir(self.dir) if ".diskqueue." in f and not f.endswith(".meta.dat"))
+
+    @defer.inlineCallbacks
+    def test_a_backlog_past_memory_is_written_once_and_survives_kill_9(self) -> None:
+        flags = ("--retention", "1h", "--mem-queue-size", "100")
+        proc = self.start(*flags)
+        yield self.call("POST", "/topic/create?topic=orders")
+        code, _ = yield self.call("POST", "/channel/create?topic=orders&channel=slow")
+        self.assertEqual(code, 200)
+        p = yield connect(reactor, "127.0.0.1", proc.port())
+        for batch in range(30):
+            answer = yield p.mpub("orders", [b"o%05d" % i for i in range(batch * 100, batch * 100 + 100)])
+            self.assertEqual(answer, b"OK")
+        p.close()
+        _, doc = yield self.call("GET", "/stats?format=json&topic=orders")
+        channel = doc["topics"][0]["channels"][0]
+        self.assertEqual((channel["depth"], channel["backend_depth"]), (3000, 2900))
+        self.assertEqual(self.queue_data_files(), [], "the backlog is in the retained log only")
+
+        yield self.until(lambda: os.path.exists(os.path.join(self.dir, "orders:slow.spill.dat")))
+        proc.signal(signal.SIGKILL)
+        yield deferToThread(proc.wait)
+        proc = self.start(*flags)
+        got = yield self.consume(proc.port(), "orders", "slow", 2900)
+        bodies = {m.body for m in got}
+        missing = [i for i in range(100, 3000) if b"o%05d" % i not in bodies]
+        self.assertEqual(missing, [], "everything past memory comes again after kill -9")
