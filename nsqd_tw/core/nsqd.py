@@ -45,7 +45,7 @@ from nsqd_tw.storage.budget import DiskBudget
 from nsqd_tw.storage.diskqueue import DiskQueue
 from nsqd_tw.storage.files import read_regular, write_atomic
 from nsqd_tw.storage.layout import DataDirectory
-from nsqd_tw.storage.syncer import Syncer
+from nsqd_tw.storage.syncer import NEVER_BY_COUNT, Syncer
 
 
 class Shipper(Protocol):
@@ -287,8 +287,22 @@ class NSQD(service.Service):
         if refusal is not None:
             for client in list(self.clients.values()):
                 client.shutdown()
+        sync_every = self._queue_sync_every()
         for topic in self.topics.values():
             topic.apply_policies()  # a standby bounds nothing; a primary its bounded queues
+            for queue in (topic, *topic.channels.values()):
+                backend = getattr(queue.backend, "inner", queue.backend)  # a SpillQueue's disk queue
+                if isinstance(backend, DiskQueue):
+                    backend.sync_every = sync_every
+
+    def _queue_sync_every(self) -> int:
+        """A disk queue's --sync-every. A standby that is not durable fsyncs on the
+        --sync-timeout tick only: its disk queues' writes are in the page cache
+        when it acknowledges them (a kill -9 loses none), and it serves nobody
+        until promoted, when --sync-every applies again."""
+        if self.standby is not None and not self.durable:
+            return NEVER_BY_COUNT
+        return max(self.opts.sync_every, 1)
 
     # -- clients ----------------------------------------------------------
 
@@ -314,7 +328,7 @@ class NSQD(service.Service):
             opts.max_bytes_per_file,
             MESSAGE_HEADER_LENGTH,
             opts.max_msg_size + MESSAGE_HEADER_LENGTH,
-            max(opts.sync_every, 1),
+            self._queue_sync_every(),
             self.syncer,
             self.log,
             acked=self.durable,

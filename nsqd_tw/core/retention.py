@@ -24,11 +24,10 @@ from nsqd_tw.storage.diskqueue import DiskQueue
 from nsqd_tw.storage.layout import DataDirectory
 from nsqd_tw.storage.retained import RetainedLog, Segment
 from nsqd_tw.storage.spill import SpillQueue
-from nsqd_tw.storage.syncer import Syncer
+from nsqd_tw.storage.syncer import NEVER_BY_COUNT, Syncer
 
 RETENTION_INTERVAL = 1.0  # seconds between checks of the retained logs (and rewinds' pokes)
 REWIND_PROGRESS_INTERVAL = 5.0  # seconds between a rewind's progress lines (and persisted positions)
-NEVER_BY_COUNT = 1 << 62  # a sync_every that is never reached
 
 
 class RewindError(Exception):

@@ -106,6 +106,16 @@ class Link(protocol.Protocol):
         if not self.closed:
             self.transport.write(data)
 
+    def flush(self) -> None:
+        """Put what was written on the wire now, not at the reactor's next turn (a
+        standby's ACK, before the work of applying what it acknowledges): the TCP
+        transport under a TLS one is written as the reactor would when writable."""
+        t = self.transport
+        while t is not None and not hasattr(t, "doWrite"):
+            t = getattr(t, "transport", None)
+        if t is not None and not self.closed and getattr(t, "connected", False):
+            t.doWrite()  # IWriteDescriptor's; an error here is the reactor's to find next turn
+
     def dataReceived(self, data: bytes) -> None:
         if self.closed:
             return

@@ -1,5 +1,6 @@
 """A standby's end of the stream: apply each operation, acknowledge what one
-read brought once it is held (in durable mode, once fsynced)."""
+read brought once it is held (in durable mode, once applied and fsynced;
+otherwise once received, before it is applied)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ class StandbySide:
         self.want_ack = False  # a PING to answer
         self.in_sync = False
         self.closed = False
+        self.received: list[tuple[int, bytes]] = []  # not durable: held, applied once acknowledged
 
     def frame(self, kind: int, payload: bytes) -> None:
         if kind == wire.PING:
@@ -37,6 +39,15 @@ class StandbySide:
             return
         if kind not in wire.OPERATIONS:
             raise wire.LinkError(f"unexpected frame {kind:#x} from the primary")
+        if not self.nsqd.durable:
+            # held once received (a kill loses this process's memory either way):
+            # acknowledged at the end of the read, before the work of applying it
+            self.received.append((kind, payload))
+            return
+        self._apply_one(kind, payload)
+
+    def _apply_one(self, kind: int, payload: bytes) -> bool:
+        """Apply one operation; False if it could not be (the link is failed)."""
         try:
             self._apply(kind, wire.Payload(payload))
         except wire.LinkError:
@@ -46,8 +57,9 @@ class StandbySide:
             self.service.log.error("REPLICATION: cannot apply an operation of the primary - {err}", err=e)
             self.service.diverged()
             self.link.fail(f"standby cannot apply an operation - {e}")
-            return
+            return False
         self.applied += 1
+        return True
 
     def _apply(self, kind: int, p: wire.Payload) -> None:
         apply = self.apply
@@ -92,10 +104,25 @@ class StandbySide:
             self.service.snapshot_ends()
 
     def read_done(self) -> None:
-        """Everything one read brought is applied: acknowledge it, in durable
-        mode once fsynced (one fsync for all of it: the group commit). A PING
-        is answered with what is held already."""
-        n = self.applied
+        """Everything one read brought is held: acknowledge it, in durable mode
+        once applied and fsynced (one fsync for all of it: the group commit),
+        otherwise at once, put on the wire before the operations are applied.
+        A PING is answered with what is held already."""
+        received = self.received
+        if not received:
+            self._acknowledge(self.applied)
+            return
+        self.received = []
+        self._acknowledge(self.applied + len(received))
+        self.link.flush()
+        try:
+            for kind, payload in received:
+                if self.link.closed or not self._apply_one(kind, payload):
+                    return
+        except wire.LinkError as e:
+            self.link.fail(f"bad frame - {e}")
+
+    def _acknowledge(self, n: int) -> None:
         if n > self.committing:
             self.committing = n
             if self.nsqd.durable:

@@ -38,6 +38,8 @@ class SyncedQueue(Protocol):
 
 SyncJob = tuple[list[int], list[tuple[str, bytes]]]
 
+NEVER_BY_COUNT = 1 << 62  # a sync_every never reached: synced by the tick (and commits) only
+
 
 def run_sync_job(job: SyncJob) -> None:
     """fsync the data, then write the metadata files (in a thread)."""

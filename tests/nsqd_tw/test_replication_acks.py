@@ -4,12 +4,19 @@ in async mode at once, with the lag bounded and reported."""
 
 from __future__ import annotations
 
+import os
+
 from treq.testing import StubTreq
 from twisted.trial import unittest
 
 from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
+from nsqd_tw.core.message import Message
+from nsqd_tw.core.topic import StandbyError
 from nsqd_tw.http.api import NSQDHTTPAPI
-from tests.helpers import FakeClient
+from nsqd_tw.replication import wire
+from nsqd_tw.replication.standby import StandbySide
+from nsqd_tw.storage.syncer import NEVER_BY_COUNT
+from tests.helpers import FakeClient, make_nsqd
 from tests.nsqd_tw.replicas import HeldSyncs, ReplicaPair, held
 
 OK = (FRAME_TYPE_RESPONSE, b"OK")
@@ -174,3 +181,76 @@ class AsyncModeTests(unittest.TestCase):
         self.assertEqual(client.frames(), [OK] * 3)
         pair.settle()
         self.assertEqual(client.frames(), [OK] * 2)
+
+
+class _Link:
+    """What a StandbySide writes to its link, in order with what it applies."""
+
+    def __init__(self, events: list[object]) -> None:
+        self.events = events
+        self.closed = False
+
+    def send(self, data: bytes) -> None:
+        self.events.append(("send", data))
+
+    def flush(self) -> None:
+        self.events.append("flush")
+
+    def fail(self, why: str, tell: bool = True) -> None:
+        self.events.append(("fail", why))
+        self.closed = True
+
+
+class _Service:
+    def __init__(self, nsqd: object) -> None:
+        self.nsqd = nsqd
+        self.log = nsqd.log  # type: ignore[attr-defined]
+
+    def diverged(self) -> None:
+        pass
+
+
+class AckOnReceiptTests(unittest.TestCase):
+    def test_not_durable_the_ack_is_on_the_wire_before_the_operations_are_applied(self) -> None:
+        nsqd = make_nsqd()
+        events: list[object] = []
+        side = StandbySide(_Service(nsqd), _Link(events))  # type: ignore[arg-type]
+        publish = side.apply.publish
+
+        def applying(topic: str, records: list[bytes], delay: float = 0.0) -> None:
+            events.append("apply")
+            publish(topic, records, delay)
+
+        side.apply.publish = applying  # type: ignore[method-assign]
+        reader = wire.FrameReader()
+        records = [Message(nsqd.guid.new_id(), b"m%d" % i, nsqd.now_ns()).encode() for i in range(3)]
+        reader.feed(wire.pub("t", records[:2]) + wire.pub("t", records[2:]))
+        while (item := reader.next()) is not None:
+            side.frame(*item)
+        self.assertEqual(events, [], "held as received: nothing applied or acknowledged within the read")
+        side.read_done()
+        self.assertEqual(events, [("send", wire.ack(2)), "flush", "apply", "apply"])
+        self.assertEqual(nsqd.topics["t"].depth(), 3)
+        self.assertEqual((side.applied, side.confirmed), (2, 2))
+
+
+class StandbySyncCadenceTests(unittest.TestCase):
+    def test_a_standby_not_durable_fsyncs_its_queues_on_the_tick_only_until_promoted(self) -> None:
+        data = os.path.abspath(self.mktemp())
+        os.makedirs(data)
+        nsqd = make_nsqd(backend_factory=None, data_path=data, sync_every=2500)
+        nsqd.set_standby(StandbyError("127.0.0.1:4150", 1))
+        topic = nsqd.get_topic("t", replicated=True)
+        channel = topic.get_channel("c", replicated=True)
+        self.assertEqual({topic.backend.sync_every, channel.backend.sync_every}, {NEVER_BY_COUNT})
+        nsqd.set_standby(None)
+        self.assertEqual({topic.backend.sync_every, channel.backend.sync_every}, {2500})
+        nsqd.set_standby(StandbyError("127.0.0.1:4150", 2))
+        self.assertEqual({topic.backend.sync_every, channel.backend.sync_every}, {NEVER_BY_COUNT})
+
+    def test_a_durable_standby_keeps_sync_every(self) -> None:
+        data = os.path.abspath(self.mktemp())
+        os.makedirs(data)
+        nsqd = make_nsqd(**DURABLE, data_path=data)
+        nsqd.set_standby(StandbyError("127.0.0.1:4150", 1))
+        self.assertEqual(nsqd.get_topic("t", replicated=True).backend.sync_every, 1)
