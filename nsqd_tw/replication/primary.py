@@ -158,6 +158,8 @@ class Primary:
         waiter: defer.Deferred[None] | None = None
         if self.state == IN_SYNC and (self.sync or self.sent - self.acked > self.max_lag):
             waiter = defer.Deferred()
+            # its producer waits for the standby: on the wire now, not after the rest of this turn
+            self.link.flush()
         self._marks.append((self.sent, self.service.now(), self.sent_messages, self.sent_bytes, waiter))
         return waiter
 

@@ -14,6 +14,7 @@ from nsqd_tw.core.message import Message
 from nsqd_tw.core.topic import StandbyError
 from nsqd_tw.http.api import NSQDHTTPAPI
 from nsqd_tw.replication import wire
+from nsqd_tw.replication.link import Link
 from nsqd_tw.replication.standby import StandbySide
 from nsqd_tw.storage.syncer import NEVER_BY_COUNT
 from tests.helpers import FakeClient, make_nsqd
@@ -254,3 +255,49 @@ class StandbySyncCadenceTests(unittest.TestCase):
         nsqd = make_nsqd(**DURABLE, data_path=data)
         nsqd.set_standby(StandbyError("127.0.0.1:4150", 1))
         self.assertEqual(nsqd.get_topic("t", replicated=True).backend.sync_every, 1)
+
+
+class _Descriptor:
+    """A TCP transport as the reactor writes it: doWrite puts the buffer on the wire."""
+
+    connected = True
+
+    def __init__(self) -> None:
+        self.buffer: list[bytes] = []
+        self.wire: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.buffer.append(data)
+
+    def doWrite(self) -> None:
+        self.wire += self.buffer
+        self.buffer = []
+
+
+class _Wrapper:
+    """A TLS transport over it: no doWrite of its own."""
+
+    def __init__(self, transport: _Descriptor) -> None:
+        self.transport = transport
+
+    def write(self, data: bytes) -> None:
+        self.transport.write(data)
+
+
+class _Clock:
+    def now(self) -> float:
+        return 0.0
+
+
+class LinkFlushTests(unittest.TestCase):
+    def test_flush_puts_what_was_written_on_the_wire_at_once(self) -> None:
+        for wrapped in (False, True):
+            tcp = _Descriptor()
+            link = Link(_Clock(), dialer=True)  # type: ignore[arg-type]
+            link.transport = _Wrapper(tcp) if wrapped else tcp
+            link.send(wire.ack(3))
+            self.assertEqual(tcp.wire, [])
+            link.flush()
+            self.assertEqual(tcp.wire, [wire.ack(3)])
+            link.closed = True
+            link.flush()  # closed: nothing more
