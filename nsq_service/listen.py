@@ -82,6 +82,21 @@ class _Connection(tcp.Server):
         return self._dataReceived(buf[:n].tobytes())
 
 
+def write_through(transport: Any) -> None:
+    """Put what was written to ``transport`` on the wire now, not when the reactor
+    next finds the socket writable (an answer someone waits for, made outside the
+    turn that read the request). The TCP transport under any wrappers (TLS) is
+    written as the reactor would (``IWriteDescriptor.doWrite``); a write error is
+    left for the reactor to find."""
+    t = transport
+    while t is not None and not hasattr(t, "doWrite"):
+        t = getattr(t, "transport", None)
+    if t is None or not getattr(t, "connected", False) or getattr(t, "disconnecting", True):
+        return
+    if t.doWrite() is not None:
+        t.startWriting()  # the reactor's next turn calls doWrite again and handles its result
+
+
 class _Port(tcp.Port):
     transport = _Connection
     read_buffer = memoryview(bytearray(0))

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from twisted.internet import protocol
 from twisted.python.failure import Failure
 
+from nsq_service.listen import write_through
 from nsqd_tw.replication import wire
 
 if TYPE_CHECKING:
@@ -108,13 +109,10 @@ class Link(protocol.Protocol):
 
     def flush(self) -> None:
         """Put what was written on the wire now, not at the reactor's next turn (a
-        standby's ACK, before the work of applying what it acknowledges): the TCP
-        transport under a TLS one is written as the reactor would when writable."""
-        t = self.transport
-        while t is not None and not hasattr(t, "doWrite"):
-            t = getattr(t, "transport", None)
-        if t is not None and not self.closed and getattr(t, "connected", False):
-            t.doWrite()  # IWriteDescriptor's; an error here is the reactor's to find next turn
+        standby's ACK before the work of applying what it acknowledges, a publish
+        its producer waits for)."""
+        if not self.closed:
+            write_through(self.transport)
 
     def dataReceived(self, data: bytes) -> None:
         if self.closed:

@@ -85,7 +85,10 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
         self.client = ClientV2(me, nsqd.opts, server.auth, nsqd.now(), self.log)
         self.output: Output = None  # type: ignore[assignment]  # made with the transport
         self.responses = Responses(
-            lambda ft, data: me.output.frame(ft, data), lambda err: me._fatal(err), lambda: me._close()
+            lambda ft, data: me.output.frame(ft, data),
+            lambda err: me._fatal(err),
+            lambda: me._close(),
+            lambda: me.output.flush_now(),
         )
         self.upgrade = Upgrade(me)
         self.parser: V2Parser | None = None

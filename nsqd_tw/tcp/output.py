@@ -21,6 +21,7 @@ from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import LoopingCall
 from zope.interface import implementer
 
+from nsq_service.listen import write_through
 from nsq_wire.compression import DeflateCodec, SnappyCodec
 from nsq_wire.frames import FRAME_TYPE_RESPONSE, HEARTBEAT, pack_frame
 
@@ -117,6 +118,12 @@ class Output:
                 self.transport.write(self.codec.encode(b"".join(self._buf)))
             self._buf = []
             self._len = 0
+
+    def flush_now(self) -> None:
+        """Flush, and put it on the wire at once (an answer that was waiting)."""
+        self.flush()
+        if not self.held:
+            write_through(self.transport)
 
     def discard(self) -> None:
         self._buf = []

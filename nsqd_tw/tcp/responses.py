@@ -29,8 +29,11 @@ class Responses:
         send: Callable[[int, bytes], None],
         fatal: Callable[[FatalClientError | None], None],
         close: Callable[[], None],
+        flush: Callable[[], None] = lambda: None,
     ) -> None:
+        """``flush()`` puts what was sent on the wire at once (a held answer released)."""
         self._send = send
+        self._flush = flush
         self._fatal = fatal
         self._close = close
         self._pending: deque[list[Any]] = deque()  # [frame type, data, fatal, ready]
@@ -56,6 +59,8 @@ class Responses:
             for slot in slots:
                 slot[3] = True
             self._drain()
+            if not self.closed:
+                self._flush()  # its publisher waits for it: not at the end of this turn
 
         def failed(f: Failure) -> None:
             err = FatalClientError(f"E_{verb}_FAILED", f"{verb} failed {f.value}")

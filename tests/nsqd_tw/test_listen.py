@@ -90,3 +90,46 @@ class NoDelayTests(unittest.TestCase):
         client = socket.create_connection(("127.0.0.1", port.getHost().port))
         self.addCleanup(client.close)
         self.assertTrue((yield done))
+
+
+class _Descriptor:
+    """What write_through looks for: a transport the reactor writes with doWrite."""
+
+    connected = True
+    disconnecting = False
+
+    def __init__(self, result: Any = None) -> None:
+        self.calls: list[str] = []
+        self.result = result
+
+    def doWrite(self) -> Any:
+        self.calls.append("doWrite")
+        return self.result
+
+    def startWriting(self) -> None:
+        self.calls.append("startWriting")
+
+
+class _TLS:
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+
+
+class WriteThroughTests(unittest.TestCase):
+    def test_the_tcp_transport_under_any_wrapper_is_written_now(self) -> None:
+        tcp = _Descriptor()
+        listen.write_through(_TLS(_TLS(tcp)))
+        self.assertEqual(tcp.calls, ["doWrite"])
+
+    def test_an_error_is_left_for_the_reactor(self) -> None:
+        tcp = _Descriptor(result=ConnectionResetError())
+        listen.write_through(tcp)
+        self.assertEqual(tcp.calls, ["doWrite", "startWriting"])
+
+    def test_nothing_once_closing_or_without_a_descriptor(self) -> None:
+        tcp = _Descriptor()
+        tcp.disconnecting = True
+        listen.write_through(tcp)
+        listen.write_through(_TLS(None))
+        listen.write_through(object())
+        self.assertEqual(tcp.calls, [])

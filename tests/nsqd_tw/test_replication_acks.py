@@ -261,6 +261,7 @@ class _Descriptor:
     """A TCP transport as the reactor writes it: doWrite puts the buffer on the wire."""
 
     connected = True
+    disconnecting = False
 
     def __init__(self) -> None:
         self.buffer: list[bytes] = []
