@@ -11,6 +11,7 @@ docs/replay.md for the user's side.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Protocol
 
 from nsq_wire.gofmt import go_duration, rfc3339_nano
@@ -23,7 +24,7 @@ from nsqd_tw.storage.budget import DiskBudget
 from nsqd_tw.storage.diskqueue import DiskQueue
 from nsqd_tw.storage.layout import DataDirectory
 from nsqd_tw.storage.retained import RetainedLog, Segment
-from nsqd_tw.storage.spill import SpillQueue
+from nsqd_tw.storage.spill import SUFFIX, SpillQueue
 from nsqd_tw.storage.syncer import NEVER_BY_COUNT, Syncer
 
 RETENTION_INTERVAL = 1.0  # seconds between checks of the retained logs (and rewinds' pokes)
@@ -115,6 +116,38 @@ class Retention:
         if limit and log.bytes > limit:
             log.trim(limit)
         return log
+
+    def _release_spills(self, topic: Topic, nums: list[int]) -> None:
+        """Retention was turned off while nsqd was down: the channels' runs in the
+        log (``<queue>.spill.dat``) go to their disk queues, read from the log as it is."""
+        nsqd = self.nsqd
+        data_path = nsqd.opts.data_path
+        owing = [
+            c
+            for c in topic.channels.values()
+            if isinstance(c.backend, DiskQueue) and os.path.exists(os.path.join(data_path, c.backend.name + SUFFIX))
+        ]
+        if not owing:
+            return
+        log = RetainedLog(
+            topic.name, data_path, nsqd.syncer, nsqd.log, nsqd.now_ns(), nums, max_msg_size=nsqd.opts.max_msg_size
+        )
+        try:
+            for channel in owing:
+                backend = channel.backend
+                assert isinstance(backend, DiskQueue)
+                spill = SpillQueue(backend, log, backend.name, data_path, nsqd.log)
+                n = spill.spilled
+                channel.backend = spill.unwrap()
+                nsqd.log.info(
+                    "CHANNEL({topic}:{name}): its topic has no retention now: {n} messages of its backlog "
+                    "copied from the retained log to its disk queue",
+                    topic=topic.name,
+                    name=channel.name,
+                    n=n,
+                )
+        finally:
+            log.close()
 
     def retention_changed(self, topic: Topic) -> None:
         log = topic.retained
@@ -309,11 +342,17 @@ class Retention:
             self._rewind(channel, log, since, start, end)
 
     def warn_retained_left(self) -> None:
-        """Retained segments under the data path that no topic took (it has no retention)."""
-        for topic, nums in sorted(self.nsqd.data_dir.retained_left().items()):
-            self.nsqd.log.warn(
+        """Retained segments under the data path that no topic took (it has no
+        retention): what its channels kept there (runs, storage/spill.py) is
+        copied to their disk queues first, the segments stay."""
+        nsqd = self.nsqd
+        for name, nums in sorted(nsqd.data_dir.retained_left().items()):
+            topic = nsqd.topics.get(name)
+            if topic is not None:
+                self._release_spills(topic, nums)
+            nsqd.log.warn(
                 "TOPIC({name}): {n} retained segment(s) under the data path, but the topic has no retention: "
                 "kept, unused (set retention to use them, or remove {name}.retained.*)",
-                name=topic,
+                name=name,
                 n=len(nums),
             )

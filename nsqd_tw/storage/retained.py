@@ -104,12 +104,14 @@ class Mark(NamedTuple):
     sparse: int
 
 
-class _Files:
-    """What the Syncer asks of a queue's files: its metadata file, and removal."""
+class MetaFiles:
+    """What the Syncer asks of a queue's files: its metadata file, and removal
+    (errors logged as ``<label>: failed to remove ...``)."""
 
-    def __init__(self, meta_file: str, log: Any) -> None:
+    def __init__(self, meta_file: str, log: Any, label: str = "RETAINED") -> None:
         self.meta_file = meta_file
         self._log = log
+        self._label = label
 
     def remove(self, path: str) -> bool:
         try:
@@ -117,7 +119,7 @@ class _Files:
         except FileNotFoundError:
             pass
         except OSError as e:
-            self._log.error("RETAINED: failed to remove {fn} - {err}", fn=path, err=e)
+            self._log.error("{label}: failed to remove {fn} - {err}", label=self._label, fn=path, err=e)
             return False
         return True
 
@@ -155,7 +157,7 @@ class RetainedLog:
         self.sync_every = sync_every
         self.exiting = False
         self.deleted = False
-        self.files = _Files(self._path("meta.dat"), log)
+        self.files = MetaFiles(self._path("meta.dat"), log)
 
         self.segments: list[Segment] = []
         self.messages = 0

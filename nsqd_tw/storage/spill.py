@@ -45,8 +45,9 @@ from zope.interface import implementer
 from nsq_wire.message import MESSAGE_HEADER_LENGTH, TIMESTAMP
 from nsqd_tw.storage.backend import IBackendQueue
 from nsqd_tw.storage.files import read_regular, write_atomic
-from nsqd_tw.storage.retained import Position, RetainedLog, RetainedReader, Segment
+from nsqd_tw.storage.retained import MetaFiles, Position, RetainedLog, RetainedReader, Segment
 from nsqd_tw.storage.snapshot import CHUNK, QueueSnapshot
+from nsqd_tw.storage.syncer import NEVER_BY_COUNT
 
 READ_BYTES = 1 << 20  # the most one read of a run returns
 COPY_MESSAGES = 10_000  # a run copied to the disk queue, a chunk at a time
@@ -90,11 +91,11 @@ class SpillQueue:
         # what the Syncer reads: the state file is written with every sync (the
         # log's end moves), never the cause of one
         self.count = 1
-        self.sync_every = 1 << 62
+        self.sync_every = NEVER_BY_COUNT
         self._written = b""
         self.exiting = False
         self.deleted = False
-        self.files = _StateFile(self.path, logger)
+        self.files = MetaFiles(self.path, logger, "SPILL")
         self._load()
         log.holders[self] = None
         log.syncer.register(self)
@@ -448,22 +449,6 @@ class _RunMark(NamedTuple):
     end: Position | None
     messages: int
     size: int
-
-
-class _StateFile:
-    def __init__(self, path: str, logger: Any) -> None:
-        self.meta_file = path
-        self._logger = logger
-
-    def remove(self, path: str) -> bool:
-        try:
-            os.remove(path)
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            self._logger.error("SPILL: failed to remove {fn} - {err}", fn=path, err=e)
-            return False
-        return True
 
 
 def _run(value: Any) -> Run:

@@ -168,3 +168,17 @@ class SpillTests(RetentionTestCase):
             records += [r for _, r in snap.take()]
         self.assertEqual([r[26:] for r in records], self.bodies(10, 100))
         self.assertIsNotNone(backend.head_timestamp())
+
+    def test_started_without_retention_the_runs_go_to_the_disk_queue(self) -> None:
+        n = self.start(retention=3600.0, mem_queue_size=10)
+        n.get_topic("t").get_channel("c")
+        self.fill(n, 100)
+        self.stop(n)
+        n = self.start(mem_queue_size=10)
+        channel = n.topics["t"].channels["c"]
+        self.assertIsInstance(channel.backend, DiskQueue)
+        self.assertEqual(channel.depth(), 100)
+        self.assertEqual(self.spill_files(), [])
+        self.assertNotEqual(self.retained_files(), [], "the segments stay (set retention to use them)")
+        c = self.consumer(channel)
+        self.assertEqual(sorted(self.drain(n, channel, c)), sorted(self.bodies(0, 100)))
