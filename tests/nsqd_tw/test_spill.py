@@ -182,3 +182,28 @@ class SpillTests(RetentionTestCase):
         self.assertNotEqual(self.retained_files(), [], "the segments stay (set retention to use them)")
         c = self.consumer(channel)
         self.assertEqual(sorted(self.drain(n, channel, c)), sorted(self.bodies(0, 100)))
+
+    def test_a_publish_failing_in_another_channel_is_taken_back_from_the_run(self) -> None:
+        n = self.start(retention=3600.0, mem_queue_size=10)
+        topic = n.get_topic("t")
+        channel = topic.get_channel("a")
+        other = topic.get_channel("b")
+        self.fill(n, 50)
+        log = topic.retained
+        assert log is not None
+        backend = channel.backend
+        assert isinstance(backend, SpillQueue)
+        before = (channel.depth(), backend.spilled_bytes, len(backend.runs), log.messages, log.bytes)
+
+        def full(*args: object, **kw: object) -> None:
+            raise OSError(28, "No space left on device")
+
+        self.patch(other, "stage", full)
+        with self.assertRaises(OSError):
+            n.publish("t", [b"x1", b"x2"])
+        self.assertEqual((channel.depth(), backend.spilled_bytes, len(backend.runs), log.messages, log.bytes), before)
+        self.patch(other, "stage", type(other).stage.__get__(other))
+        n.publish("t", [b"x3"])
+        self.assertEqual(channel.depth(), 51)
+        c = self.consumer(channel)
+        self.assertEqual(sorted(self.drain(n, channel, c)), sorted([*self.bodies(0, 50), b"x3"]))
