@@ -496,6 +496,24 @@ class RetainedLog:
             n += max(0, top - bottom)
         return n
 
+    def bytes_between(self, start: Position, end: Position) -> int:
+        """The bytes of the records from ``start`` up to ``end`` still retained."""
+        n = 0
+        for seg in self.segments:
+            if start.segment <= seg.num <= end.segment:
+                top = end.offset if seg.num == end.segment else seg.size
+                bottom = start.offset if seg.num == start.segment else 0
+                n += max(0, top - bottom)
+        return n
+
+    def first_from(self, num: int, end: Position) -> Position:
+        """The start of the first segment still retained numbered ``num`` or
+        later (``end`` if none is, before it)."""
+        for seg in self.segments:
+            if seg.num >= num:
+                return min(Position(seg.num, 0, 0), end)
+        return end
+
     def segment(self, num: int) -> Segment | None:
         for seg in self.segments:
             if seg.num == num:

@@ -147,9 +147,9 @@ class SpillQueue:
         """A run read back at start, counted against what the log still holds."""
         log = self.log
         if log.segment(run.start.segment) is None:
-            run.start = _next_start(log, run.start.segment, end=run.end)
+            run.start = log.first_from(run.start.segment, run.end)
         run.count = log.count_between(run.start, run.end)
-        run.size = _bytes_between(log, run.start, run.end)
+        run.size = log.bytes_between(run.start, run.end)
         if run.count <= 0:
             return
         last = self.runs[-1] if self.runs else None
@@ -341,9 +341,9 @@ class SpillQueue:
             if whole:
                 self.runs.popleft()
                 continue
-            run.start = _next_start(log, seg.num, after=True, end=run.end)
+            run.start = log.first_from(seg.num + 1, run.end)
             run.count = log.count_between(run.start, run.end)
-            run.size = _bytes_between(log, run.start, run.end)
+            run.size = log.bytes_between(run.start, run.end)
             if run.count <= 0:
                 self.runs.popleft()
                 continue
@@ -351,7 +351,7 @@ class SpillQueue:
             self.spilled_bytes += run.size
             break
 
-    def _copy(self, start: Position, end: Position) -> int:
+    def _copy(self, start: Position, end: Position) -> None:
         """Write the log's records from ``start`` to ``end`` to the disk queue,
         whatever the disk budget (the segment they are in goes next)."""
         reader = self.log.reader(start, end)
@@ -378,7 +378,6 @@ class SpillQueue:
             if budget is not None:
                 budget.enforcing = enforcing
             reader.close()
-        return n
 
     def release_log(self) -> None:
         """The log is deleted (or retention turned off): every run goes to the disk queue."""
@@ -454,24 +453,6 @@ class _RunMark(NamedTuple):
 def _run(value: Any) -> Run:
     start, end, count, size = value
     return Run(Position(*start), Position(*end), int(count), int(size))
-
-
-def _next_start(log: RetainedLog, num: int, after: bool = False, end: Position | None = None) -> Position:
-    """The start of the first segment still retained from ``num`` on (after it: ``after``)."""
-    for seg in log.segments:
-        if seg.num > num or (seg.num == num and not after):
-            return Position(seg.num, 0, 0)
-    return end if end is not None else log.end()
-
-
-def _bytes_between(log: RetainedLog, start: Position, end: Position) -> int:
-    n = 0
-    for seg in log.segments:
-        if start.segment <= seg.num <= end.segment:
-            top = end.offset if seg.num == end.segment else seg.size
-            bottom = start.offset if seg.num == start.segment else 0
-            n += max(0, top - bottom)
-    return n
 
 
 def _read_inner(inner: Any, n: int) -> list[tuple[bytes, object | None]]:
