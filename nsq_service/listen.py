@@ -97,6 +97,32 @@ def write_through(transport: Any) -> None:
         t.startWriting()  # the reactor's next turn calls doWrite again and handles its result
 
 
+def write_now(transport: Any, data: bytes) -> None:
+    """Write ``data`` and put it on the wire now (see :func:`write_through`).
+
+    On a plain TCP connection with nothing unsent (the usual case: an answer
+    someone waits for) the bytes go straight to the socket from here: no
+    registering it with the reactor for one write and unregistering it after
+    (two ``epoll_ctl`` calls each time). What the socket does not take, and any
+    error, is left to the transport as a write is."""
+    if (
+        getattr(transport, "TLS", True) is False  # a tcp.Connection, not (or not yet) TLS
+        and transport.connected
+        and not transport.disconnecting
+        and not transport._tempDataBuffer  # nothing waits unsent: nothing to overtake
+        and len(transport.dataBuffer) == transport.offset
+    ):
+        try:
+            sent = transport.socket.send(data)
+        except OSError:
+            sent = 0  # full (EAGAIN), or an error the reactor's write finds and reports
+        if sent < len(data):
+            transport.write(data[sent:])
+        return
+    transport.write(data)
+    write_through(transport)
+
+
 class _Port(tcp.Port):
     transport = _Connection
     read_buffer = memoryview(bytearray(0))

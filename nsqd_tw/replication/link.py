@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from twisted.internet import protocol
 from twisted.python.failure import Failure
 
-from nsq_service.listen import write_through
+from nsq_service.listen import write_now
 from nsqd_tw.replication import wire
 
 if TYPE_CHECKING:
@@ -107,12 +107,12 @@ class Link(protocol.Protocol):
         if not self.closed:
             self.transport.write(data)
 
-    def flush(self) -> None:
-        """Put what was written on the wire now, not at the reactor's next turn (a
+    def send_now(self, data: bytes) -> None:
+        """Send, on the wire now rather than at the reactor's next turn (a
         standby's ACK before the work of applying what it acknowledges, a publish
         its producer waits for)."""
         if not self.closed:
-            write_through(self.transport)
+            write_now(self.transport, data)
 
     def dataReceived(self, data: bytes) -> None:
         if self.closed:

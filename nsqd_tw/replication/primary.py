@@ -134,14 +134,18 @@ class Primary:
 
     # -- operations out -------------------------------------------------------------------
 
-    def _send(self, data: bytes) -> None:
-        """One operation to the standby (counted, as the standby counts them)."""
+    def _send(self, data: bytes, now: bool = False) -> None:
+        """One operation to the standby (counted, as the standby counts them);
+        ``now``: on the wire at once, not at the end of this reactor turn."""
         link = self.link
         if link is None:
             return
         self.sent += 1
         self.sent_bytes += len(data)
-        link.send(data)
+        if now:
+            link.send_now(data)
+        else:
+            link.send(data)
 
     def published(self, topic: Topic, items: list[Item]) -> defer.Deferred[None] | None:
         if self.link is None:
@@ -153,13 +157,11 @@ class Primary:
         else:
             delay_ns = int(first.deferred * 1e9)
             data = wire.dpub(topic.name, delay_ns, [m if isinstance(m, bytes) else m.encode() for m in items])
-        self._send(data)
+        # a producer that waits for the standby: its publish goes on the wire now
+        waits = self.state == IN_SYNC and (self.sync or self.sent + 1 - self.acked > self.max_lag)
+        self._send(data, now=waits)
         self.sent_messages += len(items)
-        waiter: defer.Deferred[None] | None = None
-        if self.state == IN_SYNC and (self.sync or self.sent - self.acked > self.max_lag):
-            waiter = defer.Deferred()
-            # its producer waits for the standby: on the wire now, not after the rest of this turn
-            self.link.flush()
+        waiter: defer.Deferred[None] | None = defer.Deferred() if waits else None
         self._marks.append((self.sent, self.service.now(), self.sent_messages, self.sent_bytes, waiter))
         return waiter
 

@@ -114,7 +114,6 @@ class StandbySide:
             return
         self.received = []
         self._acknowledge(self.applied + len(received))
-        self.link.flush()
         try:
             for kind, payload in received:
                 if self.link.closed or not self._apply_one(kind, payload):
@@ -136,7 +135,7 @@ class StandbySide:
     def _confirm(self, n: int) -> None:
         if n > self.confirmed:
             self.confirmed = n
-            self.link.send(wire.ack(n))
+            self.link.send_now(wire.ack(n))  # a publish waits for it on the primary
 
     def _sync_failed(self, f: Any) -> None:
         self.link.fail(f"standby failed to sync - {f.getErrorMessage()}")

@@ -21,7 +21,7 @@ from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import LoopingCall
 from zope.interface import implementer
 
-from nsq_service.listen import write_through
+from nsq_service.listen import write_now
 from nsq_wire.compression import DeflateCodec, SnappyCodec
 from nsq_wire.frames import FRAME_TYPE_RESPONSE, HEARTBEAT, pack_frame
 
@@ -121,9 +121,12 @@ class Output:
 
     def flush_now(self) -> None:
         """Flush, and put it on the wire at once (an answer that was waiting)."""
-        self.flush()
-        if not self.held:
-            write_through(self.transport)
+        self._flush_pending = False
+        if self._buf and not self.held:
+            data = b"".join(self._buf)
+            self._buf = []
+            self._len = 0
+            write_now(self.transport, data if self.codec is None else self.codec.encode(data))
 
     def discard(self) -> None:
         self._buf = []

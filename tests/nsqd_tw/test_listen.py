@@ -133,3 +133,86 @@ class WriteThroughTests(unittest.TestCase):
         listen.write_through(_TLS(None))
         listen.write_through(object())
         self.assertEqual(tcp.calls, [])
+
+
+class Accepted(protocol.Protocol):
+    """Hands its accepted transport over."""
+
+    def __init__(self, done: defer.Deferred[Any]) -> None:
+        self.done = done
+
+    def connectionMade(self) -> None:
+        self.done.callback(self.transport)
+
+
+class WriteNowTests(unittest.TestCase):
+    """write_now on a real accepted connection: sent from the call when nothing
+    waits unsent, else after what waits, and never lost or reordered."""
+
+    @defer.inlineCallbacks
+    def connect(self) -> Any:
+        accepted: defer.Deferred[Any] = defer.Deferred()
+        port = yield listen.server_endpoint(reactor, "127.0.0.1:0").listen(
+            protocol.Factory.forProtocol(lambda: Accepted(accepted))
+        )
+        self.addCleanup(port.stopListening)
+        client = socket.create_connection(("127.0.0.1", port.getHost().port))
+        self.addCleanup(client.close)
+        transport = yield accepted
+        self.addCleanup(transport.abortConnection)
+        return transport, client
+
+    @staticmethod
+    def receive(client: socket.socket, size: int) -> defer.Deferred[bytes]:
+        def read() -> bytes:
+            got = bytearray()
+            while len(got) < size:
+                chunk = client.recv(1 << 20)
+                if not chunk:
+                    break
+                got += chunk
+            return bytes(got)
+
+        return deferToThread(read)
+
+    @defer.inlineCallbacks
+    def test_sent_from_the_call_without_the_reactor(self) -> Any:
+        transport, client = yield self.connect()
+        registered: list[bool] = []
+        self.patch(transport, "startWriting", lambda: registered.append(True))
+        listen.write_now(transport, b"OK")
+        self.assertEqual(registered, [])  # never registered with the reactor for writing
+        client.settimeout(30)
+        self.assertEqual(client.recv(2), b"OK")
+
+    @defer.inlineCallbacks
+    def test_what_the_socket_does_not_take_waits_in_the_transport(self) -> Any:
+        transport, client = yield self.connect()
+        payload = bytes(range(256)) * 64_000  # 16 MB: more than a socket buffer holds
+        listen.write_now(transport, payload)
+        self.assertIn(transport, reactor.getWriters())
+        listen.write_now(transport, b"after")  # behind what waits, not before it
+        got = yield self.receive(client, len(payload) + 5)
+        self.assertEqual(got, payload + b"after")
+
+    @defer.inlineCallbacks
+    def test_written_after_what_the_transport_holds(self) -> Any:
+        transport, client = yield self.connect()
+        transport.write(b"first ")
+        listen.write_now(transport, b"second")
+        got = yield self.receive(client, 12)
+        self.assertEqual(got, b"first second")
+
+    def test_a_transport_that_is_not_plain_tcp_is_written_and_flushed(self) -> None:
+        calls: list[Any] = []
+
+        class Wrapper:
+            transport = _Descriptor()
+
+            def write(self, data: bytes) -> None:
+                calls.append(data)
+
+        wrapper = Wrapper()
+        listen.write_now(wrapper, b"OK")
+        self.assertEqual(calls, [b"OK"])
+        self.assertEqual(wrapper.transport.calls, ["doWrite"])

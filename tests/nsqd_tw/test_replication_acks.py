@@ -194,8 +194,8 @@ class _Link:
     def send(self, data: bytes) -> None:
         self.events.append(("send", data))
 
-    def flush(self) -> None:
-        self.events.append("flush")
+    def send_now(self, data: bytes) -> None:
+        self.events.append(("send_now", data))
 
     def fail(self, why: str, tell: bool = True) -> None:
         self.events.append(("fail", why))
@@ -230,7 +230,7 @@ class AckOnReceiptTests(unittest.TestCase):
             side.frame(*item)
         self.assertEqual(events, [], "held as received: nothing applied or acknowledged within the read")
         side.read_done()
-        self.assertEqual(events, [("send", wire.ack(2)), "flush", "apply", "apply"])
+        self.assertEqual(events, [("send_now", wire.ack(2)), "apply", "apply"])
         self.assertEqual(nsqd.topics["t"].depth(), 3)
         self.assertEqual((side.applied, side.confirmed), (2, 2))
 
@@ -290,15 +290,16 @@ class _Clock:
         return 0.0
 
 
-class LinkFlushTests(unittest.TestCase):
-    def test_flush_puts_what_was_written_on_the_wire_at_once(self) -> None:
+class LinkSendNowTests(unittest.TestCase):
+    def test_send_now_puts_it_on_the_wire_at_once_behind_what_was_sent(self) -> None:
         for wrapped in (False, True):
             tcp = _Descriptor()
             link = Link(_Clock(), dialer=True)  # type: ignore[arg-type]
             link.transport = _Wrapper(tcp) if wrapped else tcp
             link.send(wire.ack(3))
             self.assertEqual(tcp.wire, [])
-            link.flush()
-            self.assertEqual(tcp.wire, [wire.ack(3)])
+            link.send_now(wire.ack(4))
+            self.assertEqual(tcp.wire, [wire.ack(3), wire.ack(4)])
             link.closed = True
-            link.flush()  # closed: nothing more
+            link.send_now(wire.ack(5))  # closed: nothing more
+            self.assertEqual(tcp.wire + tcp.buffer, [wire.ack(3), wire.ack(4)])
