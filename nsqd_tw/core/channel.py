@@ -126,11 +126,15 @@ class Channel(MessageQueue):
         # beyond Go: a retained topic's backlog kept as runs of its log takes every
         # publish until it is read (storage/spill.py)
         spilling = getattr(self.backend, "spilling", False)
-        if (spilling or len(memory) >= mem_size) and not self.ephemeral and all(map(isinstance, items, BYTES)):
-            items_left: Sequence[Item] = ()  # memory is full: every record goes to the backend
-            to_backend = list(items)
-        else:
-            items_left = items
+        items_left: Sequence[Item] = items
+        if not self.ephemeral and all(map(isinstance, items, BYTES)):  # records only (no DPUB)
+            if not (spilling or mem_bytes):  # what memory has room for in one go, the rest to the backend
+                in_memory = self._hold_records(items)  # type: ignore[arg-type]
+                to_backend = list(items[in_memory:])
+                items_left = ()
+            elif spilling or len(memory) >= mem_size:  # memory is full: every record to the backend
+                to_backend = list(items)
+                items_left = ()
         for item in items_left:  # _room_for and _hold inlined below: once per message published
             if not isinstance(item, bytes):  # deferred
                 if now is None:

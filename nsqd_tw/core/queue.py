@@ -290,6 +290,15 @@ class MessageQueue:
         self.memory.append(item)
         self.memory_bytes += body_size(item)
 
+    def _hold_records(self, records: Sequence[bytes]) -> int:
+        """Hold in memory, in one go, as many of ``records`` as it has room for
+        (a memory bounded by count alone: no ``mem_bytes``); how many."""
+        room = self._mem_size - len(self.memory)
+        held = records if room >= len(records) else records[: max(room, 0)]
+        self.memory.extend(held)
+        self.memory_bytes += sum(map(len, held)) - MESSAGE_HEADER_LENGTH * len(held)
+        return len(held)
+
     def _unhold(self, n: int) -> None:
         """Take back the last ``n`` messages put in memory."""
         for _ in range(n):

@@ -159,14 +159,20 @@ class Topic(MessageQueue):
         to_backend: list[Item] = []
         in_memory = 0
         memory, mem_size, mem_bytes = self.memory, self._mem_size, self._mem_bytes
-        for item in items:  # _room_for and _hold, inlined: once per message published
-            size = body_size(item)
-            if len(memory) < mem_size and (not mem_bytes or self.memory_bytes + size <= mem_bytes):
-                memory.append(item)
-                self.memory_bytes += size
-                in_memory += 1
-            elif not self.ephemeral:  # an ephemeral topic drops what memory can't hold, as in Go
-                to_backend.append(item)
+        if not mem_bytes and all(map(isinstance, items, BYTES)):  # records only: in one go
+            in_memory = self._hold_records(items)  # type: ignore[arg-type]
+            to_backend = items[in_memory:]
+        else:
+            for item in items:  # _room_for and _hold, inlined: once per message published
+                size = body_size(item)
+                if len(memory) < mem_size and (not mem_bytes or self.memory_bytes + size <= mem_bytes):
+                    memory.append(item)
+                    self.memory_bytes += size
+                    in_memory += 1
+                else:
+                    to_backend.append(item)
+        if self.ephemeral:  # an ephemeral topic drops what memory can't hold, as in Go
+            to_backend = []
         if to_backend:
             try:
                 self._write(to_backend)

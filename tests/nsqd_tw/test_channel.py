@@ -146,6 +146,27 @@ class ChannelTests(unittest.TestCase):
         self.channel.kick()
         self.assertEqual(sorted(m.id for m in c.got), sorted(m.id for m in msgs))
 
+    def test_a_batch_that_overflows_and_fails_on_the_backend_leaves_nothing_queued(self) -> None:
+        self.put(4)
+        before = (list(self.channel.memory), self.channel.memory_bytes)
+
+        def full(records: object) -> object:
+            raise OSError("no space left on device")
+
+        self.patch(self.channel.backend, "put_many", full)
+        msgs = [new_msg(self.nsqd, b"body %d" % i) for i in range(9)]  # 6 fit in memory, 3 do not
+        self.assertRaises(OSError, self.channel.stage, [m.encode() for m in msgs])
+        self.assertEqual((list(self.channel.memory), self.channel.memory_bytes), before)
+        self.assertEqual(self.channel.depth(), 4)
+
+    def test_a_batch_fills_memory_by_count_and_bytes(self) -> None:
+        self.put(4)
+        take_back = self.channel.stage([new_msg(self.nsqd, b"body %d" % i).encode() for i in range(9)])
+        self.assertEqual((len(self.channel.memory), self.channel.backend.depth()), (10, 3))
+        self.assertEqual(self.channel.memory_bytes, 4 * 1 + 6 * 6)  # bodies "0".."3", then "body 0".."body 5"
+        take_back()
+        self.assertEqual((len(self.channel.memory), self.channel.memory_bytes, self.channel.depth()), (4, 4, 4))
+
     def test_a_burst_takes_memory_and_backend_in_turns(self) -> None:
         msgs = self.put(25)  # 10 in memory, 15 on disk
         c = FakeConsumer(1, rdy=14)

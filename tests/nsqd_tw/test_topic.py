@@ -95,6 +95,22 @@ class TopicTests(unittest.TestCase):
         topic.put_messages(self.msgs(15))
         self.assertEqual(topic.depth(), 10)
 
+    def test_a_batch_kept_fills_memory_and_overflows_to_the_backend(self) -> None:
+        self.topic.put_messages(self.msgs(4))
+        self.topic.put_messages(self.msgs(9))  # no channel: kept, 6 in memory and 3 on the backend
+        self.assertEqual((len(self.topic.memory), self.topic.backend.depth()), (10, 3))
+        self.assertEqual(self.topic.memory_bytes, 10)
+
+    def test_a_batch_that_fails_on_the_backend_leaves_nothing_kept(self) -> None:
+        self.topic.put_messages(self.msgs(4))
+
+        def full(records: object) -> object:
+            raise OSError("no space left on device")
+
+        self.patch(self.topic.backend, "put_many", full)
+        self.assertRaises(OSError, self.topic.put_messages, self.msgs(9))
+        self.assertEqual((len(self.topic.memory), self.topic.memory_bytes, self.topic.depth()), (4, 4, 4))
+
     def test_close_flushes_memory_to_backend(self) -> None:
         self.topic.put_messages(self.msgs(4))
         backend = self.topic.backend
