@@ -97,6 +97,25 @@ def write_through(transport: Any) -> None:
         t.startWriting()  # the reactor's next turn calls doWrite again and handles its result
 
 
+def _plain_tcp(transport: Any) -> bool:
+    """A tcp.Connection, connected, not (or not yet) TLS."""
+    return getattr(transport, "TLS", True) is False and transport.connected and not transport.disconnecting
+
+
+def read_now(transport: Any) -> bytes | None:
+    """What has arrived on a plain TCP ``transport``, read now rather than when
+    the reactor next polls (an answer to take in before other work); None when
+    nothing has, or the transport is not plain TCP. The end of the connection
+    is left for the reactor's own next read to find (an error taken here reads
+    as the end there)."""
+    if not _plain_tcp(transport):
+        return None
+    try:
+        return transport.socket.recv(transport.bufferSize) or None
+    except OSError:
+        return None
+
+
 def write_now(transport: Any, data: bytes) -> None:
     """Write ``data`` and put it on the wire now (see :func:`write_through`).
 
@@ -106,9 +125,7 @@ def write_now(transport: Any, data: bytes) -> None:
     (two ``epoll_ctl`` calls each time). What the socket does not take, and any
     error, is left to the transport as a write is."""
     if (
-        getattr(transport, "TLS", True) is False  # a tcp.Connection, not (or not yet) TLS
-        and transport.connected
-        and not transport.disconnecting
+        _plain_tcp(transport)
         and not transport._tempDataBuffer  # nothing waits unsent: nothing to overtake
         and len(transport.dataBuffer) == transport.offset
     ):

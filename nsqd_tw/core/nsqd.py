@@ -54,6 +54,9 @@ class Shipper(Protocol):
 
     refusal: Exception | None  # why publishes are refused now (--replication-required), or None
 
+    def poll(self) -> None:
+        """Before a publish: take in what the standby acknowledged meanwhile."""
+
     def published(self, topic: Topic, items: list[Item]) -> defer.Deferred[None] | None:
         """Messages published (records; DPUB's as deferred Messages): a Deferred that
         fires once the standby holds them when the publisher must wait for that."""
@@ -408,8 +411,10 @@ class NSQD(service.Service):
         if self.standby is not None:
             raise self.standby
         shipper = self.shipper
-        if shipper is not None and shipper.refusal is not None:
-            raise shipper.refusal
+        if shipper is not None:
+            if shipper.refusal is not None:
+                raise shipper.refusal
+            shipper.poll()
         ts = self.now_ns()
         ids = self.guid.new_ids(len(bodies))
         items: list[Item]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from twisted.internet import protocol
 from twisted.python.failure import Failure
 
-from nsq_service.listen import write_now
+from nsq_service.listen import read_now, write_now
 from nsqd_tw.replication import wire
 
 if TYPE_CHECKING:
@@ -113,6 +113,14 @@ class Link(protocol.Protocol):
         its producer waits for)."""
         if not self.closed:
             write_now(self.transport, data)
+
+    def poll(self) -> None:
+        """Take in what the peer has sent, now rather than when the reactor next
+        polls (a plain TCP link; over TLS, left to the reactor)."""
+        if not self.closed:
+            data = read_now(self.transport)
+            if data:
+                self.dataReceived(data)
 
     def dataReceived(self, data: bytes) -> None:
         if self.closed:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from twisted.internet import defer, protocol, reactor, ssl
+from twisted.internet import defer, protocol, reactor, ssl, task
 from twisted.internet.threads import deferToThread
 from twisted.trial import unittest
 
@@ -145,9 +145,8 @@ class Accepted(protocol.Protocol):
         self.done.callback(self.transport)
 
 
-class WriteNowTests(unittest.TestCase):
-    """write_now on a real accepted connection: sent from the call when nothing
-    waits unsent, else after what waits, and never lost or reordered."""
+class _Loopback(unittest.TestCase):
+    """An accepted connection and the client socket it came from."""
 
     @defer.inlineCallbacks
     def connect(self) -> Any:
@@ -174,6 +173,11 @@ class WriteNowTests(unittest.TestCase):
             return bytes(got)
 
         return deferToThread(read)
+
+
+class WriteNowTests(_Loopback):
+    """write_now on a real accepted connection: sent from the call when nothing
+    waits unsent, else after what waits, and never lost or reordered."""
 
     @defer.inlineCallbacks
     def test_sent_from_the_call_without_the_reactor(self) -> Any:
@@ -216,3 +220,32 @@ class WriteNowTests(unittest.TestCase):
         listen.write_now(wrapper, b"OK")
         self.assertEqual(calls, [b"OK"])
         self.assertEqual(wrapper.transport.calls, ["doWrite"])
+
+
+class ReadNowTests(_Loopback):
+    """read_now: what has arrived on a plain TCP connection, read from the call."""
+
+    @defer.inlineCallbacks
+    def test_what_arrived_is_read_and_nothing_is_none(self) -> Any:
+        transport, client = yield self.connect()
+        transport.stopReading()  # read_now alone reads it
+        self.assertIsNone(listen.read_now(transport))  # nothing yet: no wait
+        client.sendall(b"ACK")
+        got = b""
+        while len(got) < 3:  # there at once on loopback, unless the machine is busy
+            got += listen.read_now(transport) or b""
+            if len(got) < 3:
+                yield task.deferLater(reactor, 0.001, lambda: None)
+        self.assertEqual(got, b"ACK")
+
+    @defer.inlineCallbacks
+    def test_the_end_of_the_connection_is_left_for_the_reactor(self) -> Any:
+        transport, client = yield self.connect()
+        lost: defer.Deferred[None] = defer.Deferred()
+        transport.protocol.connectionLost = lambda reason: lost.callback(None)
+        client.close()
+        self.assertIsNone(listen.read_now(transport))
+        yield lost  # the reactor still finds the end
+
+    def test_a_transport_that_is_not_plain_tcp_is_left_alone(self) -> None:
+        self.assertIsNone(listen.read_now(_TLS(_Descriptor())))

@@ -13,6 +13,7 @@ from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.topic import StandbyError
 from nsqd_tw.http.api import NSQDHTTPAPI
+from nsqd_tw.replication import link as link_module
 from nsqd_tw.replication import wire
 from nsqd_tw.replication.link import Link
 from nsqd_tw.replication.standby import StandbySide
@@ -153,6 +154,54 @@ class SyncModeTests(unittest.TestCase):
             ],
         )
         self.assertEqual(len(pair.primary.nsqd.topics["t"].queued()), 1)  # a retry is a duplicate, never a loss
+
+
+class AcksFirstTests(unittest.TestCase):
+    def test_a_publish_takes_in_the_acks_that_arrived_before_its_own_work(self) -> None:
+        pair = ReplicaPair().start()
+        topic = pair.primary.nsqd.get_topic("t")
+        pair.settle()
+        first, second = FakeClient(pair.primary.nsqd), FakeClient(pair.primary.nsqd)
+        link = pair.primary.repl.primary.link
+        assert link is not None
+        seen: list[object] = []
+
+        def poll() -> None:  # the standby's ACK of the first publish has arrived meanwhile
+            pair.settle()
+            seen.append((first.frames(), topic.message_count))
+
+        self.patch(link, "poll", poll)
+        first.command(b"PUB", "t", body=b"one")
+        self.assertEqual(seen, [], "nothing waited: nothing to take in")
+        second.command(b"PUB", "t", body=b"two")
+        self.assertEqual(seen, [([OK], 1)], "the first is answered before the second is stored")
+        pair.settle()
+        self.assertEqual(second.frames(), [OK])
+
+    def test_in_async_mode_nothing_waits_and_nothing_is_polled(self) -> None:
+        pair = ReplicaPair(primary_opts={"replication_mode": "async"}).start()
+        link = pair.primary.repl.primary.link
+        assert link is not None
+        polled: list[bool] = []
+        self.patch(link, "poll", lambda: polled.append(True))
+        client = FakeClient(pair.primary.nsqd)
+        for i in range(3):
+            client.command(b"PUB", "t", body=b"%d" % i)
+        self.assertEqual((client.frames(), polled), ([OK] * 3, []))
+
+    def test_link_poll_reads_what_arrived_into_the_link(self) -> None:
+        link = Link(_Clock(), dialer=True)  # type: ignore[arg-type]
+        got: list[bytes] = []
+        self.patch(link, "dataReceived", got.append)
+        arrived = [wire.ack(1), None]
+        self.patch(link_module, "read_now", lambda transport: arrived.pop(0))
+        link.poll()
+        link.poll()  # nothing more: nothing fed
+        self.assertEqual(got, [wire.ack(1)])
+        link.closed = True
+        arrived.append(wire.ack(2))
+        link.poll()
+        self.assertEqual(got, [wire.ack(1)])
 
 
 class AsyncModeTests(unittest.TestCase):
