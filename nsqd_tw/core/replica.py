@@ -20,7 +20,9 @@ from nsqd_tw.core.message import Message
 from nsqd_tw.core.queue import Item, body_size
 from nsqd_tw.core.settings import SettingsError, parse_settings
 from nsqd_tw.core.topic import Topic
+from nsqd_tw.storage.diskqueue import DiskQueue
 from nsqd_tw.storage.files import read_regular, write_atomic
+from nsqd_tw.storage.layout import FramedRecords
 
 if TYPE_CHECKING:
     from nsqd_tw.core.channel import Channel
@@ -177,6 +179,51 @@ class StandbyApply:
         else:
             items = list(records)
         topic.put_items(items, sum(map(len, records)) - MESSAGE_HEADER_LENGTH * len(records))
+
+    def append_framed(self, topic_name: str, batch: FramedRecords) -> bool:
+        """PUB, the fast way: while every channel of the topic keeps no more in
+        memory (the primary's consumers are behind, or there are none), the
+        records are appended to each channel's disk queue as they came, one
+        write each and nothing done per message. False when that is not so
+        (memory has room, a retained log, bounds, a topic paused or without
+        channels, durable mode...): the caller publishes them one by one."""
+        existing = self.nsqd.topics.get(topic_name)
+        topic = existing if existing is not None else self._new_topic(topic_name)
+        if topic.exiting or topic.retained is not None or topic._bounded or not topic._flowing():
+            return False
+        channels = list(topic.channels.values())
+        for channel in channels:
+            backend = channel.backend
+            if (
+                channel.exiting
+                or channel._mem_bytes
+                or len(channel.memory) < channel._mem_size
+                or not isinstance(backend, DiskQueue)
+                or backend.acked
+                or not backend.takes_framed(batch)
+            ):
+                return False
+        ctx = self.nsqd
+        written: list[tuple[DiskQueue, object]] = []
+        for channel in channels:
+            backend = channel.backend
+            assert isinstance(backend, DiskQueue)
+            try:
+                written.append((backend, backend.put_framed(batch)))
+            except Exception as e:
+                for done, mark in reversed(written):
+                    done.unput(mark)
+                ctx.set_health(e)
+                ctx.log.error(channel.write_error, name=channel.name, err=e)
+                raise
+        if ctx.health_error is not None:
+            ctx.set_health(None)
+        n = batch.count
+        for channel in channels:
+            channel.message_count += n
+        topic.message_count += n
+        topic.message_bytes += len(batch.data) - (4 + MESSAGE_HEADER_LENGTH) * n
+        return True
 
     def finish(self, topic_name: str, channel_name: str, ids: Sequence[bytes]) -> None:
         channel = self._channel(topic_name, channel_name)

@@ -64,18 +64,15 @@ class StandbySide:
     def _apply(self, kind: int, p: wire.Payload) -> None:
         apply = self.apply
         if kind == wire.PUB:
-            topic = p.name()
-            records = p.records()
-            p.end()
-            apply.publish(topic, records)
+            topic, batch = p.name(), p.framed()
+            if not apply.append_framed(topic, batch):
+                apply.publish(topic, wire.unframe(batch))
         elif kind == wire.FIN:
             topic, channel = p.name(), p.name()
             apply.finish(topic, channel, p.ids())
         elif kind == wire.DPUB:
             topic, delay_ns = p.name(), p.i64()
-            records = p.records()
-            p.end()
-            apply.publish(topic, records, delay_ns / 1e9)
+            apply.publish(topic, p.records(), delay_ns / 1e9)
         elif kind == wire.REQ:
             topic, channel, delay_ns = p.name(), p.name(), p.i64()
             apply.requeue(topic, channel, delay_ns / 1e9, p.rest())

@@ -29,7 +29,7 @@ from nsqd_tw.storage.budget import DiskBudget
 from nsqd_tw.storage.deferred import DeferredTimes
 from nsqd_tw.storage.errors import DiskQueueError
 from nsqd_tw.storage.files import write_atomic
-from nsqd_tw.storage.layout import RECORD_SIZE, DataDirectory, Meta, QueueFiles, plan_writes
+from nsqd_tw.storage.layout import RECORD_SIZE, DataDirectory, FramedRecords, Meta, QueueFiles, Write, plan_writes
 from nsqd_tw.storage.records import RecordReader, RecordWriter
 from nsqd_tw.storage.snapshot import FileSnapshot
 from nsqd_tw.storage.syncer import Syncer
@@ -134,8 +134,27 @@ class DiskQueue:
         if records and (min(map(len, records)) < lo or max(map(len, records)) > hi):
             n = next(n for n in map(len, records) if n < lo or n > hi)
             raise DiskQueueError(f"invalid message write size ({n}) minMsgSize={lo} maxMsgSize={hi}")
+        return self._put_chunks(plan_writes(records, self.write_file_num, self.write_pos, self.max_bytes_per_file))
+
+    def takes_framed(self, batch: FramedRecords) -> bool:
+        """Whether :meth:`put_framed` can take ``batch``: its records are within
+        this queue's sizes, and they fit in the write file."""
+        return (
+            not self.exiting
+            and self.min_msg_size <= batch.smallest
+            and batch.largest <= self.max_msg_size
+            and self.write_pos + len(batch.data) <= self.max_bytes_per_file
+        )
+
+    def put_framed(self, batch: FramedRecords) -> WriteMark:
+        """Append records framed already, in one write, all or nothing as
+        :meth:`put_many`; only what :meth:`takes_framed` takes."""
+        if not self.takes_framed(batch):
+            raise DiskQueueError("framed records that do not fit the write file")
+        return self._put_chunks([(self.write_file_num, self.write_pos, batch.data, batch.count)])
+
+    def _put_chunks(self, chunks: list[Write]) -> WriteMark:
         mark = WriteMark(self.write_file_num, self.write_pos, self._depth, self.queued_bytes)
-        chunks = plan_writes(records, self.write_file_num, self.write_pos, self.max_bytes_per_file)
         total = sum(len(chunk[2]) for chunk in chunks)
         if self.budget is not None:
             self.budget.check(total)

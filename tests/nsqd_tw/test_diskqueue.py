@@ -15,6 +15,7 @@ from nsqd_tw.core.message import Message
 from nsqd_tw.storage import deferred, records
 from nsqd_tw.storage.diskqueue import DiskQueue
 from nsqd_tw.storage.errors import DiskQueueError
+from nsqd_tw.storage.layout import FramedRecords
 from nsqd_tw.storage.syncer import Syncer
 
 MIN, MAX = 26, 26 + 1024
@@ -137,6 +138,44 @@ class FormatTests(Base):
         self.assertEqual(self.drain(q), [9])
         q.delete()
         self.assertEqual(self.files(), [])
+
+
+class FramedTests(Base):
+    def test_framed_records_are_one_write_read_back_as_any(self) -> None:
+        q = self.queue()
+        q.put(record(0))
+        batch = FramedRecords.of([record(i) for i in range(1, 4)])
+        self.assertTrue(q.takes_framed(batch))
+        writes: list[int] = []
+        self.patch(records.os, "pwrite", lambda fd, data, offset: writes.append(len(data)) or _pwrite(fd, data, offset))
+        mark = q.put_framed(batch)
+        self.assertEqual(writes, [len(batch.data)])
+        self.assertEqual((q.depth(), q.queued_bytes), (4, 4 * (4 + len(record(0)))))
+        q.close()
+        again = self.queue()
+        self.assertEqual(self.drain(again), [0, 1, 2, 3])
+        self.assertIsNotNone(mark)
+
+    def test_what_does_not_fit_the_file_or_the_sizes_is_not_taken(self) -> None:
+        size = 4 + len(record(0))
+        q = self.queue(max_bytes=3 * size)
+        q.put(record(0))
+        self.assertTrue(q.takes_framed(FramedRecords.of([record(1), record(2)])))  # exactly the file
+        self.assertFalse(q.takes_framed(FramedRecords.of([record(i) for i in range(1, 4)])))  # a new file
+        self.assertFalse(q.takes_framed(FramedRecords.of([record(1, size=MAX)])))  # past --max-msg-size
+        self.assertRaises(DiskQueueError, q.put_framed, FramedRecords.of([record(i) for i in range(1, 4)]))
+        self.assertEqual(q.depth(), 1)
+
+    def test_a_failed_write_leaves_no_trace_and_unput_takes_it_back(self) -> None:
+        q = self.queue()
+        q.put(record(0))
+        self.patch(records.os, "pwrite", lambda fd, data, offset: (_ for _ in ()).throw(OSError(28, "No space")))
+        self.assertRaises(OSError, q.put_framed, FramedRecords.of([record(1), record(2)]))
+        self.assertEqual(q.depth(), 1)
+        self.patch(records.os, "pwrite", _pwrite)
+        q.unput(q.put_framed(FramedRecords.of([record(3)])))
+        q.put(record(4))
+        self.assertEqual(self.drain(q), [0, 4])
 
 
 class GoCompatibilityTests(Base):

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import struct
+from dataclasses import replace
 
 from twisted.trial import unittest
 
-from nsqd_tw.storage.layout import DataDirectory, QueueFiles, plan_writes
+from nsqd_tw.storage.layout import DataDirectory, FramedRecords, QueueFiles, plan_writes
 from tests.nsqd_tw.test_diskqueue import Base, number, record
 
 
@@ -188,3 +189,24 @@ class DataDirectoryTests(Base):
         self.patch(os, "remove", failing)
         q.delete()
         self.assertEqual(directory.take("t"), [1])
+
+
+class FramedRecordsTests(unittest.TestCase):
+    def test_records_framed_as_a_data_file_holds_them_and_back(self) -> None:
+        records = [b"a" * 30, b"bb" * 20, b"c" * 26]
+        batch = FramedRecords.of(records)
+        self.assertEqual((batch.count, batch.smallest, batch.largest), (3, 26, 40))
+        self.assertEqual(batch.data, b"".join(struct.pack(">i", len(r)) + r for r in records))
+        self.assertEqual(batch.records(), records)
+
+    def test_what_does_not_match_its_description_is_refused(self) -> None:
+        good = FramedRecords.of([b"a" * 30, b"b" * 30])
+        for bad, why in (
+            (replace(good, count=3), "2 records where 3 were said"),
+            (replace(good, largest=29), "a record of 30 bytes where 30 to 29 were said"),
+            (replace(good, data=good.data[:-1]), "a record of 30 bytes"),
+            (replace(good, data=good.data + b"\x00\x00"), "a size cut short"),
+        ):
+            with self.assertRaises(ValueError) as e:
+                bad.records()
+            self.assertIn(why, str(e.exception))

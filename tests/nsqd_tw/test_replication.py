@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 from treq.testing import StubTreq
 from twisted.trial import unittest
@@ -335,6 +336,89 @@ class SnapshotTests(unittest.TestCase):
         self.assertEqual(channel.depth(), 0)
         self.assertEqual(got.depth(), 0)
         self.assertEqual(got.skips, {})
+
+
+class FramedAppendTests(unittest.TestCase):
+    """A standby whose channels keep no more in memory appends a PUB's records
+    to their disk queues as they came: one write each."""
+
+    def setUp(self) -> None:
+        disk = {"backend_factory": None, "mem_queue_size": 2}
+        self.pair = ReplicaPair(primary_opts=disk, standby_opts=disk).start()
+        self.primary = self.pair.primary.nsqd
+        for name in ("a", "b"):
+            self.primary.get_topic("t").get_channel(name)
+        self.pair.settle()
+        self.appended: list[int] = []
+        standby = self.pair.standby.nsqd
+        for name in ("a", "b"):
+            backend = standby.topics["t"].channels[name].backend
+            self.patch(backend, "put_framed", self.recording(backend.put_framed))
+
+    def recording(self, put_framed: Any) -> Any:
+        def put(batch: Any) -> Any:
+            self.appended.append(batch.count)
+            return put_framed(batch)
+
+        return put
+
+    def test_once_memory_is_full_each_channel_takes_a_publish_in_one_write(self) -> None:
+        self.primary.publish("t", [b"m%03d" % i for i in range(2)])  # fills memory (2) one by one
+        self.pair.settle()
+        self.assertEqual(self.appended, [])
+        self.primary.publish("t", [b"m%03d" % i for i in range(2, 50)])
+        self.pair.settle()
+        self.assertEqual(self.appended, [48, 48])
+        standby = self.pair.standby.nsqd
+        for name in ("a", "b"):
+            got = self.pair.standby.channel("t", name)
+            self.assertEqual(
+                [(m.id, m.timestamp, m.body) for m in held(got)],
+                [(m.id, m.timestamp, m.body) for m in held(self.pair.primary.channel("t", name))],
+            )
+            self.assertEqual(got.message_count, 50)
+        self.assertEqual((standby.topics["t"].message_count, standby.topics["t"].message_bytes), (50, 200))
+
+    def test_finished_ones_leave_its_disk_queues(self) -> None:
+        self.primary.publish("t", [b"m%03d" % i for i in range(20)])
+        self.pair.settle()
+        consumer = consume(self.primary, "t", "a", rdy=100)
+        for _ in range(3):
+            for msg in consumer.messages():
+                consumer.command(b"FIN", msg.id)
+            self.pair.settle()
+        self.assertEqual(self.pair.standby.channel("t", "a").depth(), 0)
+        self.assertEqual(self.pair.standby.channel("t", "b").depth(), 20)
+
+    def test_not_while_a_channel_has_room_in_memory_or_the_topic_is_paused(self) -> None:
+        standby = self.pair.standby.nsqd
+        self.primary.publish("t", [b"x1", b"x2"])
+        self.pair.settle()
+        self.pair.standby.channel("t", "b").memory.popleft()  # room in one channel
+        self.primary.publish("t", [b"x3", b"x4"])
+        self.pair.settle()
+        self.primary.get_topic("t").pause()
+        self.pair.settle()
+        self.primary.publish("t", [b"x5"])
+        self.pair.settle()
+        self.assertEqual(self.appended, [])
+        self.assertEqual(standby.topics["t"].depth(), 1)
+
+    def test_a_failed_write_takes_it_back_from_every_channel_and_fails_the_link(self) -> None:
+        self.primary.publish("t", [b"x1", b"x2"])
+        self.pair.settle()
+        standby = self.pair.standby.nsqd
+        backend = standby.topics["t"].channels["b"].backend
+
+        def full(batch: Any) -> Any:
+            raise OSError(28, "No space left on device")
+
+        self.patch(backend, "put_framed", full)
+        self.primary.publish("t", [b"x3", b"x4"])
+        self.pair.settle()
+        self.assertEqual([standby.topics["t"].channels[c].depth() for c in ("a", "b")], [2, 2])
+        self.assertIsNotNone(standby.health_error)
+        self.assertNotEqual(self.pair.primary.state, "in_sync")
 
 
 class StandbyRefusalTests(unittest.TestCase):

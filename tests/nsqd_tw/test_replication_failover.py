@@ -67,6 +67,30 @@ class ManualPromotionTests(unittest.TestCase):
         client.command(b"PUB", "t", body=b"after")
         self.assertEqual(client.frames(), [OK])  # alone, degraded
 
+    def test_publishes_a_standby_appended_framed_are_served_once_promoted(self) -> None:
+        disk = {**DISK, "mem_queue_size": 2}
+        pair = ReplicaPair(primary_opts=disk, standby_opts=disk).start()
+        primary = pair.primary.nsqd
+        consumer = consume(primary, "t", "c", rdy=0)
+        pair.settle()
+        backend = pair.standby.channel("t", "c").backend
+        framed: list[int] = []
+        put_framed = backend.put_framed
+        self.patch(backend, "put_framed", lambda batch: framed.append(batch.count) or put_framed(batch))
+        primary.publish("t", [b"%02d" % i for i in range(2)])
+        primary.publish("t", [b"%02d" % i for i in range(2, 40)])  # memory full there: one write
+        pair.settle()
+        self.assertEqual(framed, [38])
+        consumer.command(b"RDY", "5")
+        for msg in consumer.messages():
+            consumer.command(b"FIN", msg.id)
+        pair.settle()
+        pair.primary.kill()
+        self.assertEqual(promote(pair.standby)[0], 200)
+        consumer = consume(pair.standby.nsqd, "t", "c", rdy=100)
+        got = [m.body for m in consumer.messages()]
+        self.assertEqual(sorted(got), [b"%02d" % i for i in range(5, 40)])
+
     def test_a_standby_not_in_sync_needs_force(self) -> None:
         pair = ReplicaPair().start()
         pair.standby.repl.diverged()

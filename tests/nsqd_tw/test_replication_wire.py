@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
+from twisted.internet.testing import StringTransport
 from twisted.trial import unittest
 
 from nsq_wire.message import records
 from nsqd_tw.replication import wire
+from nsqd_tw.replication.link import Link
 
 IDS = [b"%016x" % i for i in range(3)]
 RECORDS = records(IDS, [b"a", b"", b"c" * 300], 1_700_000_000_000_000_000)
@@ -30,6 +34,27 @@ class FrameTests(unittest.TestCase):
         p = wire.Payload(payload)
         self.assertEqual((p.name(), p.records()), ("events", RECORDS))
         p.end()
+
+    def test_pub_records_come_framed_as_a_data_file_holds_them(self) -> None:
+        [(_, payload)] = read_all(wire.pub("events", RECORDS))
+        p = wire.Payload(payload)
+        p.name()
+        batch = p.framed()
+        self.assertEqual((batch.count, batch.smallest, batch.largest), (3, 26, 326))
+        self.assertEqual(batch.data, b"".join(len(r).to_bytes(4, "big") + r for r in RECORDS))
+
+    def test_records_not_as_their_header_says_are_link_errors(self) -> None:
+        [(_, payload)] = read_all(wire.pub("t", RECORDS))
+        head = 2 + 12  # the name, then count, smallest, largest
+        for bad in (
+            payload[:2] + (0).to_bytes(4, "big") + payload[6:],  # no records
+            payload[:2] + (4).to_bytes(4, "big") + payload[6:],  # one more than there are
+            payload[:head] + payload[head:-1],  # cut short
+            payload[:6] + (400).to_bytes(4, "big") + payload[10:],  # the smallest bigger than the largest
+        ):
+            p = wire.Payload(bad)
+            p.name()
+            self.assertRaises(wire.LinkError, p.records)
 
     def test_dpub_carries_the_delay(self) -> None:
         [(kind, payload)] = read_all(wire.dpub("t", 1_500_000_000, RECORDS[:1]))
@@ -97,3 +122,32 @@ class ProofTests(unittest.TestCase):
         self.assertFalse(wire.verify(wire.proof(b"other", b"dialer", a, b), dialer))
         self.assertFalse(wire.verify(wire.proof(b"s3cret", b"acceptor", a, b), dialer))  # not replayable
         self.assertFalse(wire.verify(wire.proof(b"s3cret", b"dialer", a, b'{"nonce":"3"}'), dialer))
+
+
+class _Service:
+    log = None
+
+    def __init__(self) -> None:
+        self.lost: list[str] = []
+
+    def now(self) -> float:
+        return 0.0
+
+    def link_lost(self, link: object, why: str) -> None:
+        self.lost.append(why)
+
+
+class VersionTests(unittest.TestCase):
+    def test_a_peer_of_another_link_version_is_refused_saying_so(self) -> None:
+        """Version 2 frames PUB and DPUB records as data files hold them: a node
+        of version 1 cannot read them, and is told so at its HELLO."""
+        service = _Service()
+        link = Link(service, dialer=False)  # type: ignore[arg-type]
+        transport = StringTransport()
+        link.makeConnection(transport)
+        link.dataReceived(wire.frame(wire.HELLO, json.dumps({"version": 1, "nonce": "00"}).encode()))
+        [(kind, payload)] = read_all(transport.value())
+        why = "protocol version 1 not supported (this node speaks 2)"
+        self.assertEqual((kind, wire.json_payload(payload)), (wire.ERROR, {"error": why}))
+        self.assertEqual(service.lost, [why])
+        self.assertTrue(transport.disconnecting)
