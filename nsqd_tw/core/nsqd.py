@@ -412,9 +412,9 @@ class NSQD(service.Service):
             raise self.standby
         shipper = self.shipper
         if shipper is not None:
+            shipper.poll()  # first: what it takes in may be the link's end
             if shipper.refusal is not None:
                 raise shipper.refusal
-            shipper.poll()
         ts = self.now_ns()
         ids = self.guid.new_ids(len(bodies))
         items: list[Item]

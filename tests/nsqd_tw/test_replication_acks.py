@@ -178,6 +178,26 @@ class AcksFirstTests(unittest.TestCase):
         pair.settle()
         self.assertEqual(second.frames(), [OK])
 
+    def test_a_link_that_ends_as_it_is_polled_refuses_the_publish_when_required(self) -> None:
+        pair = ReplicaPair(primary_opts={"replication_required": True}).start()
+        first, second = FakeClient(pair.primary.nsqd), FakeClient(pair.primary.nsqd)
+        link = pair.primary.repl.primary.link
+        assert link is not None
+        self.patch(link, "poll", lambda: link.abort("gone as it was polled"))
+        first.command(b"PUB", "t", body=b"one")
+        second.command(b"PUB", "t", body=b"two")
+        self.assertEqual(
+            second.frames(),
+            [
+                (
+                    FRAME_TYPE_ERROR,
+                    b"E_PUB_FAILED PUB failed replication: standby 127.0.0.1:4250 is disconnected"
+                    b" (--replication-required)",
+                )
+            ],
+        )
+        self.assertEqual(pair.primary.nsqd.topics["t"].depth(), 1)  # the first, held: never the second
+
     def test_in_async_mode_nothing_waits_and_nothing_is_polled(self) -> None:
         pair = ReplicaPair(primary_opts={"replication_mode": "async"}).start()
         link = pair.primary.repl.primary.link
