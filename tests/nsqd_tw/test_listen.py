@@ -66,32 +66,6 @@ class ReadTests(unittest.TestCase):
         self.assertEqual(b"".join(chunks), payload)
 
 
-class Sockopt(protocol.Protocol):
-    """Reports its accepted socket's TCP_NODELAY."""
-
-    def __init__(self, done: defer.Deferred[int]) -> None:
-        self.done = done
-
-    def connectionMade(self) -> None:
-        handle = self.transport.getHandle()  # type: ignore[attr-defined]
-        self.done.callback(handle.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
-
-
-class NoDelayTests(unittest.TestCase):
-    @defer.inlineCallbacks
-    def test_accepted_connections_send_at_once_as_go_s_do(self) -> Any:
-        """Go sets TCP_NODELAY on every TCP connection: a small frame (a
-        response, a message) is not held back by Nagle's algorithm."""
-        done: defer.Deferred[int] = defer.Deferred()
-        port = yield listen.server_endpoint(reactor, "127.0.0.1:0").listen(
-            protocol.Factory.forProtocol(lambda: Sockopt(done))
-        )
-        self.addCleanup(port.stopListening)
-        client = socket.create_connection(("127.0.0.1", port.getHost().port))
-        self.addCleanup(client.close)
-        self.assertTrue((yield done))
-
-
 class _Descriptor:
     """What write_through looks for: a transport the reactor writes with doWrite."""
 
@@ -173,6 +147,15 @@ class _Loopback(unittest.TestCase):
             return bytes(got)
 
         return deferToThread(read)
+
+
+class NoDelayTests(_Loopback):
+    @defer.inlineCallbacks
+    def test_accepted_connections_send_at_once_as_go_s_do(self) -> Any:
+        """Go sets TCP_NODELAY on every TCP connection: a small frame (a
+        response, a message) is not held back by Nagle's algorithm."""
+        transport, _ = yield self.connect()
+        self.assertTrue(transport.getHandle().getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
 
 
 class WriteNowTests(_Loopback):
