@@ -192,6 +192,7 @@ class StandbyApply:
         if topic.exiting or topic.retained is not None or topic._bounded or not topic._flowing():
             return False
         channels = list(topic.channels.values())
+        backends: list[DiskQueue] = []
         for channel in channels:
             backend = channel.backend
             if (
@@ -203,11 +204,10 @@ class StandbyApply:
                 or not backend.takes_framed(batch)
             ):
                 return False
+            backends.append(backend)
         ctx = self.nsqd
         written: list[tuple[DiskQueue, object]] = []
-        for channel in channels:
-            backend = channel.backend
-            assert isinstance(backend, DiskQueue)
+        for channel, backend in zip(channels, backends, strict=True):
             try:
                 written.append((backend, backend.put_framed(batch)))
             except Exception as e:

@@ -21,7 +21,7 @@ import os
 import re
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -68,10 +68,11 @@ class SizePrefixes(dict[int, bytes]):
 _prefixes = SizePrefixes()
 
 
-def framed(records: Sequence[bytes]) -> bytes:
-    """The records as a data file holds them, each after its 4-byte size."""
+def framed(records: Sequence[bytes], sizes: Iterable[int] | None = None) -> bytes:
+    """The records as a data file holds them, each after its 4-byte size
+    (``sizes``: theirs, when the caller has them already)."""
     pieces: list[Any] = [None] * (2 * len(records))
-    pieces[0::2] = map(_prefixes.__getitem__, map(len, records))
+    pieces[0::2] = map(_prefixes.__getitem__, map(len, records) if sizes is None else sizes)
     pieces[1::2] = records
     return b"".join(pieces)
 
@@ -92,7 +93,7 @@ class FramedRecords:
     def of(cls, records: Sequence[bytes]) -> FramedRecords:
         """``records``, at least one."""
         sizes = list(map(len, records))
-        return cls(len(records), min(sizes), max(sizes), framed(records))
+        return cls(len(records), min(sizes), max(sizes), framed(records, sizes))
 
     def records(self) -> list[bytes]:
         """The records one by one; ValueError if ``data`` is not ``count``
