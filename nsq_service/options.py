@@ -12,7 +12,7 @@ from dataclasses import field
 from typing import Any, NoReturn, TypeVar
 
 from nsq_service.golog import LEVEL_NUMBERS, go_log_line
-from nsq_wire.gofmt import DurationError, go_duration, parse_duration
+from nsq_wire.gofmt import MAX_DURATION_NS, DurationError, go_duration, parse_duration
 
 
 class ConfigError(Exception):
@@ -154,6 +154,8 @@ class _Duration(Kind):
     def from_cfg(self, value: Any) -> float:
         # go-options reads a bare number in a config file as milliseconds
         if isinstance(value, int) and not isinstance(value, bool):
+            if abs(value) > MAX_DURATION_NS // 1_000_000:
+                raise ConfigError(f"invalid duration {value}ms (out of Go's range)")
             return value / 1000.0
         return super().from_cfg(value)
 

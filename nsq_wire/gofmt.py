@@ -113,28 +113,61 @@ class DurationError(ValueError):
     """Text that is not a Go duration; ``str()`` is Go's message."""
 
 
-def parse_duration(text: str) -> float:
-    """Parse a Go duration ("1h2m", "250ms", "0") into seconds."""
+_UNIT_NS = {
+    "ns": 1,
+    "us": 1_000,
+    "µs": 1_000,
+    "μs": 1_000,
+    "ms": 1_000_000,
+    "s": 1_000_000_000,
+    "m": 60_000_000_000,
+    "h": 3_600_000_000_000,
+}
+MAX_DURATION_NS = (1 << 63) - 1  # Go's time.Duration: 2562047h47m16.854775807s
+
+
+def parse_duration_ns(text: str) -> int:
+    """Parse a Go duration ("1h2m", "250ms", "0") into nanoseconds, refusing what
+    does not fit Go's int64 (``time: invalid duration``), as Go's ParseDuration does."""
     orig = text
-    sign = 1.0
+    sign = 1
     if text[:1] in "+-" and text:
-        sign = -1.0 if text[0] == "-" else 1.0
+        sign = -1 if text[0] == "-" else 1
         text = text[1:]
     if text == "0":
-        return 0.0
+        return 0
     if not text:
         raise DurationError(f'time: invalid duration "{orig}"')
-    total = 0.0
+    invalid = DurationError(f'time: invalid duration "{orig}"')
+    limit = MAX_DURATION_NS + (1 if sign < 0 else 0)
+    total = 0
     pos = 0
     while pos < len(text):
         m = _DURATION_PART.match(text, pos)
         if m is None:
             if _DURATION_PART.match(text + "s", pos) is not None or text[pos:].replace(".", "").isdigit():
                 raise DurationError(f'time: missing unit in duration "{orig}"')
-            raise DurationError(f'time: invalid duration "{orig}"')
-        total += float(m.group(1)) * _UNITS[m.group(2)]
+            raise invalid
+        whole, _, frac = m.group(1).partition(".")
+        unit = _UNIT_NS[m.group(2)]
+        whole = whole.lstrip("0")
+        if len(whole) > 19 or (whole and int(whole) > limit // unit):
+            raise invalid
+        value = int(whole or 0) * unit
+        frac = frac[:30]  # digits past these are below a nanosecond of any unit
+        if frac:
+            value += int(frac) * unit // 10 ** len(frac)
+        total += value
+        if total > limit:
+            raise invalid
         pos = m.end()
     return sign * total
+
+
+def parse_duration(text: str) -> float:
+    """Parse a Go duration ("1h2m", "250ms", "0") into seconds; Go's range only
+    (at most 2562047h47m16.854775807s either way)."""
+    return parse_duration_ns(text) / 1e9
 
 
 def go_duration(ns: int) -> str:

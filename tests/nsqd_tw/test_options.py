@@ -91,6 +91,15 @@ class DurationTests(unittest.TestCase):
         for text in ["", "1", "s", "1x", "1s2"]:
             self.assertRaises(DurationError, parse_duration, text)
 
+    def test_go_s_range(self) -> None:
+        """Go's time.Duration is an int64 of nanoseconds: ParseDuration refuses past it."""
+        self.assertAlmostEqual(parse_duration("2562047h47m16.854775807s"), 9223372036.854775807)
+        self.assertAlmostEqual(parse_duration("-2562047h47m16.854775808s"), -9223372036.854775808)
+        for text in ["2562047h47m16.854775808s", "3000000h", "9223372037s", "1" + "0" * 320 + "h", "9" * 5000 + "s"]:
+            with self.assertRaises(DurationError) as e:
+                parse_duration(text)
+            self.assertEqual(str(e.exception), f'time: invalid duration "{text}"')
+
     def test_format(self) -> None:
         self.assertEqual(
             [DURATION.show(x) for x in (60, 900, 0.25, 3600, 2, 0)], ["1m0s", "15m0s", "250ms", "1h0m0s", "2s", "0s"]
