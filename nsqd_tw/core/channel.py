@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from nsq_wire.message import ID_OFFSET, MESSAGE_HEADER_LENGTH
 from nsq_wire.names import is_ephemeral
+from nsqd_tw.core.bounds import trim
+from nsqd_tw.core.expiry import DISPATCH_LIMIT, release_if_empty
 from nsqd_tw.core.message import Message
-from nsqd_tw.core.pqueue import TimeoutQueue
+from nsqd_tw.core.pqueue import DeferredQueue, TimeoutQueue
 from nsqd_tw.core.quantile import Quantile, new_latency_quantile
 from nsqd_tw.core.queue import BYTES, Context, Item, MessageQueue, as_items, body_size
 
@@ -65,11 +67,12 @@ class Channel(MessageQueue):
         self.exiting = False
         opts = ctx.opts
         self.in_flight = TimeoutQueue()
-        self.deferred = TimeoutQueue()
+        self.deferred = DeferredQueue()
 
         self.clients: dict[int, Consumer] = {}
         self._consumers: list[Consumer] = []
         self._rr = 0
+        self._more_scheduled = False  # a delivery that stepped over many expired goes on next turn
         self.rewind: Rewind | None = None  # beyond Go: retained messages it is getting again
         # a rewind's copies may meet the messages they copy: no ID is in flight twice
         self.copies = False
@@ -195,6 +198,8 @@ class Channel(MessageQueue):
             self._put(msg)
             if shipper is not None:
                 shipper.requeued(self, msg, 0.0)
+            if self.trims:
+                trim(self)
         elif shipper is not None:
             shipper.gone(self, (msg.id,))
 
@@ -226,8 +231,12 @@ class Channel(MessageQueue):
             return
         super().expired(msg)
 
-    def _discard(self, msg: Message) -> None:
-        super()._discard(msg)
+    def waiting(self) -> tuple[int, int]:
+        """What a bound counts: queued and deferred messages (not those in flight)."""
+        return self.depth() + len(self.deferred), self.queued_bytes() + self.deferred.bytes
+
+    def discard(self, msg: Message) -> None:
+        super().discard(msg)
         if self.ctx.shipper is not None:  # expired or trimmed: gone on the standby too
             self.ctx.shipper.gone(self, (msg.id,))
 
@@ -425,9 +434,8 @@ class Channel(MessageQueue):
         while msg is not None and self.skips and self._skipped(msg.id):
             self._forget(msg)  # (a promoted standby) finished on its old primary
             msg = self._pop()
-        while expire_before and msg is not None and msg.timestamp < expire_before:
-            self.expired(msg)  # never delivered past its TTL
-            msg = self._pop()
+        if expire_before and msg is not None and msg.timestamp < expire_before:
+            msg = self._step_over_expired(msg, expire_before)
         if msg is None:
             return False
         if self.copies and msg.id in self.in_flight:
@@ -444,6 +452,29 @@ class Channel(MessageQueue):
         self.in_flight.push(msg, now + c.msg_timeout)
         c.send_messages([msg])
         return True
+
+    def _step_over_expired(self, msg: Message | None, expire_before: int) -> Message | None:
+        """Drop ``msg`` and the expired messages after it (never delivered past their
+        TTL): the first one due now that has not expired, or None. At most
+        DISPATCH_LIMIT a call; past that the delivery goes on next reactor turn."""
+        n = 0
+        while msg is not None and msg.timestamp < expire_before:
+            self.expired(msg)
+            n += 1
+            if n >= DISPATCH_LIMIT:
+                if not self._more_scheduled:
+                    self._more_scheduled = True
+                    self.ctx.schedule(self._dispatch_more)
+                return None
+            msg = self._pop()
+        if msg is None:
+            release_if_empty(self)
+        return msg
+
+    def _dispatch_more(self) -> None:
+        self._more_scheduled = False
+        if not self.exiting:
+            self._dispatch()
 
     def kick(self) -> None:
         """A consumer may have gained capacity (RDY, FIN, REQ, unpause)."""
@@ -627,6 +658,8 @@ class Channel(MessageQueue):
                 self.backend.set_deferred(msg.id, int(due * 1e9))  # survives a crash too
             if shipper is not None:
                 shipper.requeued(self, msg, delay)
+            if self.trims:
+                trim(self)
 
     def touch_message(self, client_id: int, msg_id: bytes, timeout: float) -> None:
         msg = self._pop_in_flight(client_id, msg_id)
@@ -659,6 +692,8 @@ class Channel(MessageQueue):
             dirty = True
             msg.deferred = 0.0
             self._put(msg)
+        if dirty and self.trims:
+            trim(self)
         return dirty
 
     def process_queues(self, now: float) -> bool:

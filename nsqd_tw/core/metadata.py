@@ -27,6 +27,7 @@ class ChannelMeta:
     paused: bool = False
     settings: Any = None  # beyond Go: the channel's own settings (JSON), an extra key Go ignores
     rewind: Any = None  # beyond Go: where its rewind is (JSON), another extra key
+    dropped: int = 0  # beyond Go: dropped_count (bounds), kept across restarts; another extra key
 
 
 @dataclass
@@ -35,6 +36,7 @@ class TopicMeta:
     paused: bool = False
     channels: list[ChannelMeta] = field(default_factory=list)
     settings: Any = None
+    dropped: int = 0
 
 
 class MetadataError(Exception):
@@ -48,13 +50,19 @@ def encode_topic(t: TopicMeta) -> str:
         "paused": t.paused,
         "channels": [_channel_entry(c) for c in t.channels] or None,
     }
-    return json.dumps(_with_settings(doc, t.settings), separators=(",", ":"))
+    return json.dumps(_with_dropped(_with_settings(doc, t.settings), t.dropped), separators=(",", ":"))
 
 
 def _channel_entry(c: ChannelMeta) -> dict[str, Any]:
     doc = _with_settings({"name": c.name, "paused": c.paused}, c.settings)
     if c.rewind is not None:
         doc["rewind"] = c.rewind
+    return _with_dropped(doc, c.dropped)
+
+
+def _with_dropped(doc: dict[str, Any], dropped: int) -> dict[str, Any]:
+    if dropped:  # only then (a bound dropped messages): else Go's bytes
+        doc["dropped_count"] = dropped
     return doc
 
 
@@ -81,6 +89,8 @@ class _Queue(Protocol):
     def paused(self) -> bool: ...
     @property
     def ephemeral(self) -> bool: ...
+    @property
+    def dropped_count(self) -> int: ...
     def settings_json(self) -> dict[str, Any]: ...
 
 
@@ -117,11 +127,12 @@ class MetadataSnapshot:
             entry = entries.get(t.name)
             if entry is None:
                 channels = [
-                    ChannelMeta(c.name, c.paused, c.settings_json(), c.rewind_state())
+                    ChannelMeta(c.name, c.paused, c.settings_json(), c.rewind_state(), c.dropped_count)
                     for c in t.channels.values()
                     if not c.ephemeral
                 ]
-                entry = entries[t.name] = encode_topic(TopicMeta(t.name, t.paused, channels, t.settings_json()))
+                topic = TopicMeta(t.name, t.paused, channels, t.settings_json(), t.dropped_count)
+                entry = entries[t.name] = encode_topic(topic)
             parts.append(entry)
         return encode_document(parts, VERSION)
 
@@ -204,15 +215,33 @@ class _GoTypes:
                     c, "ChannelMetadata", "topics.channels.", {"name": (str, "string"), "paused": (bool, "bool")}
                 )
                 channels.append(
-                    ChannelMeta(cf.get("name", ""), cf.get("paused", False), _settings_of(c), _extra_of(c, "rewind"))
+                    ChannelMeta(
+                        cf.get("name", ""),
+                        cf.get("paused", False),
+                        _settings_of(c),
+                        _extra_of(c, "rewind"),
+                        _count_of(c, "dropped_count"),
+                    )
                 )
-            topics.append(TopicMeta(f.get("name", ""), f.get("paused", False), channels, _settings_of(t)))
+            topics.append(
+                TopicMeta(
+                    f.get("name", ""), f.get("paused", False), channels, _settings_of(t), _count_of(t, "dropped_count")
+                )
+            )
         return topics
 
 
 def _settings_of(obj: _Object) -> Any:
     """Our extra ``settings`` key of a topic or channel entry, as plain JSON (None if absent)."""
     return _extra_of(obj, "settings")
+
+
+def _count_of(obj: _Object, name: str) -> int:
+    """An extra count of ours (0 when absent or not a count: never a failed start)."""
+    value = _extra_of(obj, name)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63:
+        return value
+    return 0
 
 
 def _extra_of(obj: _Object, name: str) -> Any:

@@ -14,7 +14,6 @@ from typing import Any, Protocol
 from twisted.application import service
 from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import LogLevel
 from twisted.python.failure import Failure
 
 from nsq_service.limits import RateLimitedLog
@@ -24,8 +23,9 @@ from nsq_wire.message import MESSAGE_HEADER_LENGTH, records
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
 from nsq_wire.version import version_string
 from nsqd_tw.core.channel import Channel
-from nsqd_tw.core.deadletters import LEDGER_FILE, DeadLetterLedger
+from nsqd_tw.core.deadletters import DeadLetters
 from nsqd_tw.core.drain import Drain
+from nsqd_tw.core.expiry import ExpirySweep
 from nsqd_tw.core.guid import GUIDFactory
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.metadata import (
@@ -37,13 +37,13 @@ from nsqd_tw.core.metadata import (
 )
 from nsqd_tw.core.queue import Item, MessageQueue
 from nsqd_tw.core.retention import Retention
-from nsqd_tw.core.settings import SettingsError, defaults_from_options, parse_settings
+from nsqd_tw.core.settings import defaults_from_options, parse_kept_settings
 from nsqd_tw.core.topic import DrainingError, StandbyError, Topic, TopicError
 from nsqd_tw.options import NSQDOptions
 from nsqd_tw.storage.backend import DummyBackendQueue, IBackendQueue, MemoryBackendQueue
 from nsqd_tw.storage.budget import DiskBudget
 from nsqd_tw.storage.diskqueue import DiskQueue
-from nsqd_tw.storage.files import read_regular, write_atomic
+from nsqd_tw.storage.files import write_atomic
 from nsqd_tw.storage.layout import DataDirectory
 from nsqd_tw.storage.syncer import NEVER_BY_COUNT, Syncer
 
@@ -105,9 +105,6 @@ class Client(Protocol):
     def shutdown(self) -> None:
         """nsqd is stopping: give back what it holds and close."""
 
-
-SWEEP_INTERVAL = 1.0  # seconds between passes of the TTL sweep
-SWEEP_LIMIT = 100_000  # messages a pass may expire (then the reactor serves others)
 
 BackendFactory = Callable[[str, bool], IBackendQueue]
 
@@ -173,11 +170,9 @@ class NSQD(service.Service):
         self._metadata = MetadataSnapshot()
         # beyond Go: the flags' settings, under every queue's own; the queues with a TTL
         self.settings_defaults = defaults_from_options(opts)
-        self._ttl_queues: dict[MessageQueue, None] = {}
-        self._ttl_swept_at = 0.0
-        self._queue_events = RateLimitedLog(self.reactor, self.log)
-        self.dead_letters = DeadLetterLedger()
-        self._ledger_saved_at = 0.0
+        self.expiry = ExpirySweep(self)
+        self.queue_events = RateLimitedLog(self.reactor, self.log)
+        self.dead_letters = DeadLetters(self)
         self._scan_channels: list[Channel] | None = None
         self._scan_refresh_at = 0.0
         # beyond Go: the retained logs and the rewinds; a full disk budget deletes retained segments first
@@ -449,7 +444,7 @@ class NSQD(service.Service):
         self._changed("topic_deleted", topic)  # as Go: the topic's UNREGISTER, then its channels'
         topic.delete()
         del self.topics[name]
-        self._ttl_queues.pop(topic, None)
+        self.expiry.forget(topic)
         self.dead_letters.forget_topic(name)
         self._scan_channels = None
 
@@ -457,74 +452,18 @@ class NSQD(service.Service):
 
     def policy_changed(self, queue: MessageQueue) -> None:
         """A topic's or channel's policy changed: the TTL sweep looks at it or not."""
-        if queue.policy.max_age:
-            self._ttl_queues[queue] = None
-        else:
-            self._ttl_queues.pop(queue, None)
+        self.expiry.policy_changed(queue)
 
     def dead_letter(self, channel: Channel, target: str, msg: Message, why: str) -> bool:
-        """Publish a copy of ``msg`` (ID, timestamp, attempts and body kept) to
-        the topic ``target``; False if it could not be stored there."""
-        if target == channel.topic_name:
-            return False
-        try:
-            if not is_valid_topic_name(target):  # <topic>.dead of a 60-character topic name
-                raise TopicError(f"invalid topic name {target!r}: set the channel's dead_letter_topic")
-            topic = self.get_topic(target)
-            record = msg.encode()
-            topic.put_items([record], len(msg.body))
-            if self.shipper is not None and not topic.ephemeral:
-                self.shipper.published(topic, [record])
-        except Exception as e:
-            err = e
-            self._queue_events.emit(
-                (target, "failed"),
-                LogLevel.error,
-                lambda n: f"TOPIC({target}): failed to take {n['n']} dead letter(s), kept in their channel - {err}",
-                n=1,
-            )
-            return False
-        origin = {
-            "topic": channel.topic_name,
-            "channel": channel.name,
-            "attempts": msg.attempts,
-            "reason": why,
-            "timestamp": self.now_ns(),
-        }
-        self.dead_letters.record(target, msg.id, origin)
-        self._queue_events.emit(
-            (channel.topic_name, channel.name, why),
-            LogLevel.info,
-            lambda n: (
-                f"CHANNEL({channel.topic_name}:{channel.name}): {n['n']} message(s) moved to dead-letter topic "
-                f"{target} ({'max_attempts' if why == 'max_attempts' else 'max_age'} reached)"
-            ),
-            n=1,
-        )
-        return True
+        """Publish a copy of ``msg`` to the topic ``target`` (see :class:`DeadLetters`);
+        False if it could not be stored there."""
+        return self.dead_letters.move(channel, target, msg, why)
 
     def after_sync(self, fn: Callable[[], None]) -> None:
         """Call ``fn`` once everything written so far is fsynced (not if the sync fails)."""
         d = self.syncer.commit()
         d.addCallback(lambda _: fn())
         d.addErrback(lambda f: None)  # the failure is logged and is the health error (_sync_result)
-
-    def sweep_expired(self, now: float) -> None:
-        """Drop (or dead-letter) what passed its TTL from the heads of the queues
-        with one, at most :data:`SWEEP_LIMIT` messages a pass, once a second."""
-        if not self._ttl_queues or now < self._ttl_swept_at + SWEEP_INTERVAL or self.standby is not None:
-            return  # (a standby expires what its primary does, told by it)
-        self._ttl_swept_at = now
-        budget = SWEEP_LIMIT
-        now_ns = int(now * 1e9)
-        for queue in list(self._ttl_queues):
-            if budget <= 0:
-                self._ttl_swept_at = now - SWEEP_INTERVAL  # more to do: again next tick
-                break
-            try:
-                budget -= queue.expire(now_ns - int(queue.policy.max_age * 1e9), budget)
-            except Exception:
-                self.log.failure("TTL: failed to expire messages of {queue}", queue=queue)
 
     def channels(self) -> list[Channel]:
         return [c for t in self.topics.values() for c in t.channels.values()]
@@ -537,7 +476,7 @@ class NSQD(service.Service):
 
     def channel_deleted(self, channel: Channel) -> None:
         self._scan_channels = None
-        self._ttl_queues.pop(channel, None)
+        self.expiry.forget(channel)
         self._changed("channel_deleted", channel)
 
     def channel_emptied(self, channel: Channel) -> None:
@@ -585,10 +524,10 @@ class NSQD(service.Service):
             if channels is None or now >= self._scan_refresh_at:
                 channels = self._scan_channels = self.channels()
                 self._scan_refresh_at = now + self.opts.queue_scan_refresh_interval
-            self.sweep_expired(now)
+            self.expiry.tick(now)
             if self.retention.active:
                 self.retention.check_retention(now)
-            self._save_dead_letters(now)
+            self.dead_letters.save(now)
             if not channels:
                 return
             num = min(self.opts.queue_scan_selection_count, len(channels))
@@ -642,6 +581,7 @@ class NSQD(service.Service):
                 topic = self.get_topic(t.name)
                 topic.paused = t.paused
                 topic.own_settings = self._loaded_settings(t.settings, t.name)
+                topic.dropped_count = t.dropped
                 for c in t.channels:
                     if not is_valid_channel_name(c.name):
                         self.log.warn("skipping creation of invalid channel {name}", name=c.name)
@@ -649,6 +589,7 @@ class NSQD(service.Service):
                     channel = topic.get_channel(c.name)
                     channel.paused = c.paused
                     channel.own_settings = self._loaded_settings(c.settings, f"{t.name}:{c.name}")
+                    channel.dropped_count = c.dropped
                     if c.rewind is not None:
                         rewinds.append((channel, c.rewind))
                 topic.apply_policies()
@@ -664,39 +605,22 @@ class NSQD(service.Service):
         self.retention.resume_rewinds(rewinds)
         self.retention.warn_retained_left()
         for topic in self.topics.values():
+            topic.apply_bounds()  # what came back after a crash, past a bound
             topic.start()
 
     def _loaded_settings(self, doc: Any, where: str) -> dict[str, Any]:
+        """A queue's settings from nsqd.dat: a value that does not pass the checks
+        is left out with a warning (the others apply), never a failed start."""
         if doc is None:
             return {}
-        try:
-            return {k: v for k, v in parse_settings(doc).items() if v is not None}
-        except SettingsError as e:
-            self.log.warn("ignoring the settings of {where} in nsqd.dat - {err}", where=where, err=e)
-            return {}
-
-    @property
-    def dead_letters_path(self) -> str:
-        return os.path.join(self.opts.data_path, LEDGER_FILE)
-
-    def _save_dead_letters(self, now: float) -> None:
-        """The dead letters' origins, with the next sync, at most once a second."""
-        if not self.dead_letters.changed or now < self._ledger_saved_at + 1.0:
-            return
-        if self.backend_factory is None and self.metadata_loaded and self.running:
-            self._ledger_saved_at = now
-            self.syncer.persist(self.dead_letters_path, self.dead_letters.encode)
-
-    def _load_dead_letters(self) -> None:
-        try:
-            self.dead_letters.load(read_regular(self.dead_letters_path))
-        except FileNotFoundError:
-            pass
-        except (OSError, ValueError) as e:
-            self.log.warn("ignoring {path} - {err}", path=self.dead_letters_path, err=e)
+        kept, refused = parse_kept_settings(doc)
+        for why in refused:
+            self.log.warn("ignoring a setting of {where} in nsqd.dat - {err}", where=where, err=why)
+        return kept
 
     def persist_metadata(self) -> None:
         self.log.info("NSQ: persisting topic/channel metadata to {path}", path=self.metadata_path)
+        self._metadata.changed(None)  # every entry as it is now (counts kept beyond Go change unannounced)
         write_atomic(self.metadata_path, self.metadata())
 
     # -- service ----------------------------------------------------------
@@ -726,7 +650,7 @@ class NSQD(service.Service):
             except MetadataError as e:
                 raise StartError(f"failed to load metadata - {e}") from None
             self.metadata_loaded = True  # from now on this process owns nsqd.dat
-            self._load_dead_letters()
+            self.dead_letters.load()
             # a budget found full is unhealthy from the start, as a refused write makes it
             full = self.disk_budget.full_for(4 + MESSAGE_HEADER_LENGTH + self.opts.max_msg_size)
             if full is not None:
@@ -742,7 +666,8 @@ class NSQD(service.Service):
         """Disconnect clients, let a running sync finish, then close every topic
         (each channel hands what it holds to its disk queue), persist, unlock."""
         service.Service.stopService(self)
-        self._queue_events.stop()
+        self.queue_events.stop()
+        self.expiry.stop()
         if self.drain is not None:
             self.drain.cancel()
         self.disk_budget.enforcing = False  # what is held in memory goes to disk whatever it costs
@@ -782,8 +707,7 @@ class NSQD(service.Service):
                 self.syncer.sync_all_now()
                 if self.metadata_loaded:
                     self.persist_metadata()
-                    if self.dead_letters.changed:
-                        write_atomic(self.dead_letters_path, self.dead_letters.encode())
+                    self.dead_letters.save_now()
             except Exception as e:
                 self.stop_errors += 1
                 self.log.error("failed to persist metadata - {err}", err=e)

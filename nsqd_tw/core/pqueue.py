@@ -145,3 +145,36 @@ class TimeoutQueue:
         self._last_due = None
         self._keys.clear()
         return msgs
+
+
+class DeferredQueue(TimeoutQueue):
+    """A channel's deferred messages: a :class:`TimeoutQueue` that also counts
+    their bodies' bytes, which a ``max_bytes`` bound counts (beyond Go)."""
+
+    def __init__(self, resolution: float = 0.1) -> None:
+        super().__init__(resolution)
+        self.bytes = 0
+
+    def push(self, msg: Message, due: float) -> None:
+        super().push(msg, due)
+        self.bytes += len(msg.body)
+
+    def push_many(self, msgs: list[Message], due: float) -> None:
+        super().push_many(msgs, due)
+        self.bytes += sum(len(m.body) for m in msgs)
+
+    def remove(self, msg_id: bytes) -> Message | None:
+        msg = super().remove(msg_id)
+        if msg is not None:
+            self.bytes -= len(msg.body)
+        return msg
+
+    def pop_due(self, now: float) -> Iterator[Message]:
+        due = list(super().pop_due(now))
+        if due:
+            self.bytes -= sum(len(m.body) for m in due)
+        return iter(due)
+
+    def clear(self) -> list[Message]:
+        self.bytes = 0
+        return super().clear()

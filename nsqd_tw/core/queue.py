@@ -122,6 +122,7 @@ class MessageQueue:
         self.policy = Policy()
         self.expired_count = 0
         self.dropped_count = 0
+        self.trims = False  # overflow drop_oldest applies (set by the topic's apply_policies)
 
     def depth(self) -> int:
         return len(self.memory) + self.backend.depth()
@@ -138,72 +139,28 @@ class MessageQueue:
             self.policy = policy
             self.ctx.policy_changed(self)
 
-    # -- beyond Go: TTL and bounds ------------------------------------------------------
+    # -- beyond Go: what TTL expiry and bounds use (nsqd_tw.core.expiry, .bounds) ------------
 
-    def would_overflow(self, n: int, size: int) -> str | None:
-        """Whether ``n`` more messages of ``size`` bytes would pass a bound this
-        queue rejects at: the bound's description, else None."""
-        policy = self.policy
-        if policy.overflow != "reject":
-            return None
-        if policy.max_depth is not None and self.depth() + n > policy.max_depth:
-            return f"max_depth {policy.max_depth} reached"
-        if policy.max_bytes is not None and self.queued_bytes() + size > policy.max_bytes:
-            return f"max_bytes {policy.max_bytes} reached"
-        return None
-
-    def trim(self) -> int:
-        """``overflow: drop_oldest``: drop the oldest queued messages past the bounds."""
-        policy = self.policy
-        if policy.overflow != "drop_oldest":
-            return 0
-        dropped = 0
-        while (policy.max_depth is not None and self.depth() > policy.max_depth) or (
-            policy.max_bytes is not None and self.queued_bytes() > policy.max_bytes and self.depth()
-        ):
-            msg = self._take_oldest()
-            if msg is None:
-                break
-            self._discard(msg)
-            self.dropped_count += 1
-            dropped += 1
-        return dropped
-
-    def expire(self, before_ns: int, limit: int) -> int:
-        """Drop (or dead-letter) queued messages published before ``before_ns``,
-        oldest first, at most ``limit``; a queue left empty gives its files back."""
-        n = 0
-        while n < limit:
-            mem, disk = self._heads()
-            if disk is not None and (mem is None or disk < mem):
-                if disk >= before_ns:
-                    break
-            elif mem is None or mem >= before_ns:
-                break
-            msg = self._take_oldest()
-            if msg is None:
-                break
-            if msg.timestamp >= before_ns:  # a head that could not be looked at: put it back
-                self._hold_first(msg)
-                break
-            self.expired(msg)
-            n += 1
-        if n and not self.depth():
-            release = getattr(self.backend, "release_files", None)
-            if release is not None:
-                release()
-        return n
+    def waiting(self) -> tuple[int, int]:
+        """What a bound counts: the messages held for delivery and their bodies' bytes."""
+        return self.depth(), self.queued_bytes()
 
     def expired(self, msg: Message) -> None:
         """A message past the TTL leaves the queue (a channel may dead-letter it)."""
         self.expired_count += 1
-        self._discard(msg)
+        self.discard(msg)
 
-    def _discard(self, msg: Message) -> None:
+    def discard(self, msg: Message) -> None:
+        """``msg``, taken from the queue, is gone for good (expired, dropped by a
+        bound): in durable mode its record is never read again, even after a crash."""
         if msg.ref is not None:
-            self.backend.done(msg.ref)
+            drop = getattr(self.backend, "drop", None)
+            if drop is not None:
+                drop(msg.ref, msg.id)
+            else:
+                self.backend.done(msg.ref)
 
-    def _heads(self) -> tuple[int | None, int | None]:
+    def heads(self) -> tuple[int | None, int | None]:
         """The publish times of memory's first message and the backend's (-1: the
         backend's head could not be looked at; None: empty)."""
         mem = timestamp(self.memory[0]) if self.memory else None
@@ -214,30 +171,57 @@ class MessageQueue:
                 disk = -1
         return mem, disk
 
-    def _take_oldest(self) -> Message | None:
+    def take_oldest(self) -> Message | None:
         """Remove and return the older of memory's first message and the backend's."""
-        mem, disk = self._heads()
+        mem, disk = self.heads()
         if disk is not None and (mem is None or disk < mem):  # a tie: memory (filled first)
-            item = self.backend.read()
-            if item is not None:
-                data, ref = item
-                try:
-                    msg = Message.decode(data)
-                except ValueError:
-                    self.backend.done(ref)
-                    return self._take_oldest()
-                msg.ref = ref
-                self.backend.take_deferred(msg.id)
+            msg = self.take_backend_head()
+            if msg is not None:
                 return msg
+        return self.take_memory_head()
+
+    def take_backend_head(self) -> Message | None:
+        """Remove and return the backend's next message (None: none)."""
+        backend = self.backend
+        while (item := backend.read()) is not None:
+            data, ref = item
+            try:
+                msg = Message.decode(data)
+            except ValueError:
+                backend.done(ref)
+                continue
+            msg.ref = ref
+            backend.take_deferred(msg.id)
+            return msg
+        return None
+
+    def take_memory_head(self) -> Message | None:
         if not self.memory:
             return None
         held = self.memory.popleft()
         self.memory_bytes -= body_size(held)
         return Message.decode(held) if isinstance(held, bytes) else held
 
-    def _hold_first(self, msg: Message) -> None:
+    def hold_first(self, msg: Message) -> None:
         self.memory.appendleft(msg)
         self.memory_bytes += len(msg.body)
+
+    def put_behind(self, msg: Message) -> None:
+        """``msg``, taken from a head, goes behind everything queued (as a new
+        record: its record in durable mode is done once the copy is written)."""
+        record = msg.encode()
+        if len(self.memory) < self._mem_size and (
+            not self._mem_bytes or self.memory_bytes + len(msg.body) <= self._mem_bytes
+        ):
+            self._hold(record)
+        elif not self.ephemeral:
+            try:
+                self._write([record])
+            except Exception:
+                self.hold_first(msg)  # kept where it was rather than lost
+                return
+        if msg.ref is not None:
+            self.backend.done(msg.ref)
 
     def queued(self) -> list[Message]:
         """What memory holds, as messages (for inspection: tests and tools)."""

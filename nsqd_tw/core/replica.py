@@ -189,7 +189,7 @@ class StandbyApply:
         channels, durable mode...): the caller publishes them one by one."""
         existing = self.nsqd.topics.get(topic_name)
         topic = existing if existing is not None else self._new_topic(topic_name)
-        if topic.exiting or topic.retained is not None or topic._bounded or not topic._flowing():
+        if topic.exiting or topic.retained is not None or topic._bounded or not topic.flowing():
             return False
         channels = list(topic.channels.values())
         backends: list[DiskQueue] = []

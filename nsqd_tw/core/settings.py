@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nsq_wire.gofmt import DurationError, go_duration, parse_duration
-from nsq_wire.names import is_valid_topic_name
+from nsq_wire.names import is_ephemeral, is_valid_topic_name
 
 OVERFLOW_POLICIES = ("reject", "drop_oldest")
 MAX_ATTEMPTS_LIMIT = 65535  # the wire's attempts counter is 16 bits
@@ -69,6 +69,15 @@ def _topic_name(key: str, value: Any) -> str:
     return value
 
 
+def _dead_letter_topic(key: str, value: Any) -> str:
+    """A topic name, not an ephemeral one: an ephemeral topic drops what its
+    memory cannot hold, and a dead letter must never be dropped on arrival."""
+    name = _topic_name(key, value)
+    if is_ephemeral(name):
+        raise SettingsError(f"{key} must not be ephemeral (an #ephemeral topic drops what it cannot hold)")
+    return name
+
+
 def _bool(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise SettingsError(f"{key} must be true or false")
@@ -84,7 +93,7 @@ def _overflow(key: str, value: Any) -> str:
 # key -> (check a JSON value and return it as kept, how it is written back to JSON)
 _KEYS: dict[str, tuple[Callable[[str, Any], Any], Callable[[Any], Any]]] = {
     "max_attempts": (_int_in(1, MAX_ATTEMPTS_LIMIT), int),
-    "dead_letter_topic": (_topic_name, str),
+    "dead_letter_topic": (_dead_letter_topic, str),
     "expire_to_dead_letter": (_bool, bool),
     "max_age": (_duration, _duration_text),
     "max_depth": (_int_in(0, None), int),
@@ -109,6 +118,25 @@ def parse_settings(doc: Any) -> dict[str, Any]:
             raise SettingsError(f"unknown setting {key!r} (known: {', '.join(KEYS)})")
         out[key] = None if value is None else _KEYS[key][0](key, value)
     return out
+
+
+def parse_kept_settings(doc: Any) -> tuple[dict[str, Any], list[str]]:
+    """Settings as kept in nsqd.dat, key by key: the values that pass the checks,
+    and why each of the others does not (a bad value costs its key alone)."""
+    if not isinstance(doc, Mapping):
+        return {}, ["settings must be a JSON object"]
+    kept: dict[str, Any] = {}
+    refused: list[str] = []
+    for key, value in doc.items():
+        if value is None:
+            continue
+        try:
+            kept.update(parse_settings({key: value}))
+        except SettingsError as e:
+            refused.append(str(e))
+        except Exception as e:  # anything a hand-edited file holds: never a failed start
+            refused.append(f"{key}: {type(e).__name__}")
+    return kept, refused
 
 
 def settings_json(own: Mapping[str, Any]) -> dict[str, Any]:
@@ -165,7 +193,7 @@ class Policy:
         (None: it has no dead-letter topic)."""
         if self.dead_letter_topic:
             return self.dead_letter_topic
-        if self.max_attempts:
+        if self.max_attempts or (self.expire_to_dead_letter and self.max_age):
             return default_dead_letter_topic(topic_name)
         return None
 
@@ -218,7 +246,7 @@ def check_defaults(opts: Any) -> None:
     if opts.max_attempts:
         _int_in(1, MAX_ATTEMPTS_LIMIT)("--max-attempts", opts.max_attempts)
     if opts.dead_letter_topic:
-        _topic_name("--dead-letter-topic", opts.dead_letter_topic)
+        _dead_letter_topic("--dead-letter-topic", opts.dead_letter_topic)
     if opts.max_age < 0:
         raise SettingsError("--max-age must be >= 0")
     if opts.retention < 0:

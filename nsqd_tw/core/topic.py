@@ -8,11 +8,13 @@ the channels.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from nsq_wire.names import is_ephemeral
+from nsqd_tw.core.bounds import trim, would_overflow
 from nsqd_tw.core.channel import Channel, ChannelError
+from nsqd_tw.core.expiry import release_if_empty
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.quantile import Quantile, new_latency_quantile
 from nsqd_tw.core.queue import BYTES, Context, Item, MessageQueue, QueueFull, as_items, body_size, timestamp
@@ -81,7 +83,7 @@ class Topic(MessageQueue):
 
     # -- publishing ------------------------------------------------------
 
-    def _flowing(self) -> bool:
+    def flowing(self) -> bool:
         return self.started and not self.paused and bool(self.channels) and not self.memory and not self.backend.depth()
 
     def put_message(self, msg: Message) -> None:
@@ -90,16 +92,18 @@ class Topic(MessageQueue):
     def put_messages(self, msgs: list[Message]) -> None:
         self.put_items(as_items(msgs), sum(len(m.body) for m in msgs))
 
-    def put_items(self, items: list[Item], body_bytes: int) -> None:
-        """Publish records (and deferred messages) holding ``body_bytes`` of bodies."""
+    def put_items(self, items: list[Item], body_bytes: int, skip: Collection[Channel] = ()) -> None:
+        """Publish records (and deferred messages) holding ``body_bytes`` of bodies;
+        ``skip``: channels that must not get them (a dead letter already past their
+        TTL), when the topic hands them to its channels at once."""
         if self.exiting:
             raise TopicError("exiting")
         if self.retained is not None:
-            self._put_retained(items, body_bytes)
+            self._put_retained(items, body_bytes, skip)
             return
-        self._put(items, body_bytes)
+        self._put(items, body_bytes, skip)
 
-    def _put_retained(self, items: list[Item], body_bytes: int) -> None:
+    def _put_retained(self, items: list[Item], body_bytes: int, skip: Collection[Channel]) -> None:
         """Publish with a retained log: written there first (so the disk budget
         makes room there before anything else is refused), taken back if the
         publish fails."""
@@ -118,7 +122,7 @@ class Topic(MessageQueue):
         if ctx.health_error is not None:
             ctx.set_health(None)  # a write works again (as a channel's disk write says)
         try:
-            self._put(items, body_bytes)
+            self._put(items, body_bytes, skip)
         except BaseException:
             retained.take_back(mark)
             raise
@@ -126,11 +130,11 @@ class Topic(MessageQueue):
         if limit and retained.bytes > limit:
             retained.trim(limit)
 
-    def _put(self, items: list[Item], body_bytes: int) -> None:
+    def _put(self, items: list[Item], body_bytes: int, skip: Collection[Channel] = ()) -> None:
         if self._bounded:
             self._check_bounds(len(items), body_bytes)
-        if self._flowing():
-            self._deliver(items)
+        if self.flowing():
+            self._deliver(items, skip=skip)
         else:
             self._keep(items)
             self._schedule_pump()
@@ -141,17 +145,17 @@ class Topic(MessageQueue):
 
     def _check_bounds(self, n: int, size: int) -> None:
         """``overflow: reject``: refuse the whole publish if it would pass a bound."""
-        flowing = self._flowing()
+        flowing = self.flowing()
         for queue in self._bounded:
             if queue is self and flowing:
                 continue  # nothing stays in the topic
-            reason = queue.would_overflow(n, size)
+            reason = would_overflow(queue, n, size)
             if reason is not None:
                 raise QueueFull(f"{queue.save_name} {reason} (overflow reject)")
 
     def _trim(self) -> None:
         for queue in self._bounded:
-            queue.trim()
+            trim(queue)
 
     def _keep(self, items: list[Item]) -> None:
         """Keep messages until they can flow: memory first, then one backend write.
@@ -180,7 +184,7 @@ class Topic(MessageQueue):
                 self._unhold(in_memory)
                 raise
 
-    def _deliver(self, items: list[Item], from_backlog: bool = False) -> None:
+    def _deliver(self, items: list[Item], from_backlog: bool = False, skip: Collection[Channel] = ()) -> None:
         """Hand a publish to every channel: the records are shared (a deferred
         message is copied for each channel but the first).
 
@@ -190,6 +194,8 @@ class Topic(MessageQueue):
         backlog (``from_backlog``) is never taken back: each channel keeps it.
         """
         channels = list(self.channels.values())
+        if skip:
+            channels = [c for c in channels if c not in skip]
         shared = all(map(isinstance, items, BYTES)) if len(channels) > 1 else True
         staged: list[Callable[[], None]] = []
         failure: Exception | None = None
@@ -234,7 +240,10 @@ class Topic(MessageQueue):
         now_ns = self.ctx.now_ns()
         expire_before = now_ns - int(self.policy.max_age * 1e9) if self.policy.max_age else 0
         next_item = self._next_item
-        while len(batch) < PUMP_BATCH:
+        taken = 0
+        expired = False
+        while taken < PUMP_BATCH:  # expired ones too: a backlog of them is dropped a batch a turn
+            taken += 1
             item, ref, at = next_item()
             if item is None:
                 break
@@ -248,6 +257,7 @@ class Topic(MessageQueue):
                     item = item.encode()
             if expire_before and timestamp(item) < expire_before:
                 self.expired_count += 1  # its ref, if any, is done below with the others
+                expired = True
                 continue
             if at is not None and at > now_ns:
                 msg = Message.decode(item)  # type: ignore[arg-type]
@@ -258,6 +268,8 @@ class Topic(MessageQueue):
             self._deliver(batch, from_backlog=True)
         for ref in refs:
             self.backend.done(ref)
+        if expired:
+            release_if_empty(self)
         if self._bounded:
             self._trim()
         self._schedule_pump()
@@ -316,8 +328,13 @@ class Topic(MessageQueue):
                     raise SettingsError(f"{key} is a topic setting (a topic's retained log serves all its channels)")
                 if self.ephemeral:
                     raise SettingsError(f"{key}: an ephemeral topic keeps nothing on disk")
-        target.own_settings = own
-        self.apply_policies()
+        old, target.own_settings = target.own_settings, own
+        try:
+            self.apply_policies()
+        except Exception:
+            target.own_settings = old  # not applied: nothing of the change stays
+            self.apply_policies()
+            raise
         if not target.ephemeral:
             self.ctx.metadata_changed(self.name)
         if self.ctx.shipper is not None:
@@ -332,8 +349,20 @@ class Topic(MessageQueue):
         # a standby keeps whatever its primary keeps: the primary's trims reach it as FINs
         queues = () if self.ctx.standby is not None else (self, *self.channels.values())
         self._bounded = [q for q in queues if q.policy.bounded]
+        self.trims = False
+        for c in self.channels.values():
+            c.trims = False
+        for q in self._bounded:
+            q.trims = q.policy.overflow == "drop_oldest"
         if not self.ctx.loading:
             self.apply_retention()
+            self.apply_bounds()
+
+    def apply_bounds(self) -> None:
+        """A bound set or lowered applies at once (``drop_oldest``; a full ``reject``
+        queue refuses publishes until it is back under its bound)."""
+        if self._bounded and not self.exiting:
+            self._trim()
 
     def apply_retention(self) -> None:
         """Open, reconfigure or delete the retained log as the policy says."""

@@ -400,6 +400,8 @@ class NSQDHTTPAPI(GoHTTPAPI):
         """PUT: the settings sent (JSON object; null clears a key); GET: None."""
         if request.method != b"PUT":
             return None
+        if content_length(request) > self.SETTINGS_BODY:
+            raise HTTPError(413, "BODY_TOO_BIG")
         data = read_body(request, self.SETTINGS_BODY + 1)
         if len(data) > self.SETTINGS_BODY:
             raise HTTPError(413, "BODY_TOO_BIG")

@@ -8,6 +8,11 @@ by more than twice (so the file stays within a few times what it must hold).
 
 A time is held until its message is read from the queue; in acknowledged mode
 (durable) until the message is done, since after a crash it is read again.
+
+The same file keeps, in acknowledged mode, the *tombstones* of records dropped
+(by a bound, by the TTL) while an older record is still owned, so that the
+persisted read position has not passed them: ``ID drop FILE POS`` lines, until
+the read position passes the record, so that a crash does not bring it back.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ class DeferredTimes:
         self.files = files
         self.at: dict[bytes, int] = {}  # messages not read yet
         self.held: dict[bytes, int] = {}  # read, not yet done (acknowledged mode)
+        self.dropped: dict[bytes, tuple[int, int]] = {}  # tombstones: ID -> (file, position)
         self.fd: int | None = None  # the file, open for appending
         self._lines = 0
         self._load()
@@ -44,16 +50,30 @@ class DeferredTimes:
             return
         for line in data.splitlines():
             parts = line.split()
-            if len(parts) == 2 and len(parts[0]) == 16:
-                try:
+            try:
+                if len(parts) == 2 and len(parts[0]) == 16:
                     self.at[parts[0]] = int(parts[1])
-                except ValueError:
-                    continue
+                elif len(parts) == 4 and len(parts[0]) == 16 and parts[1] == b"drop":
+                    self.dropped[parts[0]] = (int(parts[2]), int(parts[3]))
+            except ValueError:
+                continue
         self._lines = len(data.splitlines())
 
     def set(self, msg_id: bytes, deliver_at_ns: int) -> None:
         self.at[msg_id] = deliver_at_ns
-        line = b"%s %d\n" % (msg_id, deliver_at_ns)
+        self._append(b"%s %d\n" % (msg_id, deliver_at_ns))
+
+    def drop(self, msg_id: bytes, file: int, pos: int) -> None:
+        """A tombstone: the record of ``msg_id`` at ``file``/``pos`` is gone for good."""
+        self.dropped[msg_id] = (file, pos)
+        self._append(b"%s drop %d %d\n" % (msg_id, file, pos))
+
+    def undrop(self, msg_id: bytes) -> None:
+        """The read position passed a tombstone's record: it is not needed any more."""
+        if self.dropped.pop(msg_id, None) is not None:
+            self._maybe_compact()
+
+    def _append(self, line: bytes) -> None:
         try:
             if self.fd is None:
                 self.fd = os.open(self.files.deferred_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -83,7 +103,7 @@ class DeferredTimes:
             self._maybe_compact()
 
     def _maybe_compact(self) -> None:
-        if self._lines > 2 * (len(self.at) + len(self.held)) + COMPACT_SLACK:
+        if self._lines > 2 * (len(self.at) + len(self.held) + len(self.dropped)) + COMPACT_SLACK:
             try:
                 self.write()
             except OSError as e:
@@ -95,9 +115,10 @@ class DeferredTimes:
         """Rewrite the file with the times held (remove it if there are none)."""
         self.close()
         times = {**self.held, **self.at}
-        self._lines = len(times)
-        if times:
+        self._lines = len(times) + len(self.dropped)
+        if self._lines:
             body = b"".join(b"%s %d\n" % item for item in times.items())
+            body += b"".join(b"%s drop %d %d\n" % (i, f, p) for i, (f, p) in self.dropped.items())
             write_atomic(self.files.deferred_file, body)
         else:
             self.files.remove(self.files.deferred_file)
@@ -108,6 +129,7 @@ class DeferredTimes:
         self.files.remove(self.files.deferred_file)
         self.at.clear()
         self.held.clear()
+        self.dropped.clear()
         self._lines = 0
 
     def close(self) -> None:

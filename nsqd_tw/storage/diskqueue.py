@@ -46,9 +46,10 @@ class WriteMark(NamedTuple):
 
 class Ref:
     """Where a record read in acknowledged mode lives, its size, whether it is
-    done, and the ID of its message if a deliver-at time is held for it."""
+    done, the ID of its message if a deliver-at time is held for it, and if a
+    tombstone is (see :meth:`DiskQueue.drop`)."""
 
-    __slots__ = ("deferred_id", "done", "file", "pos", "size")
+    __slots__ = ("deferred_id", "done", "file", "pos", "size", "tombstone")
 
     def __init__(self, file: int, pos: int, size: int) -> None:
         self.file = file
@@ -56,6 +57,7 @@ class Ref:
         self.size = size
         self.done = False
         self.deferred_id: bytes | None = None
+        self.tombstone: bytes | None = None
 
 
 @implementer(IBackendQueue)
@@ -106,6 +108,8 @@ class DiskQueue:
         self.deferred = DeferredTimes(self.files)
         if unclean:
             self._recount("after an unclean shutdown")
+        if self.deferred.dropped:
+            self._count_tombstones()
         self._set_queued(self.files.count_bytes(*self._positions()))
         syncer.register(self)
 
@@ -251,21 +255,31 @@ class DiskQueue:
                 self._corrupt(pos, "truncated record")
                 continue
             ref = None
+            tombstone = None
             if self.acked:
                 ref = Ref(self.read_file_num, pos, 4 + size)
                 self._outstanding.append(ref)
-                if self.deferred.at:  # its time is kept (on file) until it is done
+                deferred = self.deferred
+                if deferred.at or deferred.dropped:  # its time is kept (on file) until it is done
                     msg_id = data[ID_OFFSET : ID_OFFSET + MSG_ID_LENGTH]
-                    if self.deferred.take(msg_id, hold=True) is not None:
+                    if msg_id in deferred.dropped:
+                        tombstone = msg_id
+                    elif deferred.take(msg_id, hold=True) is not None:
                         ref.deferred_id = msg_id
             else:
                 self._set_queued(self.queued_bytes - 4 - size)
             self.read_pos = pos + 4 + size
-            self._depth -= 1
+            if tombstone is None:
+                self._depth -= 1
             self.count += 1
             self.syncer.read(self)
             if self.read_pos >= r.limit and self.read_file_num < self.write_file_num:
                 self._next_read_file()
+            if tombstone is not None:  # dropped before a crash: done, not counted, not read again
+                assert ref is not None
+                ref.tombstone = tombstone
+                self.done(ref)
+                continue
             return data, ref
 
     def read_many(self, n: int) -> list[tuple[bytes, Ref | None]]:
@@ -345,8 +359,33 @@ class DiskQueue:
         if out and out[0] is ref:
             first_file = ref.file
             while out and out[0].done:
-                out.popleft()
+                passed = out.popleft()
+                if passed.tombstone is not None:
+                    self.deferred.undrop(passed.tombstone)
             self._remove_files_before(self._cursor()[0], first_file)
+
+    def drop(self, ref: object | None, msg_id: bytes) -> None:
+        """Acknowledged mode: the message of ``ref`` is gone for good (dropped by a
+        bound, expired). :meth:`done`, and while an older record is still owned
+        (the persisted read position stays before it) a tombstone is kept, so
+        that the record is not read again after a crash."""
+        if not isinstance(ref, Ref) or ref.done:
+            return
+        out = self._outstanding
+        if out and out[0] is not ref:
+            self.deferred.drop(msg_id, ref.file, ref.pos)
+            ref.tombstone = msg_id
+        self.done(ref)
+
+    def _count_tombstones(self) -> None:
+        """At open: forget the tombstones the read position passed already, and
+        leave the records of the others out of the depth."""
+        cursor = (self.read_file_num, self.read_pos)
+        dropped = self.deferred.dropped
+        for msg_id, at in list(dropped.items()):
+            if at < cursor or at >= (self.write_file_num, self.write_pos):
+                del dropped[msg_id]
+        self._depth = max(0, self._depth - len(dropped))
 
     # -- peeking (beyond Go): the next records, left where they are -------------------
 

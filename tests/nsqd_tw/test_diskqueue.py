@@ -341,6 +341,54 @@ class AckedTests(Base):
         self.assertTrue(os.path.exists(q.files.data_file(1)))
 
 
+class TombstoneTests(Base):
+    """Records dropped (a bound, the TTL) while an older one is still owned stay
+    dropped across a crash: the persisted read position cannot pass them yet."""
+
+    def msg_id(self, i: int) -> bytes:
+        return b"%016x" % (0x1000 + i)
+
+    def test_a_dropped_record_is_not_read_again_after_a_crash(self) -> None:
+        q = self.queue(acked=True)
+        q.put_many([record(i) for i in range(5)])
+        items = [q.read() for _ in range(4)]  # 0 stays in flight
+        q.drop(items[1][1], self.msg_id(1))
+        q.drop(items[2][1], self.msg_id(2))
+        q.done(items[3][1])  # finished: at least once, it may come back
+        q.sync_now()
+        again = self.queue(acked=True)
+        self.assertEqual(again.depth(), 3, "0, 3 and 4: the dropped ones are not counted")
+        self.assertEqual(self.drain(again), [0, 3, 4])
+        self.assertEqual(again.depth(), 0)
+
+    def test_tombstones_go_once_the_read_position_passes_them(self) -> None:
+        q = self.queue(acked=True)
+        q.put_many([record(i) for i in range(3)])
+        items = [q.read() for _ in range(3)]
+        q.drop(items[1][1], self.msg_id(1))
+        self.assertEqual(list(q.deferred.dropped), [self.msg_id(1)])
+        q.drop(items[0][1], self.msg_id(0))  # the oldest: the position moves at once, no tombstone
+        self.assertEqual(q.deferred.dropped, {})
+        q.done(items[2][1])
+        q.sync_now()
+        self.assertFalse(os.path.exists(q.files.deferred_file))
+        self.assertEqual(self.drain(self.queue(acked=True)), [])
+
+    def test_a_tombstone_behind_the_persisted_position_is_forgotten(self) -> None:
+        q = self.queue(acked=True)
+        q.put_many([record(i) for i in range(3)])
+        items = [q.read() for _ in range(2)]
+        q.drop(items[1][1], self.msg_id(1))
+        q.done(items[0][1])  # the position passes 1; the file still lists its tombstone
+        with open(q.files.meta_file, "wb") as f:
+            f.write(q.meta_text())  # what a sync persisted before a crash
+        with open(q.files.deferred_file, "rb") as f:
+            self.assertIn(b" drop ", f.read())
+        again = self.queue(acked=True)
+        self.assertEqual((again.depth(), again.deferred.dropped), (1, {}))
+        self.assertEqual(self.drain(again), [2])
+
+
 class DeferredTimesTests(Base):
     def test_deferred_time_survives_close(self) -> None:
         q = self.queue()

@@ -1,0 +1,101 @@
+"""TTL expiry (nsqd_tw.core.expiry): at a bounded rate, a slice a reactor turn, past clocks that were wrong."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.trial import unittest
+
+from nsq_wire.frames import FRAME_TYPE_RESPONSE
+from nsqd_tw.core import channel as channel_module
+from nsqd_tw.core import expiry
+from nsqd_tw.core.settings import parse_settings
+from tests.helpers import FakeClient, make_nsqd
+
+
+class Base(unittest.TestCase):
+    options: dict[str, Any] = {"mem_queue_size": 100}
+
+    def setUp(self) -> None:
+        self.nsqd = make_nsqd(**self.options)
+        self.clock = self.nsqd.reactor
+
+    def ttl(self, topic: str, channel: str | None = None, **values: Any) -> None:
+        t = self.nsqd.get_topic(topic)
+        t.update_settings(parse_settings({"max_age": "1s", **values}), t.get_channel(channel) if channel else None)
+
+
+class RateTests(Base):
+    def setUp(self) -> None:
+        super().setUp()
+        self.patch(expiry, "RATE", 1000)
+        self.patch(expiry, "SLICE", 100)
+        self.nsqd.expiry = expiry.ExpirySweep(self.nsqd)  # made with the rates above
+
+    def test_a_slice_a_turn_and_the_rate_a_second(self) -> None:
+        self.ttl("t")
+        self.nsqd.publish("t", [b"%d" % i for i in range(3000)])
+        topic = self.nsqd.get_topic("t")
+        self.clock.advance(2)
+        self.nsqd.queue_scan()
+        self.assertEqual(topic.expired_count, 100, "the first slice, in the scan's turn")
+        self.clock.advance(0)  # the next turns (Clock runs them all): a slice each, until the rate is spent
+        self.assertEqual(topic.expired_count, 1000)
+        self.clock.advance(0.5)
+        self.nsqd.queue_scan()
+        for _ in range(20):
+            self.clock.advance(0)
+        self.assertEqual(topic.expired_count, 1500, "half a second: half the rate")
+        for _ in range(10):
+            self.clock.advance(1)
+            self.nsqd.queue_scan()
+            for _ in range(20):
+                self.clock.advance(0)
+        self.assertEqual((topic.expired_count, topic.depth()), (3000, 0))
+
+    def test_expiring_to_a_dead_letter_topic_keeps_the_rate(self) -> None:
+        self.ttl("t", "c", expire_to_dead_letter=True)
+        self.nsqd.publish("t", [b"%d" % i for i in range(2500)])
+        self.clock.advance(2)
+        self.nsqd.queue_scan()
+        for _ in range(50):
+            self.clock.advance(0)
+        channel = self.nsqd.get_topic("t").get_channel("c")
+        self.assertEqual((channel.dead_letter_count, self.nsqd.get_topic("t.dead").depth()), (1000, 1000))
+
+
+class FutureTests(Base):
+    def test_messages_stamped_in_the_future_are_redated_and_do_not_stop_the_sweep(self) -> None:
+        now = self.clock.seconds()
+        self.clock.rightNow = now + 10 * 365 * 86400  # a clock ten years ahead wrote these
+        self.nsqd.publish("t", [b"future %d" % i for i in range(10)])
+        self.clock.rightNow = now
+        self.nsqd.publish("t", [b"%d" % i for i in range(200)])  # memory (100) then backend
+        self.ttl("t")
+        topic = self.nsqd.get_topic("t")
+        self.clock.advance(2)
+        self.nsqd.queue_scan()
+        self.assertEqual((topic.expired_count, topic.depth()), (200, 10))
+        self.assertTrue(all(m.timestamp <= self.nsqd.now_ns() for m in topic.peek(10)), "re-dated to now")
+        self.clock.advance(2)
+        self.nsqd.queue_scan()
+        self.assertEqual((topic.expired_count, topic.depth()), (210, 0))
+
+
+class DispatchTests(Base):
+    options = {"mem_queue_size": 10_000}
+
+    def test_a_delivery_steps_over_at_most_a_limit_of_expired_a_turn(self) -> None:
+        self.patch(channel_module, "DISPATCH_LIMIT", 100)
+        self.ttl("t", "c")
+        self.nsqd.publish("t", [b"old %d" % i for i in range(450)])
+        self.clock.advance(2)
+        self.nsqd.publish("t", [b"fresh"])
+        channel = self.nsqd.get_topic("t").get_channel("c")
+        consumer = FakeClient(self.nsqd)
+        self.assertEqual(consumer.sub("t", "c"), (FRAME_TYPE_RESPONSE, b"OK"))
+        consumer.command(b"RDY", b"10")
+        self.assertEqual(channel.expired_count, 100, "this turn: the limit, then the rest on later turns")
+        self.assertTrue([c for c in self.clock.getDelayedCalls() if c.func == channel._dispatch_more])
+        self.assertEqual([m.body for m in consumer.messages()], [b"fresh"])  # (Clock runs the later turns)
+        self.assertEqual(channel.expired_count, 450)
