@@ -208,9 +208,23 @@ class BadFramingTests(SiteTestCase):
         self.assertGo400(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: \r\n\r\nabc")
 
     def test_content_length_with_spaces_is_trimmed_as_go_does(self):
+        # textproto trims a value's spaces and tabs, parseContentLength TrimString's it again
+        for value in (b"  3 ", b"   3  ", b"\t3\t", b" \t 3"):
+            c = self.conn()
+            c.send(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length:" + value + b"\r\n\r\nabc")
+            self.assertEqual(response(c.take())[::2], (200, b"OK"), value)
+            self.assertFalse(c.closed)
+        self.assertEqual(self.depth("t"), 4)
+        # the same value twice, spaced differently, is one value to Go
         c = self.conn()
-        c.send(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length:   3  \r\n\r\nabc")
+        c.send(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length:  3 \r\n\r\nabc")
         self.assertEqual(response(c.take())[::2], (200, b"OK"))
+
+    def test_content_length_forms_go_refuses(self):
+        # strconv.ParseUint(v, 10, 63) after the trim: no sign, no base prefix, no inner space
+        for value in (b"3 3", b"0x3", b"3_0", b"\x0b3", b"3\x0c"):
+            self.assertGo400(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: " + value + b"\r\n\r\nabc")
+        self.assertEqual(self.depth("t"), 0)
 
     def test_other_bad_requests_get_go_text(self):
         self.assertGo400(b"GET /ping HTTP/1.1\r\nHost: x\r\nbad header line\r\n\r\n")
