@@ -93,11 +93,28 @@ def go_parse_int(s: str) -> int:
     return value
 
 
-def body(request: Request, limit: int | None = None) -> bytes:
+def body(request: Request, limit: int | None = None, whole: bool = True) -> bytes:
+    """The request's body, at most ``limit`` bytes.
+
+    A body the client cut short (it shut its side down first:
+    ``BoundedRequest.cut_short``) is Go's failed ``io.ReadAll``, ``500
+    INTERNAL_ERROR``, when the read reaches where it ended; ``whole=False``
+    returns what arrived instead, for a reader that stops where its data does
+    (readMPUB: see :func:`read_to_cut`)."""
     content = request.content
     if content is None:
         return b""
-    return content.read() if limit is None else content.read(limit)
+    data = content.read() if limit is None else content.read(limit)
+    if whole and getattr(request, "body_cut", False) and (limit is None or len(data) < limit):
+        read_to_cut(request)
+        raise HTTPError(500, "INTERNAL_ERROR")
+    return data
+
+
+def read_to_cut(request: Request) -> None:
+    """The route read up to where a body cut short ended (as Go's reader would)."""
+    if getattr(request, "body_cut", False):
+        request.read_to_cut()  # type: ignore[attr-defined]
 
 
 def content_length(request: Request) -> int:

@@ -26,6 +26,7 @@ from nsq_service.web import (
     Router,
     content_length,
     go_parse_int,
+    read_to_cut,
     route,
 )
 from nsq_service.web import body as read_body
@@ -225,7 +226,12 @@ class NSQDHTTPAPI(GoHTTPAPI):
             if value not in BOOL_PARAMS:
                 self.log.warn("deprecated value '{v}' used for /mpub binary param", v=value)
         if binary:
-            bodies = _read_binary_mpub(read_body(request), opts.max_msg_size, opts.max_body_size)
+            # readMPUB reads what it needs: a body cut short is a short body to it
+            try:
+                bodies = _read_binary_mpub(read_body(request, whole=False), opts.max_msg_size, opts.max_body_size)
+            except _ShortBody:
+                read_to_cut(request)
+                raise
         else:
             data = read_body(request, opts.max_body_size + 1)
             if len(data) == opts.max_body_size + 1:
@@ -650,6 +656,10 @@ def message_json(msg: Message, dead_letter: dict[str, Any] | None = None) -> dic
     return doc
 
 
+class _ShortBody(HTTPError):
+    """readMPUB read past the end of the body."""
+
+
 def _read_binary_mpub(data: bytes, max_msg: int, max_body: int) -> list[bytes]:
     """readMPUB over a request body; errors are 413 with the code minus ``E_``."""
     from nsq_wire.parser import V2Parser
@@ -666,7 +676,7 @@ def _read_binary_mpub(data: bytes, max_msg: int, max_body: int) -> list[bytes]:
     if cmd is None:
         # the body ended inside the count or a message
         code = "BAD_BODY" if len(data) < 4 else "BAD_MESSAGE"
-        raise HTTPError(413, code)
+        raise _ShortBody(413, code)
     assert cmd.bodies is not None
     return cmd.bodies
 

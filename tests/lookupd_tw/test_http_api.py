@@ -179,3 +179,21 @@ class LookupdSiteTests(unittest.TestCase):
         self.assertFalse(c.closed)
         self.clock.advance(1)
         self.assertTrue(c.closed)
+
+    def test_a_body_cut_short(self):
+        """A client that shuts its side down before its body is whole: Go's handler
+        runs without reading (200, then close); PUT /config reads it (500)."""
+        from tests.nsqd_tw.test_web import Conn, response
+
+        c = Conn(self.site)
+        c.send(b"POST /topic/create?topic=b HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc")
+        c.shut()
+        code, headers, _ = response(c.take())
+        self.assertEqual((code, headers[b"connection"]), (200, b"close"))
+        self.assertTrue(c.closed)
+        c = Conn(self.site)
+        c.send(b"PUT /config/log_level HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nwarn")
+        c.shut()
+        code, _, body = response(c.take())
+        self.assertEqual((code, body), (500, b'{"message":"INTERNAL_ERROR"}'))
+        self.assertTrue(c.closed)
