@@ -297,13 +297,25 @@ class GoHTTPAPI:
         return QuietSite(self.resource(), logger, body_limit=self.body_limit, reactor=self.reactor)
 
     def query(self, request: Request) -> dict[str, list[str]]:
-        """The request's query parameters, or ``400 INVALID_REQUEST``."""
+        """The request's query parameters (Go's ``url.ParseQuery``: the body is not
+        read), or ``400 INVALID_REQUEST``."""
         raw = request.uri.partition(b"?")[2]
         try:
             return parse_query(raw)
         except QueryError as e:
             self.log.error("failed to parse request params - {err}", err=e)
             raise HTTPError(400, "INVALID_REQUEST") from None
+
+    def req_params(self, request: Request) -> dict[str, list[str]]:
+        """Go's ``http_api.NewReqParams``: the query (as :meth:`query`), then the
+        whole body read and dropped. Go's routes that take it fail that read on a
+        body the client cut short: ``400 INVALID_REQUEST``."""
+        params = self.query(request)
+        if getattr(request, "body_cut", False):
+            read_to_cut(request)
+            self.log.error("failed to parse request params - {err}", err="unexpected EOF")
+            raise HTTPError(400, "INVALID_REQUEST")
+        return params
 
     def mem_stats(self) -> dict[str, int]:
         return mem_stats(self.gc_pauses)

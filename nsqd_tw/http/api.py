@@ -147,16 +147,13 @@ class NSQDHTTPAPI(GoHTTPAPI):
         return {"draining": True} if self.nsqd.draining else {}
 
     def _topic_from_query(self, request: Request) -> tuple[dict[str, list[str]], str]:
+        """Go's getTopicFromQuery (the query alone: the body is not read)."""
         params = self.query(request)
-        if "topic" not in params:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        name = params["topic"][0]
-        if not is_valid_topic_name(name):
-            raise HTTPError(400, "INVALID_TOPIC")
-        return params, name
+        return params, _topic_arg(params)
 
     def _existing_topic_channel(self, request: Request) -> tuple[Any, str]:
-        params = self.query(request)
+        """Go's getExistingTopicFromQuery (http_api.NewReqParams: the body is read)."""
+        params = self.req_params(request)
         if "topic" not in params:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
         topic_name = params["topic"][0]
@@ -257,7 +254,7 @@ class NSQDHTTPAPI(GoHTTPAPI):
 
     @route("/topic/delete", "POST")
     def topic_delete(self, request: Request) -> None:
-        params = self.query(request)
+        params = self.req_params(request)
         if "topic" not in params:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
         try:
@@ -266,7 +263,7 @@ class NSQDHTTPAPI(GoHTTPAPI):
             raise HTTPError(404, "TOPIC_NOT_FOUND") from None
 
     def _existing_topic(self, request: Request) -> Topic:
-        _, name = self._topic_from_query(request)
+        name = _topic_arg(self.req_params(request))  # as doEmptyTopic
         try:
             return self.nsqd.get_existing_topic(name)
         except TopicError:
@@ -282,7 +279,7 @@ class NSQDHTTPAPI(GoHTTPAPI):
             raise HTTPError(500, "INTERNAL_ERROR") from None
 
     def _pause_topic(self, request: Request, pause: bool) -> Any:
-        params = self.query(request)
+        params = self.req_params(request)
         if "topic" not in params:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
         try:
@@ -489,7 +486,7 @@ class NSQDHTTPAPI(GoHTTPAPI):
 
     @route("/stats", "GET")
     def stats(self, request: Request) -> Any:
-        params = self.query(request)
+        params = self.req_params(request)
 
         def get(key: str) -> str:
             return params[key][0] if key in params else ""
@@ -654,6 +651,15 @@ def message_json(msg: Message, dead_letter: dict[str, Any] | None = None) -> dic
     if dead_letter is not None:
         doc["dead_letter"] = dead_letter
     return doc
+
+
+def _topic_arg(params: dict[str, list[str]]) -> str:
+    if "topic" not in params:
+        raise HTTPError(400, "MISSING_ARG_TOPIC")
+    name = params["topic"][0]
+    if not is_valid_topic_name(name):
+        raise HTTPError(400, "INVALID_TOPIC")
+    return name
 
 
 class _ShortBody(HTTPError):

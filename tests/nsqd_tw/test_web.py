@@ -342,11 +342,32 @@ class CutShortTests(SiteTestCase):
         self.assertEqual(self.depth("t"), 1)
 
     def test_a_route_that_reads_no_body_answers_as_usual(self):
-        # Go's handler runs without the body; the discard after it fails: Connection: close
+        # doCreateTopic parses the query alone (getTopicFromQuery) and never reads the
+        # body; the discard after it fails: Connection: close
         request = b"POST /topic/create?topic=u HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc"
         code, headers, body, _ = self.cut(request)
         self.assertEqual((code, body, headers[b"connection"]), (200, b"", b"close"))
         self.assertIn("u", self.nsqd.topics)
+
+    def test_routes_that_read_the_body_with_their_query_get_400(self):
+        # Go's http_api.NewReqParams reads the whole body after the query: INVALID_REQUEST
+        self.nsqd.get_topic("t")
+        targets = (
+            b"POST /channel/create?topic=t&channel=c",
+            b"POST /topic/empty?topic=t",
+            b"POST /topic/pause?topic=t",
+            b"POST /topic/delete?topic=t",
+            b"GET /stats?format=json",
+        )
+        for target in targets:
+            code, headers, body, _ = self.cut(target + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc")
+            self.assertEqual((code, body), (400, b'{"message":"INVALID_REQUEST"}'), target)
+            self.assertNotIn(b"connection", headers)
+        request = b"POST /topic/delete?topic=t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n100\r\nabc"
+        code, headers, body, _ = self.cut(request)
+        self.assertEqual((code, body, headers[b"connection"]), (400, b'{"message":"INVALID_REQUEST"}', b"close"))
+        topic = self.nsqd.topics["t"]
+        self.assertEqual((list(topic.channels), topic.paused), ([], False), "nothing done")
 
     def test_a_whole_request_then_the_end(self):
         c = self.conn()
