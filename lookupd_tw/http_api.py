@@ -62,12 +62,12 @@ class LookupdHTTPAPI(GoHTTPAPI):
 
     @route("/channels", "GET")
     def channels(self, request: Request) -> dict[str, Any]:
-        topic = _arg(self.query(request), "topic", "MISSING_ARG_TOPIC")
+        topic = _arg(self.req_params(request), "topic", "MISSING_ARG_TOPIC")
         return {"channels": [r.subkey for r in self.db.find_registrations("channel", topic, "*")]}
 
     @route("/lookup", "GET")
     def lookup(self, request: Request) -> dict[str, Any]:
-        topic = _arg(self.query(request), "topic", "MISSING_ARG_TOPIC")
+        topic = _arg(self.req_params(request), "topic", "MISSING_ARG_TOPIC")
         if not self.db.find_registrations("topic", topic, ""):
             raise HTTPError(404, "TOPIC_NOT_FOUND")
         channels = [r.subkey for r in self.db.find_registrations("channel", topic, "*")]
@@ -128,7 +128,7 @@ class LookupdHTTPAPI(GoHTTPAPI):
 
     @route("/topic/create", "POST")
     def topic_create(self, request: Request) -> None:
-        topic = _arg(self.query(request), "topic", "MISSING_ARG_TOPIC")
+        topic = _arg(self.req_params(request), "topic", "MISSING_ARG_TOPIC")
         if not is_valid_topic_name(topic):
             raise HTTPError(400, "INVALID_ARG_TOPIC")
         self.log.info("DB: adding topic({topic})", topic=topic)
@@ -136,7 +136,7 @@ class LookupdHTTPAPI(GoHTTPAPI):
 
     @route("/topic/delete", "POST")
     def topic_delete(self, request: Request) -> None:
-        topic = _arg(self.query(request), "topic", "MISSING_ARG_TOPIC")
+        topic = _arg(self.req_params(request), "topic", "MISSING_ARG_TOPIC")
         for r in self.db.find_registrations("channel", topic, "*"):
             self.log.info("DB: removing channel({channel}) from topic({topic})", channel=r.subkey, topic=topic)
             self.db.remove_registration(r)
@@ -146,7 +146,7 @@ class LookupdHTTPAPI(GoHTTPAPI):
 
     @route("/topic/tombstone", "POST")
     def topic_tombstone(self, request: Request) -> None:
-        params = self.query(request)
+        params = self.req_params(request)
         topic = _arg(params, "topic", "MISSING_ARG_TOPIC")
         node = _arg(params, "node", "MISSING_ARG_NODE")
         self.log.info("DB: setting tombstone for producer@{node} of topic({topic})", node=node, topic=topic)
@@ -156,7 +156,7 @@ class LookupdHTTPAPI(GoHTTPAPI):
 
     @route("/channel/create", "POST")
     def channel_create(self, request: Request) -> None:
-        topic, channel = _topic_channel(self.query(request))
+        topic, channel = _topic_channel(self.req_params(request))
         self.log.info("DB: adding channel({channel}) in topic({topic})", channel=channel, topic=topic)
         self.db.add_registration(Registration("channel", topic, channel))
         self.log.info("DB: adding topic({topic})", topic=topic)
@@ -164,7 +164,7 @@ class LookupdHTTPAPI(GoHTTPAPI):
 
     @route("/channel/delete", "POST")
     def channel_delete(self, request: Request) -> None:
-        topic, channel = _topic_channel(self.query(request))
+        topic, channel = _topic_channel(self.req_params(request))
         registrations = self.db.find_registrations("channel", topic, channel)
         if not registrations:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")

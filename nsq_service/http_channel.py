@@ -5,7 +5,10 @@ HTTP request, and malformed requests with Go's ``400 Bad Request`` text; it
 keeps at most what the route reads of a body, in memory (a body over the
 route's limit is refused from its Content-Length, or as soon as that many
 bytes of a chunked body arrived), and gives every request a header deadline
-and a body deadline that bytes dripped one at a time do not extend.
+and a body deadline that bytes dripped one at a time do not extend. A client
+that shuts its side down (``shutdown(SHUT_WR)``) is answered as Go answers it:
+what it sent whole is served, a body cut short goes to its route as a failed
+read, and then the connection closes.
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from twisted.internet.interfaces import IHalfCloseableProtocol
 from twisted.internet.protocol import connectionDone
 from twisted.logger import LogLevel
 from twisted.python.failure import Failure
 from twisted.web import http
 from twisted.web.server import Request, Site
+from zope.interface import implementer
 
 from nsq_service.limits import RateLimitedLog
 from nsq_service.log import Logger
@@ -94,6 +99,10 @@ class BoundedRequest(Request):
 
     body_keep = 0
     body_received = 0
+    # the client shut its side down before the body was whole (see cut_short)
+    body_cut = False
+    _cut_chunked = False
+    _cut_said_close = False
 
     _buffer: io.BytesIO
 
@@ -105,6 +114,25 @@ class BoundedRequest(Request):
         room = self.body_keep - self._buffer.tell()
         if room > 0:
             self._buffer.write(data if len(data) <= room else data[:room])
+
+    def cut_short(self, chunked: bool, version: bytes) -> None:
+        """The body ended early: a route reading it fails as Go's read does
+        (:func:`nsq_service.web.body`). After its handler Go reads what is left of
+        a body, to keep the connection; it finds the end early, so its answer says
+        ``Connection: close`` (HTTP/1.1) unless :meth:`read_to_cut` is called."""
+        self.body_cut = True
+        self._cut_chunked = chunked
+        if version == b"HTTP/1.1" and not self.responseHeaders.hasHeader(b"connection"):
+            self.responseHeaders.setRawHeaders(b"connection", [b"close"])
+            self._cut_said_close = True
+
+    def read_to_cut(self) -> None:
+        """The route read up to where the body ended. Go's body of a known length
+        then holds its end (nothing left to read after the handler: no ``Connection``
+        header); a chunked body keeps its error, and the header."""
+        if self._cut_said_close and not self._cut_chunked:
+            self.responseHeaders.removeHeader(b"connection")
+            self._cut_said_close = False
 
     def _cleanup(self) -> None:
         super()._cleanup()
@@ -142,6 +170,7 @@ _HIGH_BYTES = re.compile(rb"[\x80-\xff]")
 _CONTROL_BYTES = re.compile(rb"[\x00-\x1f\x7f]")
 
 
+@implementer(IHalfCloseableProtocol)
 class HTTPChannel(http.HTTPChannel):
     """Twisted's HTTP/1.1 channel with Go's answers and bounds.
 
@@ -156,7 +185,8 @@ class HTTPChannel(http.HTTPChannel):
       (after ``LINGER``);
     - the headers must arrive within ``site.header_timeout`` and the body within
       ``site.body_timeout``, however slowly they drip; ``timeOut`` (twisted's
-      idle timeout, reset by every byte) is ``site.idle_timeout``.
+      idle timeout, reset by every byte) is ``site.idle_timeout``;
+    - the end of the client's bytes (:meth:`readConnectionLost`) is Go's EOF.
     """
 
     site: Any
@@ -172,6 +202,7 @@ class HTTPChannel(http.HTTPChannel):
     _want_request_line = True
     _between_requests = False
     _refusing = False  # reading nothing more from this connection
+    _read_closed = False  # the client shut its side down
     _linger_on_close = False
     _body_limit = 0
     _deadline: Any = None
@@ -306,7 +337,48 @@ class HTTPChannel(http.HTTPChannel):
     def requestDone(self, request: Any) -> None:
         if self.persistent and not self._refusing:
             self._between_requests = True
-        super().requestDone(request)
+        super().requestDone(request)  # serves what was read meanwhile
+        if self._read_closed and self.persistent:
+            self._end_of_requests()
+
+    def readConnectionLost(self) -> None:
+        """The client shut its side down (``shutdown(SHUT_WR)``): no more bytes
+        come. Go's server reads EOF where it is: a request being answered is
+        answered and the connection closes after it; a body cut short goes to its
+        route (a route that reads it answers ``500 INTERNAL_ERROR``); a request
+        line or headers cut short get ``400``; between requests it closes."""
+        if self._read_closed:
+            return  # twisted finds the end again each time reading resumes
+        self._read_closed = True
+        self._end_of_requests()
+
+    def writeConnectionLost(self) -> None:
+        pass  # this side is never shut down alone
+
+    def _end_of_requests(self) -> None:
+        """What Go does on reading EOF here, once no request is being answered."""
+        if self._refusing or self._handlingRequest or self.transport is None or self.transport.disconnecting:
+            return  # an answer is on its way: requestDone comes back here, or closes
+        self._cancel_deadline()
+        if self._transferDecoder is not None:
+            self._cut_body()
+        elif not self._want_request_line or self._buffer.strip(b"\r\n"):
+            # Go: a request line cut short is malformed, headers cut short ErrUnexpectedEOF: 400
+            self._bad_request("request cut short")
+        else:
+            self.loseConnection()
+
+    def _cut_body(self) -> None:
+        request = self.requests[-1]
+        chunked = not isinstance(self._transferDecoder, http._IdentityTransferDecoder)
+        self.site.logger.info(
+            "HTTP: request body from {addr} cut short after {n} bytes: the client shut its side down",
+            addr=self.peer_address(),
+            n=request.body_received,
+        )
+        request.cut_short(chunked, self._version)
+        self.persistent = False  # closed once answered
+        self.allContentReceived()
 
     def loseConnection(self) -> Any:
         if self._linger_on_close:

@@ -93,11 +93,28 @@ def go_parse_int(s: str) -> int:
     return value
 
 
-def body(request: Request, limit: int | None = None) -> bytes:
+def body(request: Request, limit: int | None = None, whole: bool = True) -> bytes:
+    """The request's body, at most ``limit`` bytes.
+
+    A body the client cut short (it shut its side down first:
+    ``BoundedRequest.cut_short``) is Go's failed ``io.ReadAll``, ``500
+    INTERNAL_ERROR``, when the read reaches where it ended; ``whole=False``
+    returns what arrived instead, for a reader that stops where its data does
+    (readMPUB: see :func:`read_to_cut`)."""
     content = request.content
     if content is None:
         return b""
-    return content.read() if limit is None else content.read(limit)
+    data = content.read() if limit is None else content.read(limit)
+    if whole and getattr(request, "body_cut", False) and (limit is None or len(data) < limit):
+        read_to_cut(request)
+        raise HTTPError(500, "INTERNAL_ERROR")
+    return data
+
+
+def read_to_cut(request: Request) -> None:
+    """The route read up to where a body cut short ended (as Go's reader would)."""
+    if getattr(request, "body_cut", False):
+        request.read_to_cut()  # type: ignore[attr-defined]
 
 
 def content_length(request: Request) -> int:
@@ -280,13 +297,25 @@ class GoHTTPAPI:
         return QuietSite(self.resource(), logger, body_limit=self.body_limit, reactor=self.reactor)
 
     def query(self, request: Request) -> dict[str, list[str]]:
-        """The request's query parameters, or ``400 INVALID_REQUEST``."""
+        """The request's query parameters (Go's ``url.ParseQuery``: the body is not
+        read), or ``400 INVALID_REQUEST``."""
         raw = request.uri.partition(b"?")[2]
         try:
             return parse_query(raw)
         except QueryError as e:
             self.log.error("failed to parse request params - {err}", err=e)
             raise HTTPError(400, "INVALID_REQUEST") from None
+
+    def req_params(self, request: Request) -> dict[str, list[str]]:
+        """Go's ``http_api.NewReqParams``: the query (as :meth:`query`), then the
+        whole body read and dropped. Go's routes that take it fail that read on a
+        body the client cut short: ``400 INVALID_REQUEST``."""
+        params = self.query(request)
+        if getattr(request, "body_cut", False):
+            read_to_cut(request)
+            self.log.error("failed to parse request params - {err}", err="unexpected EOF")
+            raise HTTPError(400, "INVALID_REQUEST")
+        return params
 
     def mem_stats(self) -> dict[str, int]:
         return mem_stats(self.gc_pauses)

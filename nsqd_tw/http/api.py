@@ -26,6 +26,7 @@ from nsq_service.web import (
     Router,
     content_length,
     go_parse_int,
+    read_to_cut,
     route,
 )
 from nsq_service.web import body as read_body
@@ -146,16 +147,13 @@ class NSQDHTTPAPI(GoHTTPAPI):
         return {"draining": True} if self.nsqd.draining else {}
 
     def _topic_from_query(self, request: Request) -> tuple[dict[str, list[str]], str]:
+        """Go's getTopicFromQuery (the query alone: the body is not read)."""
         params = self.query(request)
-        if "topic" not in params:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        name = params["topic"][0]
-        if not is_valid_topic_name(name):
-            raise HTTPError(400, "INVALID_TOPIC")
-        return params, name
+        return params, _topic_arg(params)
 
     def _existing_topic_channel(self, request: Request) -> tuple[Any, str]:
-        params = self.query(request)
+        """Go's getExistingTopicFromQuery (http_api.NewReqParams: the body is read)."""
+        params = self.req_params(request)
         if "topic" not in params:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
         topic_name = params["topic"][0]
@@ -225,7 +223,12 @@ class NSQDHTTPAPI(GoHTTPAPI):
             if value not in BOOL_PARAMS:
                 self.log.warn("deprecated value '{v}' used for /mpub binary param", v=value)
         if binary:
-            bodies = _read_binary_mpub(read_body(request), opts.max_msg_size, opts.max_body_size)
+            # readMPUB reads what it needs: a body cut short is a short body to it
+            try:
+                bodies = _read_binary_mpub(read_body(request, whole=False), opts.max_msg_size, opts.max_body_size)
+            except _ShortBody:
+                read_to_cut(request)
+                raise
         else:
             data = read_body(request, opts.max_body_size + 1)
             if len(data) == opts.max_body_size + 1:
@@ -251,7 +254,7 @@ class NSQDHTTPAPI(GoHTTPAPI):
 
     @route("/topic/delete", "POST")
     def topic_delete(self, request: Request) -> None:
-        params = self.query(request)
+        params = self.req_params(request)
         if "topic" not in params:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
         try:
@@ -260,7 +263,7 @@ class NSQDHTTPAPI(GoHTTPAPI):
             raise HTTPError(404, "TOPIC_NOT_FOUND") from None
 
     def _existing_topic(self, request: Request) -> Topic:
-        _, name = self._topic_from_query(request)
+        name = _topic_arg(self.req_params(request))  # as doEmptyTopic
         try:
             return self.nsqd.get_existing_topic(name)
         except TopicError:
@@ -276,7 +279,7 @@ class NSQDHTTPAPI(GoHTTPAPI):
             raise HTTPError(500, "INTERNAL_ERROR") from None
 
     def _pause_topic(self, request: Request, pause: bool) -> Any:
-        params = self.query(request)
+        params = self.req_params(request)
         if "topic" not in params:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
         try:
@@ -485,7 +488,7 @@ class NSQDHTTPAPI(GoHTTPAPI):
 
     @route("/stats", "GET")
     def stats(self, request: Request) -> Any:
-        params = self.query(request)
+        params = self.req_params(request)
 
         def get(key: str) -> str:
             return params[key][0] if key in params else ""
@@ -652,6 +655,19 @@ def message_json(msg: Message, dead_letter: dict[str, Any] | None = None) -> dic
     return doc
 
 
+def _topic_arg(params: dict[str, list[str]]) -> str:
+    if "topic" not in params:
+        raise HTTPError(400, "MISSING_ARG_TOPIC")
+    name = params["topic"][0]
+    if not is_valid_topic_name(name):
+        raise HTTPError(400, "INVALID_TOPIC")
+    return name
+
+
+class _ShortBody(HTTPError):
+    """readMPUB read past the end of the body."""
+
+
 def _read_binary_mpub(data: bytes, max_msg: int, max_body: int) -> list[bytes]:
     """readMPUB over a request body; errors are 413 with the code minus ``E_``."""
     from nsq_wire.parser import V2Parser
@@ -668,7 +684,7 @@ def _read_binary_mpub(data: bytes, max_msg: int, max_body: int) -> list[bytes]:
     if cmd is None:
         # the body ended inside the count or a message
         code = "BAD_BODY" if len(data) < 4 else "BAD_MESSAGE"
-        raise HTTPError(413, code)
+        raise _ShortBody(413, code)
     assert cmd.bodies is not None
     return cmd.bodies
 

@@ -219,6 +219,81 @@ class GoEdgeProcessTests(HTTPProcessTestCase):
         self.assertEqual(proc.stop(), 0)
 
 
+def until_closed(address: str, request: bytes, timeout: float = 10.0) -> bytes:
+    """Send a raw request, shut the write side (``shutdown(SHUT_WR)``: the end of
+    the request's bytes) and read until the server closes; a server that leaves
+    the connection open fails (socket.timeout)."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(request)
+        s.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+        return out
+
+
+def head_and_body(answer: bytes) -> tuple[bytes, dict[bytes, bytes], bytes]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status, *lines = head.split(b"\r\n")
+    return status, {k.lower(): v.strip() for k, _, v in (line.partition(b":") for line in lines)}, body
+
+
+GO_500 = b'{"message":"INTERNAL_ERROR"}'
+
+
+class CutShortProcessTests(HTTPProcessTestCase):
+    """Issue 34 (6): a spaced Content-Length is served, and a body whose client shut
+    its side down before the body was whole gets Go's 500 and a close."""
+
+    def test_nsqd(self) -> None:
+        proc = self.start()
+        http = proc.addresses["HTTP"]
+        answer = exchange(http, b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length:  3 \r\n\r\nabc")
+        self.assertTrue(answer.startswith(b"HTTP/1.1 200 OK\r\n") and answer.endswith(b"\r\n\r\nOK"), answer)
+        cut = {
+            "chunked": b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n100\r\nabc",
+            "length": b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc",
+        }
+        for kind, request in cut.items():
+            status, headers, body = head_and_body(until_closed(http, request))
+            self.assertEqual((status, body), (b"HTTP/1.1 500 Internal Server Error", GO_500), kind)
+            self.assertEqual(headers[b"content-type"], b"application/json; charset=utf-8")
+            self.assertEqual(headers[b"x-nsq-content-type"], b"nsq; version=1.0")
+            self.assertEqual(headers.get(b"connection"), b"close" if kind == "chunked" else None, kind)
+        self.assertTrue(exchange(http, b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n").endswith(b"\r\n\r\nOK"))
+        stats = json.loads(
+            head_and_body(exchange(http, b"GET /stats?format=json&topic=t HTTP/1.1\r\nHost: x\r\n\r\n"))[2]
+        )
+        self.assertEqual(stats["topics"][0]["depth"], 1, "the spaced one only")
+        self.assertEqual(proc.stop(), 0)
+
+    def test_nsqlookupd(self) -> None:
+        proc = ServerProcess("nsqlookupd", *LOOPBACK).start(("TCP", "HTTP"))
+        self.addCleanup(proc.kill)
+        http = proc.addresses["HTTP"]
+        spaced = b"POST /topic/create?topic=a HTTP/1.1\r\nHost: x\r\nContent-Length:  3 \r\n\r\nabc"
+        self.assertTrue(exchange(http, spaced).startswith(b"HTTP/1.1 200 OK\r\n"))
+        # Go's doCreateTopic reads the body after the query (http_api.NewReqParams)
+        cut = b"POST /topic/create?topic=b HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc"
+        status, headers, body = head_and_body(until_closed(http, cut))
+        self.assertEqual((status, body), (b"HTTP/1.1 400 Bad Request", b'{"message":"INVALID_REQUEST"}'))
+        self.assertNotIn(b"connection", headers)
+        # /topics reads no body: answered, and Connection: close (Go's discard after it fails)
+        cut = b"GET /topics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n100\r\nabc"
+        status, headers, _ = head_and_body(until_closed(http, cut))
+        self.assertEqual((status, headers[b"connection"]), (b"HTTP/1.1 200 OK", b"close"))
+        # beyond Go: PUT /config reads its body as Go's routes do
+        cut = b"PUT /config/log_level HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nwarn"
+        status, _, body = head_and_body(until_closed(http, cut))
+        self.assertEqual((status, body), (b"HTTP/1.1 500 Internal Server Error", GO_500))
+        topics = head_and_body(exchange(http, b"GET /topics HTTP/1.1\r\nHost: x\r\n\r\n"))[2]
+        self.assertEqual(json.loads(topics)["topics"], ["a"])
+        level = head_and_body(exchange(http, b"GET /config/log_level HTTP/1.1\r\nHost: x\r\n\r\n"))[2]
+        self.assertEqual(level, b"2", "still info: the cut PUT changed nothing")
+        self.assertEqual(proc.stop(), 0)
+
+
 class HTTPSTests(HTTPProcessTestCase):
     @defer.inlineCallbacks
     def test_https(self):

@@ -159,7 +159,8 @@ class LookupdSiteTests(unittest.TestCase):
         from lookupd_tw.http_api import make_site
 
         self.clock = Clock()
-        self.site = make_site(NSQLookupd(NSQLookupdOptions(), self.clock))
+        self.lookupd = NSQLookupd(NSQLookupdOptions(), self.clock)
+        self.site = make_site(self.lookupd)
 
     def test_body_over_the_config_limit_answered_at_once(self):
         from tests.nsqd_tw.test_web import Conn, response
@@ -178,4 +179,34 @@ class LookupdSiteTests(unittest.TestCase):
             c.send(b"G")
         self.assertFalse(c.closed)
         self.clock.advance(1)
+        self.assertTrue(c.closed)
+
+    def test_a_body_cut_short(self):
+        """A client that shuts its side down before its body is whole: a route that
+        reads its query with http_api.NewReqParams reads the body too (400
+        INVALID_REQUEST), /topics reads none (200, then close); PUT /config reads it
+        (500)."""
+        from tests.nsqd_tw.test_web import Conn, response
+
+        targets = (b"POST /topic/create?topic=b", b"POST /channel/create?topic=b&channel=c", b"GET /lookup?topic=b")
+        for target in targets:
+            c = Conn(self.site)
+            c.send(target + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc")
+            c.shut()
+            code, headers, body = response(c.take())
+            self.assertEqual((code, body), (400, b'{"message":"INVALID_REQUEST"}'), target)
+            self.assertNotIn(b"connection", headers)
+            self.assertTrue(c.closed)
+        self.assertEqual(self.lookupd.db.find_registrations("topic", "b", ""), [])
+        c = Conn(self.site)
+        c.send(b"GET /topics HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc")
+        c.shut()
+        code, headers, _ = response(c.take())
+        self.assertEqual((code, headers[b"connection"]), (200, b"close"))
+        self.assertTrue(c.closed)
+        c = Conn(self.site)
+        c.send(b"PUT /config/log_level HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nwarn")
+        c.shut()
+        code, _, body = response(c.take())
+        self.assertEqual((code, body), (500, b'{"message":"INTERNAL_ERROR"}'))
         self.assertTrue(c.closed)

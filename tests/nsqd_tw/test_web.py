@@ -10,7 +10,9 @@ import tempfile
 import weakref
 from typing import Any
 
+from twisted.internet import defer
 from twisted.internet.address import IPv4Address
+from twisted.internet.interfaces import IHalfCloseableProtocol
 from twisted.internet.testing import StringTransport
 from twisted.logger import LogLevel, globalLogPublisher
 from twisted.trial import unittest
@@ -54,6 +56,15 @@ class Conn:
         from twisted.python.failure import Failure
 
         self.proto.connectionLost(Failure(error.ConnectionDone()))
+
+    def shut(self) -> None:
+        """The client shuts its side down (``shutdown(SHUT_WR)``): what twisted's TCP
+        transport does when a read finds the end of the stream."""
+        half = IHalfCloseableProtocol(self.proto, None)
+        if half is None:
+            self.lose()
+        else:
+            half.readConnectionLost()
 
 
 def response(raw: bytes) -> tuple[int, dict[bytes, bytes], bytes]:
@@ -208,9 +219,23 @@ class BadFramingTests(SiteTestCase):
         self.assertGo400(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: \r\n\r\nabc")
 
     def test_content_length_with_spaces_is_trimmed_as_go_does(self):
+        # textproto trims a value's spaces and tabs, parseContentLength TrimString's it again
+        for value in (b"  3 ", b"   3  ", b"\t3\t", b" \t 3"):
+            c = self.conn()
+            c.send(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length:" + value + b"\r\n\r\nabc")
+            self.assertEqual(response(c.take())[::2], (200, b"OK"), value)
+            self.assertFalse(c.closed)
+        self.assertEqual(self.depth("t"), 4)
+        # the same value twice, spaced differently, is one value to Go
         c = self.conn()
-        c.send(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length:   3  \r\n\r\nabc")
+        c.send(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length:  3 \r\n\r\nabc")
         self.assertEqual(response(c.take())[::2], (200, b"OK"))
+
+    def test_content_length_forms_go_refuses(self):
+        # strconv.ParseUint(v, 10, 63) after the trim: no sign, no base prefix, no inner space
+        for value in (b"3 3", b"0x3", b"3_0", b"\x0b3", b"3\x0c"):
+            self.assertGo400(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: " + value + b"\r\n\r\nabc")
+        self.assertEqual(self.depth("t"), 0)
 
     def test_other_bad_requests_get_go_text(self):
         self.assertGo400(b"GET /ping HTTP/1.1\r\nHost: x\r\nbad header line\r\n\r\n")
@@ -255,6 +280,153 @@ class BadFramingTests(SiteTestCase):
             b"HTTP/1.1 501 Not Implemented\r\nContent-Type: text/plain; charset=utf-8\r\n"
             b"Connection: close\r\n\r\nUnsupported transfer encoding",
         )
+
+
+GO_500 = b'{"message":"INTERNAL_ERROR"}'
+
+
+class CutShortTests(SiteTestCase):
+    """A client that shuts its side down (``shutdown(SHUT_WR)``) before its request
+    is whole. Go's handler reads the end of the stream: ``io.ReadAll`` of a body
+    cut short fails (doPUB, doMPUB, doConfig: ``500 INTERNAL_ERROR``); after the
+    answer Go's server finds the end and closes."""
+
+    def cut(self, request: bytes) -> tuple[int, dict[bytes, bytes], bytes, Conn]:
+        c = self.conn()
+        c.send(request)
+        self.assertEqual(c.take(), b"", "nothing is answered before the end")
+        c.shut()
+        code, headers, body = response(c.take())
+        self.assertTrue(c.closed, "closed after the answer")
+        return code, headers, body, c
+
+    def test_content_length_body_cut_short(self):
+        code, headers, body, _ = self.cut(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc")
+        self.assertEqual((code, body), (500, GO_500))
+        self.assertEqual(headers[b"content-type"], b"application/json; charset=utf-8")
+        self.assertEqual(headers[b"x-nsq-content-type"], b"nsq; version=1.0")
+        # Go's handler read to the end of the declared body: nothing left to discard, no Connection header
+        self.assertNotIn(b"connection", headers)
+        self.assertEqual(self.depth("t"), 0)
+
+    def test_chunked_body_cut_short(self):
+        request = b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n100\r\nabc"
+        code, headers, body, _ = self.cut(request)
+        self.assertEqual((code, body), (500, GO_500))
+        # the chunked reader's error stays: Go's discard after the handler fails, so it says close
+        self.assertEqual(headers[b"connection"], b"close")
+        self.assertEqual(self.depth("t"), 0)
+
+    def test_mpub_and_config_bodies_cut_short(self):
+        for target in (b"/mpub?topic=t", b"/config/log_level"):
+            method = b"PUT" if target.startswith(b"/config") else b"POST"
+            request = method + b" " + target + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\nab\ncd"
+            code, _, body, _ = self.cut(request)
+            self.assertEqual((code, body), (500, GO_500), target)
+        self.assertEqual(self.depth("t"), 0)
+        self.assertEqual(self.nsqd.opts.log_level, "info")
+
+    def test_binary_mpub_cut_short_is_a_short_body(self):
+        # readMPUB reads what it needs: the end inside a message is E_BAD_MESSAGE (413)
+        data = (1).to_bytes(4, "big") + (10).to_bytes(4, "big") + b"abc"
+        request = b"POST /mpub?topic=t&binary=true HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n" + data
+        code, headers, body, _ = self.cut(request)
+        self.assertEqual((code, body), (413, b'{"message":"BAD_MESSAGE"}'))
+        self.assertNotIn(b"connection", headers)
+        self.assertEqual(self.depth("t"), 0)
+        # the one message its count announces arrived whole: published, as readMPUB does
+        data = (1).to_bytes(4, "big") + (3).to_bytes(4, "big") + b"abc"
+        request = b"POST /mpub?topic=t&binary=true HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n" + data
+        code, headers, body, _ = self.cut(request)
+        self.assertEqual((code, body, headers[b"connection"]), (200, b"OK", b"close"))
+        self.assertEqual(self.depth("t"), 1)
+
+    def test_a_route_that_reads_no_body_answers_as_usual(self):
+        # doCreateTopic parses the query alone (getTopicFromQuery) and never reads the
+        # body; the discard after it fails: Connection: close
+        request = b"POST /topic/create?topic=u HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc"
+        code, headers, body, _ = self.cut(request)
+        self.assertEqual((code, body, headers[b"connection"]), (200, b"", b"close"))
+        self.assertIn("u", self.nsqd.topics)
+
+    def test_routes_that_read_the_body_with_their_query_get_400(self):
+        # Go's http_api.NewReqParams reads the whole body after the query: INVALID_REQUEST
+        self.nsqd.get_topic("t")
+        targets = (
+            b"POST /channel/create?topic=t&channel=c",
+            b"POST /topic/empty?topic=t",
+            b"POST /topic/pause?topic=t",
+            b"POST /topic/delete?topic=t",
+            b"GET /stats?format=json",
+        )
+        for target in targets:
+            code, headers, body, _ = self.cut(target + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc")
+            self.assertEqual((code, body), (400, b'{"message":"INVALID_REQUEST"}'), target)
+            self.assertNotIn(b"connection", headers)
+        request = b"POST /topic/delete?topic=t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n100\r\nabc"
+        code, headers, body, _ = self.cut(request)
+        self.assertEqual((code, body, headers[b"connection"]), (400, b'{"message":"INVALID_REQUEST"}', b"close"))
+        topic = self.nsqd.topics["t"]
+        self.assertEqual((list(topic.channels), topic.paused), ([], False), "nothing done")
+
+    def test_a_whole_request_then_the_end(self):
+        c = self.conn()
+        pub = b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"
+        c.send(pub + b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\nGET /ping HTTP/1.1\r\n")  # the last one cut short
+        c.shut()
+        out = c.take()
+        self.assertEqual(out.count(b"HTTP/1.1 200 OK\r\n"), 2, out)
+        self.assertTrue(out.endswith(GO_400), out)
+        self.assertTrue(c.closed)
+        self.assertEqual(self.depth("t"), 1)
+
+    def test_the_end_between_requests_closes_in_silence(self):
+        c = self.conn()
+        c.send(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertEqual(response(c.take())[::2], (200, b"OK"))
+        c.shut()
+        self.assertEqual(c.take(), b"")
+        self.assertTrue(c.closed)
+        c = self.conn()
+        c.send(b"\r\n")
+        c.shut()
+        self.assertEqual(c.take(), b"")
+        self.assertTrue(c.closed)
+
+    def test_request_line_or_headers_cut_short_get_400(self):
+        # readRequest turns the end after the first line into ErrUnexpectedEOF: Go answers 400
+        for partial in (b"GET /pi", b"GET /ping HTTP/1.1\r\nHost: x\r\n", b"POST /pub?topic=t HTTP/1.1\r\nContent-Le"):
+            c = self.conn()
+            c.send(partial)
+            c.shut()
+            self.assertEqual(c.take(), GO_400, partial)
+            self.assertTrue(c.closed)
+        self.assertEqual(self.depth("t"), 0)
+
+    def test_an_answer_on_its_way_is_written_before_the_close(self):
+        # a durable publish is answered once fsynced: the end arrives before that
+        synced: defer.Deferred = defer.Deferred()
+        publish = self.nsqd.publish
+        self.patch(self.nsqd, "publish", lambda *a: (publish(*a), synced)[1])
+        c = self.conn()
+        c.send(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc")
+        c.shut()
+        self.assertEqual(c.take(), b"")
+        self.assertFalse(c.closed)
+        synced.callback(None)
+        code, headers, body = response(c.take())
+        self.assertEqual((code, body), (200, b"OK"))
+        self.assertNotIn(b"connection", headers)
+        self.assertTrue(c.closed)
+
+    def test_a_refused_body_then_the_end(self):
+        c = self.conn()
+        c.send(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 314572800\r\n\r\nabc")
+        self.assertEqual(response(c.take())[::2], (413, b'{"message":"MSG_TOO_BIG"}'))
+        c.shut()
+        self.assertEqual(c.take(), b"")
+        self.clock.advance(http_channel.LINGER)
+        self.assertTrue(c.closed)
 
 
 GO_431 = (
