@@ -3,6 +3,9 @@
     python bench/queue_settings.py ttl --messages 100000 --max-age 5s
     python bench/queue_settings.py bounded --messages 1000000 --max-depth 10000
     python bench/queue_settings.py dead --messages 20000 --max-attempts 3
+    python bench/queue_settings.py expire --messages 300000 --to-dead-letter
+    python bench/queue_settings.py expire --messages 900000 --consumer
+    python bench/queue_settings.py cycle --messages 50000
 
 - ``ttl``: MESSAGES published to a topic with no channel and ``max_age``; the depth and
   the disk queue's data files sampled until both are gone: the time from the last publish
@@ -13,6 +16,13 @@
   left: it must be the newest MAX_DEPTH messages.
 - ``dead``: MESSAGES published to a channel with ``max_attempts``, whose consumer REQs
   every delivery: deliveries per message, and the time until the dead-letter topic holds them all.
+- ``expire``: MESSAGES queued in a channel (most on disk), then given a ``max_age`` of 1s
+  (``--to-dead-letter``: expiring to its dead-letter topic; ``--consumer``: a consumer
+  arrives once all expired, instead of leaving it to the sweep); ``GET /ping`` every 20 ms
+  all along: how long expiring took (the rate), the slowest and median /ping, and the
+  channel's data files left once it is empty.
+- ``cycle``: MESSAGES published to ``A`` whose channel and ``B``'s expire to each other's
+  topic after 1s: the dead-letter moves, nsqd's CPU and the slowest /ping over 10 s.
 
 ``--nsqd`` is the nsqd to run (default: the one beside this Python).
 """
@@ -192,11 +202,94 @@ def dead(a: argparse.Namespace) -> None:
         server.stop()
 
 
+class Pinger(threading.Thread):
+    """``GET /ping`` every ``every`` seconds until stopped: each answer's latency."""
+
+    def __init__(self, server: Server, every: float = 0.02) -> None:
+        super().__init__(daemon=True)
+        self.server, self.every = server, every
+        self.times: list[float] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            started = time.monotonic()
+            try:
+                self.server.get("/ping")
+            except Exception:
+                pass
+            self.times.append(time.monotonic() - started)
+            time.sleep(self.every)
+
+    def stop(self) -> str:
+        self.done.set()
+        self.join()
+        times = sorted(self.times) or [0.0]
+        median, slowest = times[len(times) // 2] * 1000, times[-1] * 1000
+        return f"/ping: {len(times)} answered, median {median:.1f} ms, max {slowest:.0f} ms"
+
+
+def expire(a: argparse.Namespace) -> None:
+    server = Server(a.nsqd, ["--mem-queue-size", str(a.mem_queue_size)])
+    try:
+        server.post("/topic/create?topic=t")
+        server.post("/channel/create?topic=t&channel=c")
+        publish(server.tcp, "t", [b"%09d" % i for i in range(a.messages)])
+        pinger = Pinger(server)
+        pinger.start()
+        settings: dict = {"max_age": "1s"}
+        if a.to_dead_letter:
+            settings.update(expire_to_dead_letter=True, dead_letter_topic="t.dead")
+        if a.consumer:  # the sweep sees none of it: the consumer comes first
+            put(server, "/channel/settings?topic=t&channel=c", {"max_age": "3600s"})
+            time.sleep(1.5)
+            put(server, "/channel/settings?topic=t&channel=c", settings)
+            consumer = Consumer(server.tcp, "t", "c", rdy=100)
+            consumer.start()
+        else:
+            time.sleep(1.0)
+            put(server, "/channel/settings?topic=t&channel=c", settings)
+        started = time.monotonic()
+        while stats(server, "t")["channels"][0]["expired_count"] < a.messages:
+            time.sleep(0.05)
+        took = time.monotonic() - started
+        if a.consumer:
+            consumer.stop()
+        where = " to t.dead" if a.to_dead_letter else ""
+        print(f"{a.messages:,} expired{where} in {took:.1f}s ({a.messages / took:,.0f}/s)")
+        print(pinger.stop())
+        files, size = data_bytes(server.data, "t:c.")
+        print(f"the channel's data files left: {files} ({size:,} bytes)")
+    finally:
+        server.stop()
+
+
+def cycle(a: argparse.Namespace) -> None:
+    server = Server(a.nsqd, ["--mem-queue-size", str(a.mem_queue_size)])
+    try:
+        for here, there in (("A", "B"), ("B", "A")):
+            server.post(f"/topic/create?topic={here}")
+            server.post(f"/channel/create?topic={here}&channel=c")
+            doc = {"max_age": "1s", "expire_to_dead_letter": True, "dead_letter_topic": there}
+            put(server, f"/channel/settings?topic={here}&channel=c", doc)
+        publish(server.tcp, "A", [b"%09d" % i for i in range(a.messages)])
+        pinger = Pinger(server)
+        pinger.start()
+        cpu = server.cpu()
+        time.sleep(10)
+        cpu = server.cpu() - cpu
+        moves = sum(stats(server, t)["channels"][0]["dead_letter_count"] for t in ("A", "B"))
+        print(f"{a.messages:,} messages: {moves:,} dead-letter moves in 10 s, nsqd CPU {cpu / 10:.0%}")
+        print(pinger.stop())
+    finally:
+        server.stop()
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         prog="queue_settings", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    p.add_argument("measure", choices=["ttl", "bounded", "dead"])
+    p.add_argument("measure", choices=["ttl", "bounded", "dead", "expire", "cycle"])
     p.add_argument("--nsqd", default=str(Path(sys.executable).parent / "nsqd"))
     p.add_argument("--messages", type=int, default=100_000)
     p.add_argument("--size", type=int, default=200)
@@ -204,8 +297,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-age", default="5s", help="ttl: the topic's max_age")
     p.add_argument("--max-depth", type=int, default=10_000, help="bounded: the channel's max_depth")
     p.add_argument("--max-attempts", type=int, default=3, help="dead: the channel's max_attempts")
+    p.add_argument("--to-dead-letter", action="store_true", help="expire: to the dead-letter topic")
+    p.add_argument("--consumer", action="store_true", help="expire: a consumer meets them, not the sweep")
     a = p.parse_args(argv)
-    {"ttl": ttl, "bounded": bounded, "dead": dead}[a.measure](a)
+    {"ttl": ttl, "bounded": bounded, "dead": dead, "expire": expire, "cycle": cycle}[a.measure](a)
 
 
 if __name__ == "__main__":
