@@ -310,3 +310,73 @@ class PeekRouteTests(unittest.TestCase):
             self.assertEqual(got, (code, json.dumps({"message": message}).replace(" ", "").encode()), path)
         resp = yield self.treq.post("http://nsqd/channel/peek?topic=t&channel=c")
         self.assertEqual(resp.code, 405)
+
+
+class DeliveryOrderTests(unittest.TestCase):
+    """Bursts deliver in the order peek shows: memory and disk in the turns _next
+    takes, whichever source's turn comes next and whatever a burst's size."""
+
+    def start(self, mem_queue_size: int) -> NSQD:
+        data = os.path.abspath(self.mktemp())
+        os.makedirs(data)
+        n = make_nsqd(backend_factory=None, data_path=data, mem_queue_size=mem_queue_size)
+        n.privilegedStartService()
+        n.startService()
+        self.addCleanup(lambda: n.running and n.stopService())
+        return n
+
+    def deliver(self, n: NSQD, rdy: int, more: list[bytes] | None = None) -> tuple[list[bytes], list[bytes]]:
+        """Consume everything with one consumer of RDY ``rdy``, FINing each burst;
+        ``more`` is published after the first burst. Each burst is checked against
+        the peek just before it; the whole delivered order and the first peek."""
+        ch = n.topics["t"].channels["c"]
+        first = bodies(ch.peek(1000))
+        c = FakeConsumer(1, rdy=rdy)
+        ch.add_client(c)
+        delivered: list[bytes] = []
+        while ch.depth():
+            expected = bodies(ch.peek(1000))
+            ch.kick()
+            burst = bodies(c.got[len(delivered) :])
+            self.assertTrue(burst, "something is delivered")
+            self.assertEqual(burst, expected[: len(burst)], f"a burst of {len(burst)} in peek's order")
+            self.assertEqual(bodies(ch.peek(1000)), expected[len(burst) :], "what is left, in the same order")
+            for m in c.got[len(delivered) :]:
+                ch.finish_message(1, m.id)
+            delivered += burst
+            if more:  # while the consumer is full: queued, not delivered
+                c.in_flight_count = rdy
+                n.publish("t", more)
+                more = None
+            c.in_flight_count = 0
+        ch.remove_client(1)
+        return delivered, first
+
+    def test_every_turn_and_burst_size(self) -> None:
+        for take_backend in (False, True):
+            for in_memory, on_disk in [(0, 5), (4, 0), (3, 3), (2, 7), (7, 2), (5, 6)]:
+                for rdy in (1, 2, 3, 4, 2500):
+                    n = self.start(max(in_memory, 1) if on_disk or in_memory else 1)
+                    ch = n.get_topic("t").get_channel("c")
+                    if not in_memory:
+                        ch._mem_size = 0
+                    n.publish("t", [b"%d" % i for i in range(in_memory + on_disk)])
+                    self.assertEqual((len(ch.memory), ch.backend.depth()), (in_memory, on_disk))
+                    ch._take_backend = take_backend
+                    delivered, peeked = self.deliver(n, rdy)
+                    case = (take_backend, in_memory, on_disk, rdy)
+                    self.assertEqual(delivered, peeked, case)
+                    self.assertEqual(sorted(delivered), sorted(b"%d" % i for i in range(in_memory + on_disk)), case)
+                    n.stopService()
+
+    def test_memory_refilled_behind_the_disk(self) -> None:
+        """Memory empties first, then takes what is published next, while the disk
+        still holds older messages: the issue's peek [2, 203, 3, 204, ...]."""
+        for rdy in (1, 2, 3, 2500):
+            n = self.start(4)
+            n.get_topic("t").get_channel("c")
+            n.publish("t", [b"%d" % i for i in range(20)])  # 0-3 in memory, 4-19 on disk
+            more = [b"%d" % i for i in range(100, 104)]
+            delivered, _ = self.deliver(n, rdy, more=more)
+            self.assertEqual(sorted(delivered), sorted([b"%d" % i for i in range(20)] + more))
+            n.stopService()
