@@ -12,10 +12,12 @@ from twisted.internet import defer
 from twisted.trial import unittest
 
 from nsqd_tw.core.nsqd import NSQD
+from nsqd_tw.core.queue import CutMessage
 from nsqd_tw.http.api import NSQDHTTPAPI
 from nsqd_tw.http.metrics import make_registry, render
 from nsqd_tw.http.stats import get_stats, print_stats
 from nsqd_tw.http.statsd import metric_lines
+from nsqd_tw.storage.backend import DummyBackendQueue, MemoryBackendQueue
 from tests.helpers import FakeClient, make_nsqd
 from tests.nsqd_tw.test_channel import FakeConsumer
 
@@ -190,6 +192,87 @@ class PeekTests(unittest.TestCase):
         self.nsqd.publish("held", [b"a", b"b", b"c"])
         self.assertEqual(sorted(bodies(self.nsqd.topics["held"].peek(10))), [b"a", b"b", b"c"])
         self.assertEqual(self.nsqd.topics["held"].depth(), 3)
+
+
+class OldBackend(MemoryBackendQueue):
+    """An embedder's backend written before peek's byte bound."""
+
+    def peek(self, n: int) -> list[bytes]:  # type: ignore[override]
+        return list(self._records)[:n]
+
+
+class BoundedPeekTests(unittest.TestCase):
+    """peek(n, max_bytes): in order, as many as fit; the first cut if even it does not."""
+
+    RECORD = 26 + 100  # a record of a 100-byte body
+
+    def setUp(self) -> None:
+        self.nsqd = make_nsqd(mem_queue_size=2)
+        self.channel = self.nsqd.get_topic("t").get_channel("c")
+
+    def publish(self, *sizes: int) -> None:
+        self.nsqd.publish("t", [(b"%d:" % i).ljust(size, b".") for i, size in enumerate(sizes)])
+
+    def names(self, msgs: list) -> list[bytes]:
+        return [m.body.partition(b":")[0] for m in msgs]
+
+    def test_memory_and_dummy_backends(self) -> None:
+        q = MemoryBackendQueue("q")
+        for size in (10, 20, 30):
+            q.put(b"x" * size)
+        self.assertEqual(q.peek(3, max_bytes=30), [b"x" * 10, b"x" * 20])
+        self.assertEqual(q.peek(3, max_bytes=59), [b"x" * 10, b"x" * 20])
+        self.assertEqual(q.peek(1, max_bytes=1000), [b"x" * 10])
+        (cut,) = q.peek(3, max_bytes=4)
+        self.assertEqual((bytes(cut), cut.size), (b"xxxx", 10))
+        self.assertEqual(q.depth(), 3)
+        self.assertEqual(DummyBackendQueue("d").peek(3, max_bytes=4), [])
+
+    def test_in_delivery_order_as_many_as_fit(self) -> None:
+        self.publish(*[100] * 6)  # memory 0 1, backend 2-5: order 2 0 3 1 4 5
+        self.assertEqual(self.names(self.channel.peek(10)), [b"2", b"0", b"3", b"1", b"4", b"5"])
+        self.assertEqual(self.names(self.channel.peek(10, 3 * self.RECORD)), [b"2", b"0", b"3"])
+        self.assertEqual(self.names(self.channel.peek(10, 4 * self.RECORD - 1)), [b"2", b"0", b"3"])
+        self.assertEqual(self.names(self.channel.peek(2, 10 * self.RECORD)), [b"2", b"0"])
+        self.assertFalse(any(isinstance(m, CutMessage) for m in self.channel.peek(10, 3 * self.RECORD)))
+
+    def test_a_first_message_too_big_is_cut(self) -> None:
+        self.publish(1000, 100, 100)  # memory 0 1, backend 2
+        self.channel._take_backend = True  # memory's turn: 0 first
+        (m,) = self.channel.peek(10, 226)
+        self.assertIsInstance(m, CutMessage)
+        self.assertEqual((m.body, m.body_bytes), (b"0:".ljust(200, b"."), 1000))
+        self.channel._take_backend = False  # the backend's turn: 2, then 0, which does not fit
+        self.assertEqual(self.names(self.channel.peek(10, 1025)), [b"2"])
+
+    def test_a_first_message_from_the_backend_is_cut_there(self) -> None:
+        self.publish(100, 100, 5000)
+        (m,) = self.channel.peek(10, 1026)
+        self.assertIsInstance(m, CutMessage)
+        self.assertEqual((self.names([m]), len(m.body), m.body_bytes), ([b"2"], 1000, 5000))
+
+    def test_a_message_back_in_memory_is_cut_too(self) -> None:
+        c = FakeConsumer(1, rdy=1)
+        self.channel.add_client(c)
+        self.publish(1000)
+        self.channel.requeue_message(1, c.got[0].id, 0)
+        (m,) = self.channel.peek(10, 126)
+        self.assertEqual((len(m.body), m.body_bytes, m.attempts), (100, 1000, 1))
+        self.assertEqual(self.channel.peek(10)[0].body, b"0:".ljust(1000, b"."), "nothing queued changed")
+
+    def test_nothing_after_a_backend_record_that_does_not_fit(self) -> None:
+        """The backend's next record is over the bound: memory's after it are not shown
+        in its place (they come after it)."""
+        self.publish(100, 100, 100, 1000, 100)  # memory 0 1, backend 2 3 4: order 2 0 3 1 4
+        self.assertEqual(self.names(self.channel.peek(10, 3 * self.RECORD)), [b"2", b"0"])
+
+    def test_a_backend_written_before_the_bound(self) -> None:
+        n = make_nsqd(mem_queue_size=2, backend_factory=lambda name, ephemeral: OldBackend(name))
+        ch = n.get_topic("t").get_channel("c")
+        n.publish("t", [b"%d" % i for i in range(6)])
+        self.assertEqual(bodies(ch.peek(10, 26 * 3 + 3)), [b"2", b"0", b"3"])
+        (m,) = ch.peek(10, 26)
+        self.assertEqual((m.body, m.body_bytes), (b"", 1))
 
 
 class DiskTests(unittest.TestCase):
