@@ -11,9 +11,12 @@ from treq.testing import StubTreq
 from twisted.internet import defer
 from twisted.trial import unittest
 
+from nsq_wire import gojson
+from nsqd_tw.core.message import Message
 from nsqd_tw.core.nsqd import NSQD
 from nsqd_tw.core.queue import CutMessage
 from nsqd_tw.http.api import NSQDHTTPAPI
+from nsqd_tw.http.inspect import PEEK_BYTES, PEEK_RECORD_BYTES, message_json, peek_json
 from nsqd_tw.http.metrics import make_registry, render
 from nsqd_tw.http.stats import get_stats, print_stats
 from nsqd_tw.http.statsd import metric_lines
@@ -463,3 +466,80 @@ class DeliveryOrderTests(unittest.TestCase):
             delivered, _ = self.deliver(n, rdy, more=more)
             self.assertEqual(sorted(delivered), sorted([b"%d" % i for i in range(20)] + more))
             n.stopService()
+
+
+class PeekAnswerTests(unittest.TestCase):
+    """The answer: Go's JSON of the four keys as before, at most PEEK_BYTES."""
+
+    def setUp(self) -> None:
+        self.nsqd = make_nsqd(mem_queue_size=2)
+        self.nsqd.get_topic("t").get_channel("c")
+        self.treq = StubTreq(NSQDHTTPAPI(self.nsqd).resource())
+
+    @defer.inlineCallbacks
+    def peek(self, query: str = "n=1000"):
+        resp = yield self.treq.get("http://nsqd/channel/peek?topic=t&channel=c&" + query)
+        self.assertEqual(resp.code, 200)
+        self.assertEqual(resp.headers.getRawHeaders(b"content-type"), [b"application/json; charset=utf-8"])
+        content = yield resp.content()
+        return content
+
+    def test_small_answers_as_before(self) -> None:
+        msgs = [Message(b"0123456789abcdef", b"<body & \x00 \xff>", 1_700_000_000_000_000_001, 3)]
+        msgs.append(Message(b"fedcba9876543210", b"", 5, 0))
+        origins = {b"fedcba9876543210": {"topic": "a<b", "channel": "c", "attempts": 2}}
+        before = gojson.dumps(
+            {
+                "messages": [
+                    {
+                        "id": m.id.decode(),
+                        "timestamp": m.timestamp,
+                        "attempts": m.attempts,
+                        "body": base64.b64encode(m.body).decode(),
+                        **({"dead_letter": origins[m.id]} if m.id in origins else {}),
+                    }
+                    for m in msgs
+                ]
+            }
+        )
+        self.assertEqual(peek_json(msgs, origins.get), before)
+        self.assertEqual(peek_json([], origins.get), b'{"messages":[]}')
+
+    @defer.inlineCallbacks
+    def test_as_many_as_fit_in_the_bound(self):
+        self.nsqd.publish("t", [b"%d" % i * (1 << 20) for i in range(10)])
+        content = yield self.peek()
+        self.assertLessEqual(len(content), PEEK_BYTES)
+        data = json.loads(content)
+        self.assertEqual(list(data), ["messages", "truncated"])
+        self.assertIs(data["truncated"], True)
+        self.assertEqual(len(data["messages"]), 2, "a third would pass 4 MiB of base64")
+        for m in data["messages"]:
+            self.assertEqual(list(m), ["id", "timestamp", "attempts", "body"])
+            self.assertEqual(len(base64.b64decode(m["body"])), 1 << 20)
+        content = yield self.peek("n=2")
+        self.assertEqual(list(json.loads(content)), ["messages"], "n=2: nothing left out")
+
+    @defer.inlineCallbacks
+    def test_a_message_too_big_for_the_answer_is_cut(self):
+        for size in (5 << 20, PEEK_RECORD_BYTES - 26):  # cut by the queue's read, then by the answer
+            self.nsqd.topics["t"].channels["c"].empty()
+            body = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+            self.nsqd.publish("t", [body, b"small"])
+            content = yield self.peek()
+            self.assertLessEqual(len(content), PEEK_BYTES)
+            self.assertGreater(len(content), PEEK_BYTES - 4, "as much of the body as fits")
+            data = json.loads(content)
+            self.assertEqual(list(data), ["messages", "truncated"])
+            (m,) = data["messages"]
+            self.assertEqual(list(m), ["id", "timestamp", "attempts", "body", "body_bytes", "truncated"])
+            self.assertEqual((m["body_bytes"], m["truncated"]), (size, True))
+            cut = base64.b64decode(m["body"])
+            self.assertEqual(cut, body[: len(cut)])
+
+    def test_a_cut_dead_letter_keeps_its_origin_first(self) -> None:
+        msg = Message(b"0123456789abcdef", b"x" * (5 << 20), 1, 1)
+        data = json.loads(peek_json([msg], lambda msg_id: {"topic": "t", "channel": "c"}))
+        (m,) = data["messages"]
+        self.assertEqual(list(m), ["id", "timestamp", "attempts", "body", "dead_letter", "body_bytes", "truncated"])
+        self.assertEqual(message_json(msg)[:40], b'{"id":"0123456789abcdef","timestamp":1,"')
