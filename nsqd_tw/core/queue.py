@@ -253,6 +253,8 @@ class MessageQueue:
         total at most that many bytes, in order; the first, alone over it, comes
         as a :class:`CutMessage`, its body cut to fit (the backend reads no more
         than the bound)."""
+        if max_bytes is not None:
+            max_bytes = max(max_bytes, MESSAGE_HEADER_LENGTH)  # a cut record is still a message
         memory = list(islice(self.memory, max(n, 0)))
         backend, stopped = _backend_peek(self.backend, n, max_bytes)
         order: list[Item] = []
@@ -271,7 +273,7 @@ class MessageQueue:
             else:
                 break
         if max_bytes is not None:
-            return _bounded(order, max(max_bytes, MESSAGE_HEADER_LENGTH))
+            return _bounded(order, max_bytes)
         return [Message.decode(i if isinstance(i, bytes) else i.encode()) for i in order]
 
     def oldest_timestamp(self) -> int | None:

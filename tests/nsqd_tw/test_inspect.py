@@ -253,6 +253,8 @@ class BoundedPeekTests(unittest.TestCase):
         (m,) = self.channel.peek(10, 1026)
         self.assertIsInstance(m, CutMessage)
         self.assertEqual((self.names([m]), len(m.body), m.body_bytes), ([b"2"], 1000, 5000))
+        (m,) = self.channel.peek(10, 1)  # a bound under a record's header: the header still
+        self.assertEqual((m.body, m.body_bytes, m.timestamp), (b"", 5000, self.channel.peek(1)[0].timestamp))
 
     def test_a_message_back_in_memory_is_cut_too(self) -> None:
         c = FakeConsumer(1, rdy=1)
