@@ -387,19 +387,53 @@ class Channel(MessageQueue):
         return taken
 
     def _take_both(self, burst: list[Message], n: int, read_many: Callable[[int], list[tuple[bytes, object]]]) -> None:
-        """:meth:`_take` with records in the backend: half the turns each, as
-        :meth:`_next` alternates, the backend's read in runs; a record with a
-        deliver-at time to come waits in the deferred queue."""
+        """:meth:`_take` with records in the backend, in :meth:`_next`'s turns: the
+        ``i``-th call prefers the backend iff the flag toggled ``i + 1`` times is
+        True, and takes the other source when the preferred one has nothing left;
+        the flag is left as that many calls leave it. The backend's turns are read
+        in runs; a record with a deliver-at time to come takes its turn and waits
+        in the deferred queue."""
+        while len(burst) < n:
+            want = n - len(burst)
+            backend_first = not self._take_backend  # the flag once toggled
+            # the backend's turns of the next ``want``: every other one, the first included if backend_first
+            from_backend = (want + backend_first) // 2 if self.memory else want
+            from_disk, ended = self._read_turns(from_backend, read_many) if from_backend else ([], False)
+            # memory's turns, and the backend's too once it has nothing left
+            from_memory = self._take_memory(want - len(from_disk) if ended else want - from_backend)
+            if len(from_memory) < want - from_backend and not ended:  # memory ran out: its turns go to the backend
+                more, ended = self._read_turns(want - len(from_memory) - len(from_disk), read_many)
+                from_disk += more
+            turns = len(from_disk) + len(from_memory)
+            if not turns:
+                break
+            first, second = (from_disk, from_memory) if backend_first else (from_memory, from_disk)
+            k = min(len(first), len(second))
+            taken: list[Any] = [None] * (2 * k)
+            taken[0::2] = first[:k]
+            taken[1::2] = second[:k]
+            taken += first[k:]
+            taken += second[k:]
+            if turns & 1:  # toggled an odd number of times
+                self._take_backend = backend_first
+            burst += [m for m in taken if m is not None] if None in from_disk else taken
+            if ended and not self.memory:
+                break
+
+    def _read_turns(
+        self, n: int, read_many: Callable[[int], list[tuple[bytes, object]]]
+    ) -> tuple[list[Message | None], bool]:
+        """The backend's next ``n`` turns: its messages, None for one whose deliver-at
+        time is to come (moved to the deferred queue); and whether it ran out. A
+        record that does not decode takes no turn, as in :meth:`_next`."""
         backend = self.backend
         take_deferred = backend.take_deferred
         decode = Message.decode
+        out: list[Message | None] = []
         now_ns = None
-        while len(burst) < n:
-            want = n - len(burst)
-            # the backend's turns of the next ``want``: _next takes it when the flag was False
-            from_backend = (want + 1 - self._take_backend) // 2 if self.memory else want
-            from_disk: list[Message] = []
-            records = read_many(from_backend) if from_backend else []
+        while len(out) < n:
+            asked = n - len(out)
+            records = read_many(asked)
             for data, ref in records:
                 try:
                     msg = decode(data)
@@ -414,18 +448,12 @@ class Channel(MessageQueue):
                         now_ns = self.ctx.now_ns()
                     if at > now_ns:
                         self.deferred.push(msg, at / 1e9)
+                        out.append(None)
                         continue
-                from_disk.append(msg)
-            from_memory = self._take_memory(want - len(records) if len(records) < from_backend else want - from_backend)
-            if not records and not from_memory:
-                break
-            # in turns, the backend's first: as _next would have handed them out
-            k = min(len(from_disk), len(from_memory))
-            for pair in zip(from_disk, from_memory, strict=False):
-                burst += pair
-            burst += from_disk[k:]
-            burst += from_memory[k:]
-            self._take_backend = bool(from_disk) and len(from_disk) > len(from_memory)
+                out.append(msg)
+            if len(records) < asked:
+                return out, True
+        return out, False
 
     def _deliver_one(self, c: Consumer, now: float, expire_before: int) -> bool:
         """One message to ``c``, for a channel with a TTL or a consumer with a sample

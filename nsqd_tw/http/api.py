@@ -6,7 +6,6 @@ Go's response conventions and httprouter's routing come from
 
 from __future__ import annotations
 
-import base64
 import json
 import socket
 from typing import Any
@@ -34,12 +33,12 @@ from nsq_wire.errors import FatalClientError
 from nsq_wire.gofmt import parse_rfc3339_ns, rfc3339_nano
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
 from nsq_wire.version import VERSION, version_string
-from nsqd_tw.core.message import Message
 from nsqd_tw.core.nsqd import NSQD
 from nsqd_tw.core.queue import QueueFull
 from nsqd_tw.core.retention import RewindError
 from nsqd_tw.core.settings import SettingsError, parse_settings
 from nsqd_tw.core.topic import DrainingError, StandbyError, Topic, TopicError
+from nsqd_tw.http.inspect import PeekRoutes
 from nsqd_tw.http.stats import get_stats, print_stats
 from nsqd_tw.lookup import split_host_port
 from nsqd_tw.options import TLS_REQUIRED
@@ -48,8 +47,6 @@ from nsqd_tw.replication.service import PromoteError
 from nsqd_tw.storage.errors import DiskBudgetFull
 from nsqd_tw.storage.retained import SinceTooOld
 
-PEEK_DEFAULT = 10  # messages /topic/peek and /channel/peek answer with, unless ?n= says
-PEEK_MAX = 1000
 DRAINING = "DRAINING"  # beyond Go: a refused publish or creation while nsqd drains
 # beyond Go: what a replication standby refuses (it changes only as its primary says)
 STANDBY_REFUSED = frozenset(
@@ -73,7 +70,7 @@ STANDBY_REFUSED = frozenset(
 )
 
 
-class NSQDHTTPAPI(GoHTTPAPI):
+class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes):
     log_namespace = "nsqd_tw.http.api"
     settable_options = ("nsqlookupd_tcp_addresses", "log_level")
 
@@ -455,37 +452,6 @@ class NSQDHTTPAPI(GoHTTPAPI):
             raise HTTPError(404, "DEAD_LETTER_NOT_FOUND")
         return {"id": msg_id, "dead_letter_topic": topic, **origin}
 
-    # -- beyond Go: queued messages, looked at without taking them ----------------------
-
-    def _peek_count(self, request: Request) -> int:
-        """``n``: 1 to PEEK_MAX (PEEK_DEFAULT when not given)."""
-        params = self.query(request)
-        if "n" not in params:
-            return PEEK_DEFAULT
-        try:
-            n = go_parse_int(params["n"][0])
-        except ValueError:
-            raise HTTPError(400, "INVALID_N") from None
-        if not 1 <= n <= PEEK_MAX:
-            raise HTTPError(400, "INVALID_N")
-        return n
-
-    @route("/topic/peek", "GET")
-    def topic_peek(self, request: Request) -> dict[str, Any]:
-        """A topic's own backlog (a topic with no channel, a paused one)."""
-        topic = self._existing_topic(request)
-        return self._peek_answer(topic.name, topic.peek(self._peek_count(request)))
-
-    @route("/channel/peek", "GET")
-    def channel_peek(self, request: Request) -> dict[str, Any]:
-        channel = self._existing_channel(request)
-        return self._peek_answer(channel.topic_name, channel.peek(self._peek_count(request)))
-
-    def _peek_answer(self, topic: str, msgs: list[Message]) -> dict[str, Any]:
-        """The messages as JSON; a dead letter with where it came from (``dead_letter``)."""
-        origin = self.nsqd.dead_letters.origin
-        return {"messages": [message_json(m, origin(topic, m.id)) for m in msgs]}
-
     @route("/stats", "GET")
     def stats(self, request: Request) -> Any:
         params = self.req_params(request)
@@ -639,20 +605,6 @@ def _publish_refusal(e: Exception) -> str:
     if isinstance(e, QueueFull):
         return f"QUEUE_FULL: {e}"
     return "EXITING"
-
-
-def message_json(msg: Message, dead_letter: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One peeked message. Keys added later go after these four, so that readers
-    of these keep working: ``dead_letter``, where a dead letter came from."""
-    doc: dict[str, Any] = {
-        "id": msg.id.decode("latin-1"),  # Go's IDs are 16 hex digits
-        "timestamp": msg.timestamp,
-        "attempts": msg.attempts,
-        "body": base64.b64encode(msg.body).decode("ascii"),
-    }
-    if dead_letter is not None:
-        doc["dead_letter"] = dead_letter
-    return doc
 
 
 def _topic_arg(params: dict[str, list[str]]) -> str:

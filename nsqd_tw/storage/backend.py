@@ -15,7 +15,7 @@ Implementations:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import islice
 
 from zope.interface import Attribute, Interface, implementer
@@ -65,9 +65,14 @@ class IBackendQueue(Interface):
     def depth() -> int:
         """The number of records held."""
 
-    def peek(n: int) -> list[bytes]:
+    def peek(n: int, max_bytes: int | None = None) -> list[bytes]:
         """Up to ``n`` of the oldest records, in order, none of them taken
-        (for inspection; a backend without it shows none)."""
+        (for inspection; a backend without it shows none). With ``max_bytes``,
+        no more records than total at most that many bytes, each read only if it
+        fits; a first record alone over it comes cut to its first ``max_bytes``
+        bytes, as a :class:`CutRecord` (read no further: a peek holds no more
+        than its bound). A backend written before ``max_bytes`` is called
+        without it (see docs/extending.md)."""
 
     def head() -> bytes | None:
         """The oldest record, not taken (``None``: none); optional, cheap where it
@@ -90,6 +95,35 @@ class IBackendQueue(Interface):
 
     def close() -> None:
         """Release resources, keeping the records for the next start."""
+
+
+class CutRecord(bytes):
+    """The first bytes of a record that alone passes a peek's ``max_bytes``;
+    ``size``: the whole record's."""
+
+    size: int
+
+    def __new__(cls, data: bytes, size: int) -> CutRecord:
+        cut = super().__new__(cls, data)
+        cut.size = size
+        return cut
+
+
+def take_bounded(records: Iterable[bytes], max_bytes: int | None) -> list[bytes]:
+    """``records`` in order while they total at most ``max_bytes`` (None: all of
+    them); the first, alone over it, cut (a peek's bound, for records held in memory)."""
+    if max_bytes is None:
+        return list(records)
+    out: list[bytes] = []
+    total = 0
+    for record in records:
+        total += len(record)
+        if total > max_bytes:
+            if not out:
+                out.append(CutRecord(record[:max_bytes], len(record)))
+            break
+        out.append(record)
+    return out
 
 
 class _NoAcks:
@@ -134,8 +168,8 @@ class MemoryBackendQueue(_NoAcks):
     def get(self) -> bytes | None:
         return self._records.popleft() if self._records else None
 
-    def peek(self, n: int) -> list[bytes]:
-        return list(islice(self._records, max(n, 0)))
+    def peek(self, n: int, max_bytes: int | None = None) -> list[bytes]:
+        return take_bounded(islice(self._records, max(n, 0)), max_bytes)
 
     def head(self) -> bytes | None:
         return self._records[0] if self._records else None
@@ -183,7 +217,7 @@ class DummyBackendQueue(_NoAcks):
     def get(self) -> bytes | None:
         return None
 
-    def peek(self, n: int) -> list[bytes]:
+    def peek(self, n: int, max_bytes: int | None = None) -> list[bytes]:
         return []
 
     def head(self) -> bytes | None:

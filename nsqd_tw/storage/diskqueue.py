@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 from zope.interface import implementer
 
 from nsq_wire.message import ID_OFFSET, MSG_ID_LENGTH, TIMESTAMP
-from nsqd_tw.storage.backend import IBackendQueue
+from nsqd_tw.storage.backend import CutRecord, IBackendQueue
 from nsqd_tw.storage.budget import DiskBudget
 from nsqd_tw.storage.deferred import DeferredTimes
 from nsqd_tw.storage.errors import DiskQueueError
@@ -389,19 +389,28 @@ class DiskQueue:
 
     # -- peeking (beyond Go): the next records, left where they are -------------------
 
-    def peek(self, n: int) -> list[bytes]:
+    def peek(self, n: int, max_bytes: int | None = None) -> list[bytes]:
         """Up to ``n`` records from the read position on, not read (the read
-        position, the reader and its buffer stay as they are)."""
+        position, the reader and its buffer stay as they are); with ``max_bytes``,
+        as :meth:`IBackendQueue.peek` bounds them (a record that does not fit is not read)."""
         found: list[bytes] = []
         if n <= 0:
             return found
+        total = 0
         reader = RecordReader()
         try:
             for pos, size in self._unread(reader):
+                if max_bytes is not None and total + size > max_bytes:
+                    if not found:
+                        data = reader.read_at(pos + 4, max_bytes)
+                        if len(data) == max_bytes:
+                            found.append(CutRecord(data, size))
+                    break
                 data = reader.read_at(pos + 4, size)
                 if len(data) < size:
                     break
                 found.append(data)
+                total += size
                 if len(found) == n:
                     break
         finally:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from nsq_wire.message import MESSAGE_HEADER_LENGTH, TIMESTAMP
+from nsqd_tw.storage.backend import CutRecord
 from nsqd_tw.storage.budget import DiskBudget
 from nsqd_tw.storage.files import read_regular, write_atomic
 from nsqd_tw.storage.layout import RECORD_SIZE, framed
@@ -597,11 +598,28 @@ class RetainedReader:
             seg = self.log.segment(r.num)
             self._limit = r.limit = end.offset if r.num == end.segment else (seg.size if seg else self._limit)
 
-    def peek(self, max_n: int, max_bytes: int) -> list[bytes]:
-        """What :meth:`read` would return, not read."""
+    def peek(self, max_n: int, max_bytes: int | None = None) -> list[bytes]:
+        """Up to ``max_n`` records from the position on, not read; with ``max_bytes``,
+        as :meth:`IBackendQueue.peek` bounds them (a record that does not fit is not read)."""
         position, lost = self.position, self.lost
+        out: list[bytes] = []
+        total = 0
+        r = self._reader
         try:
-            return self.read(max_n, max_bytes)
+            while len(out) < max_n and (size := self._next_record()) is not None:
+                num, offset, ordinal = self.position
+                if max_bytes is not None and total + size > max_bytes:
+                    if not out and len(data := r.read_at(offset + 4, max_bytes)) == max_bytes:
+                        out.append(CutRecord(data, size))
+                    break
+                data = r.read_at(offset + 4, size)
+                if len(data) < size:
+                    self._next_segment()
+                    continue
+                out.append(data)
+                total += size
+                self.position = Position(num, offset + 4 + size, ordinal + 1)
+            return out
         finally:
             self.position, self.lost = position, lost
 
@@ -612,25 +630,8 @@ class RetainedReader:
         total = 0
         log = self.log
         r = self._reader
-        while len(out) < max_n and total < max_bytes and not self.done:
+        while len(out) < max_n and total < max_bytes and (size := self._next_record()) is not None:
             num, offset, ordinal = self.position
-            if r.fd is None or r.num != num:
-                if not self._open(num):
-                    continue
-            if offset + 4 > self._limit:
-                self._next_segment()
-                continue
-            head = r.read_at(offset, 4)
-            size = _unpack_size(head)[0] if len(head) == 4 else -1
-            if size < log.min_size or size > log.max_size or offset + 4 + size > self._limit:
-                log.log.error(
-                    "RETAINED({topic}): bad record in {fn} at offset {at}: the rest of the segment skipped",
-                    topic=log.topic,
-                    fn=log.data_file(num),
-                    at=offset,
-                )
-                self._next_segment()
-                continue
             data = r.read_at(offset + 4, size)
             if len(data) < size:
                 self._next_segment()
@@ -654,6 +655,32 @@ class RetainedReader:
                 ordinal += 1
             self.position = Position(num, offset, ordinal)
         return out
+
+    def _next_record(self) -> int | None:
+        """The size of the record at the position (None: the end), its segment
+        open; what is not a record is logged and the rest of its segment skipped."""
+        log = self.log
+        r = self._reader
+        while not self.done:
+            num, offset, _ = self.position
+            if r.fd is None or r.num != num:
+                if not self._open(num):
+                    continue
+            if offset + 4 > self._limit:
+                self._next_segment()
+                continue
+            head = r.read_at(offset, 4)
+            size: int = _unpack_size(head)[0] if len(head) == 4 else -1
+            if log.min_size <= size <= log.max_size and offset + 4 + size <= self._limit:
+                return size
+            log.log.error(
+                "RETAINED({topic}): bad record in {fn} at offset {at}: the rest of the segment skipped",
+                topic=log.topic,
+                fn=log.data_file(num),
+                at=offset,
+            )
+            self._next_segment()
+        return None
 
     def _open(self, num: int) -> bool:
         seg = self.log.segment(num)

@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 from zope.interface import implementer
 
 from nsq_wire.message import MESSAGE_HEADER_LENGTH, TIMESTAMP
-from nsqd_tw.storage.backend import IBackendQueue
+from nsqd_tw.storage.backend import CutRecord, IBackendQueue
 from nsqd_tw.storage.files import read_regular, write_atomic
 from nsqd_tw.storage.retained import MetaFiles, Position, RetainedLog, RetainedReader, Segment
 from nsqd_tw.storage.snapshot import CHUNK, QueueSnapshot
@@ -284,15 +284,33 @@ class SpillQueue:
     def queued_bytes(self) -> int:
         return int(getattr(self.inner, "queued_bytes", 0)) + self.spilled_bytes
 
-    def peek(self, n: int) -> list[bytes]:
-        out: list[bytes] = list(self.inner.peek(n)) if self.inner.depth() else []
-        for run in self.runs:
-            if len(out) >= n:
+    def peek(self, n: int, max_bytes: int | None = None) -> list[bytes]:
+        """The disk queue's next records, then the runs'. Bounded, a part that
+        stops short of what it holds (its next record did not fit) ends the peek,
+        and only the first record of all may come cut."""
+        out: list[bytes] = []
+        left = max_bytes
+        parts: list[Run | None] = [None, *self.runs]
+        for run in parts:
+            want = n - len(out)
+            if want <= 0:
                 break
-            if run.reader is None:  # made now, it keeps its read-ahead for the read to come
-                run.reader = self.log.reader(run.start, run.end)
-            out.extend(run.reader.peek(n - len(out), READ_BYTES))
-        return out[:n]
+            if run is None:
+                held = self.inner.depth()
+                got = _peek_inner(self.inner, want, left) if held else []
+            else:
+                held = run.count
+                if run.reader is None:  # made now, it keeps its read-ahead for the read to come
+                    run.reader = self.log.reader(run.start, run.end)
+                got = run.reader.peek(want, left)
+            if got and out and isinstance(got[0], CutRecord):
+                break
+            out += got
+            if left is not None:
+                left -= sum(map(len, got))
+                if len(got) < min(want, held) or (got and isinstance(got[-1], CutRecord)):
+                    break
+        return out
 
     def head(self) -> bytes | None:
         got = self.peek(1)
@@ -453,6 +471,11 @@ class _RunMark(NamedTuple):
 def _run(value: Any) -> Run:
     start, end, count, size = value
     return Run(Position(*start), Position(*end), int(count), int(size))
+
+
+def _peek_inner(inner: Any, n: int, max_bytes: int | None) -> list[bytes]:
+    """The disk queue's peek, bounded (a disk queue of ours takes the bound)."""
+    return list(inner.peek(n) if max_bytes is None else inner.peek(n, max_bytes))
 
 
 def _read_inner(inner: Any, n: int) -> list[tuple[bytes, object | None]]:

@@ -13,6 +13,7 @@ from twisted.trial import unittest
 
 from nsqd_tw.core.message import Message
 from nsqd_tw.storage import deferred, records
+from nsqd_tw.storage.backend import CutRecord
 from nsqd_tw.storage.diskqueue import DiskQueue
 from nsqd_tw.storage.errors import DiskQueueError
 from nsqd_tw.storage.layout import FramedRecords
@@ -475,6 +476,35 @@ class PeekTests(Base):
             f.seek(2 * (4 + len(record(0))))
             f.write(b"\xff\xff\xff\xff")  # the third record's size
         self.assertEqual([number(r) for r in q.peek(10)], [0, 1])
+
+    def test_peek_within_a_byte_bound(self) -> None:
+        q = self.queue()
+        q.put_many([record(i, size=100) for i in range(10)])  # records of 126 bytes
+        self.assertEqual([number(r) for r in q.peek(10, max_bytes=126 * 3)], [0, 1, 2])
+        self.assertEqual([number(r) for r in q.peek(10, max_bytes=126 * 4 - 1)], [0, 1, 2])
+        self.assertEqual([number(r) for r in q.peek(2, max_bytes=10_000)], [0, 1])
+        self.assertEqual(len(q.peek(100, max_bytes=10_000)), 10)
+        self.assertNotIsInstance(q.peek(10, max_bytes=126)[0], CutRecord)
+
+    def test_a_first_record_over_the_bound_is_read_only_as_far_as_the_bound(self) -> None:
+        big = Message(b"%016x" % 1, b"b" * (8 << 20), 1_700_000_000_000_000_000).encode()
+        q = DiskQueue("t", self.dir, 64 << 20, MIN, 16 << 20, 2500, self.syncer, self.log)
+        q.put_many([big, record(1)])
+        sizes: list[int] = []
+        pread = os.pread
+
+        def counted(fd: int, n: int, offset: int) -> bytes:
+            sizes.append(n)
+            return pread(fd, n, offset)
+
+        self.patch(os, "pread", counted)
+        (cut,) = q.peek(10, max_bytes=3000)
+        self.assertIsInstance(cut, CutRecord)
+        self.assertEqual((bytes(cut), cut.size), (big[:3000], len(big)))
+        self.assertLessEqual(sum(sizes), records.READ_CHUNK + 3000, "not the whole 8 MiB record")
+        self.assertEqual(q.peek(10, max_bytes=0), [b""], "a bound of nothing: the first record, cut to nothing")
+        self.assertEqual((q.depth(), q.read_pos), (2, 0))
+        self.assertEqual(q.get(), big)
 
     def test_head_timestamp(self) -> None:
         q = self.queue()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 
+from nsqd_tw.core.message import Message
 from nsqd_tw.core.nsqd import NSQD
+from nsqd_tw.storage.backend import CutRecord
 from nsqd_tw.storage.diskqueue import DiskQueue
 from nsqd_tw.storage.spill import SpillQueue
 from tests.nsqd_tw.test_rewind import RetentionTestCase
@@ -168,6 +170,31 @@ class SpillTests(RetentionTestCase):
             records += [r for _, r in snap.take()]
         self.assertEqual([r[26:] for r in records], self.bodies(10, 100))
         self.assertIsNotNone(backend.head_timestamp())
+
+    def test_peek_within_a_byte_bound(self) -> None:
+        n = self.start(retention=3600.0, mem_queue_size=10)
+        channel = n.get_topic("t").get_channel("c")
+        self.fill(n, 100)  # m0-m9 in memory, the rest in a run
+        backend = channel.backend
+        assert isinstance(backend, SpillQueue)
+        size = 26 + len(b"m10")
+        self.assertEqual([r[26:] for r in backend.peek(50, max_bytes=3 * size)], self.bodies(10, 13))
+        self.assertEqual([r[26:] for r in backend.peek(50, max_bytes=4 * size - 1)], self.bodies(10, 13))
+        (cut,) = backend.peek(50, max_bytes=size - 1)
+        self.assertIsInstance(cut, CutRecord)
+        self.assertEqual((cut[26:], cut.size), (b"m1", size))
+        # the disk queue's records come first: one that does not fit ends the peek there
+        c = self.consumer(channel, rdy=1)
+        self.assertEqual(c.got[0].body, b"m10")
+        channel.requeue_message(c.id, c.got[0].id, 0)  # to the disk queue
+        self.assertEqual(backend.inner.depth(), 1)
+        self.assertEqual([r[26:] for r in backend.peek(50, max_bytes=2 * size)], [b"m10", b"m11"])
+        self.assertEqual([r[26:] for r in backend.peek(50, max_bytes=2 * size - 1)], [b"m10"])
+        (cut,) = backend.peek(50, max_bytes=size - 1)
+        self.assertEqual((cut[26:], cut.size), (b"m1", size))
+        self.assertEqual(backend.depth(), 90)
+        backend.inner.put(Message(b"%016x" % 999, b"x" * 100, 0).encode())  # after it, one that does not fit
+        self.assertEqual([r[26:] for r in backend.peek(50, max_bytes=3 * size)], [b"m10"], "nothing after it")
 
     def test_started_without_retention_the_runs_go_to_the_disk_queue(self) -> None:
         n = self.start(retention=3600.0, mem_queue_size=10)
