@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from nsq_wire.message import ID_OFFSET, MESSAGE_HEADER_LENGTH
 from nsq_wire.names import is_ephemeral
 from nsqd_tw.core.bounds import trim
-from nsqd_tw.core.expiry import DISPATCH_LIMIT, release_if_empty
+from nsqd_tw.core.deadletters import dead_at_return, expired_to_dead_letter
+from nsqd_tw.core.expiry import step_over_expired
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.pqueue import DeferredQueue, TimeoutQueue
 from nsqd_tw.core.quantile import Quantile, new_latency_quantile
@@ -72,7 +73,7 @@ class Channel(MessageQueue):
         self.clients: dict[int, Consumer] = {}
         self._consumers: list[Consumer] = []
         self._rr = 0
-        self._more_scheduled = False  # a delivery that stepped over many expired goes on next turn
+        self.more_scheduled = False  # a delivery that stepped over many expired goes on next turn
         self.rewind: Rewind | None = None  # beyond Go: retained messages it is getting again
         # a rewind's copies may meet the messages they copy: no ID is in flight twice
         self.copies = False
@@ -194,7 +195,7 @@ class Channel(MessageQueue):
         """A message delivered comes back (REQ, timeout, its consumer gone): queued
         again, or past ``max_attempts`` moved to the dead-letter topic."""
         shipper = self.ctx.shipper
-        if not self._dead_at_return(msg):
+        if not dead_at_return(self, msg):
             self._put(msg)
             if shipper is not None:
                 shipper.requeued(self, msg, 0.0)
@@ -203,33 +204,9 @@ class Channel(MessageQueue):
         elif shipper is not None:
             shipper.gone(self, (msg.id,))
 
-    def _dead_at_return(self, msg: Message) -> bool:
-        """Whether ``msg``, back from a consumer, was moved to the dead-letter topic."""
-        limit = self.policy.max_attempts
-        return bool(limit) and msg.attempts >= limit and self._dead_letter(msg, "max_attempts")
-
-    def _dead_letter(self, msg: Message, why: str) -> bool:
-        """Publish ``msg`` to the dead-letter topic (False: it has none, or it
-        could not take the message: then it stays here)."""
-        target = self.policy.dead_letter_to(self.topic_name)
-        if target is None or not self.ctx.dead_letter(self, target, msg, why):
-            return False
-        if msg.ref is not None:  # durable: done once the copy is on disk; a crash before leaves it in both
-            self.ctx.after_sync(lambda ref=msg.ref: self._done_unless_closed(ref))
-        self.dead_letter_count += 1
-        return True
-
-    def _done_unless_closed(self, ref: object) -> None:
-        if not self.exiting:  # closed meanwhile: its record stays, read again at the next start
-            self.backend.done(ref)
-
     def expired(self, msg: Message) -> None:
-        if self.policy.expire_to_dead_letter and self._dead_letter(msg, "max_age"):
-            self.expired_count += 1
-            if self.ctx.shipper is not None:
-                self.ctx.shipper.gone(self, (msg.id,))
-            return
-        super().expired(msg)
+        if not expired_to_dead_letter(self, msg):
+            super().expired(msg)
 
     def waiting(self) -> tuple[int, int]:
         """What a bound counts: queued and deferred messages (not those in flight)."""
@@ -261,7 +238,7 @@ class Channel(MessageQueue):
             return 0
         return sum(max(0, c.ready_count - c.in_flight_count) for c in self._consumers if not c.blocked)
 
-    def _pop(self) -> Message | None:
+    def take_next(self) -> Message | None:
         """The next queued message due now; one deferred (durable mode) waits its time."""
         msg, at = self._next()
         return msg if at is None else self._due(msg, at)
@@ -458,12 +435,12 @@ class Channel(MessageQueue):
     def _deliver_one(self, c: Consumer, now: float, expire_before: int) -> bool:
         """One message to ``c``, for a channel with a TTL or a consumer with a sample
         rate: False when nothing is queued (due now)."""
-        msg = self._pop()
+        msg = self.take_next()
         while msg is not None and self.skips and self._skipped(msg.id):
             self._forget(msg)  # (a promoted standby) finished on its old primary
-            msg = self._pop()
+            msg = self.take_next()
         if expire_before and msg is not None and msg.timestamp < expire_before:
-            msg = self._step_over_expired(msg, expire_before)
+            msg = step_over_expired(self, msg, expire_before)
         if msg is None:
             return False
         if self.copies and msg.id in self.in_flight:
@@ -480,29 +457,6 @@ class Channel(MessageQueue):
         self.in_flight.push(msg, now + c.msg_timeout)
         c.send_messages([msg])
         return True
-
-    def _step_over_expired(self, msg: Message | None, expire_before: int) -> Message | None:
-        """Drop ``msg`` and the expired messages after it (never delivered past their
-        TTL): the first one due now that has not expired, or None. At most
-        DISPATCH_LIMIT a call; past that the delivery goes on next reactor turn."""
-        n = 0
-        while msg is not None and msg.timestamp < expire_before:
-            self.expired(msg)
-            n += 1
-            if n >= DISPATCH_LIMIT:
-                if not self._more_scheduled:
-                    self._more_scheduled = True
-                    self.ctx.schedule(self._dispatch_more)
-                return None
-            msg = self._pop()
-        if msg is None:
-            release_if_empty(self)
-        return msg
-
-    def _dispatch_more(self) -> None:
-        self._more_scheduled = False
-        if not self.exiting:
-            self._dispatch()
 
     def kick(self) -> None:
         """A consumer may have gained capacity (RDY, FIN, REQ, unpause)."""
@@ -675,7 +629,7 @@ class Channel(MessageQueue):
             self._back(msg)
             return
         shipper = self.ctx.shipper
-        if self._dead_at_return(msg):
+        if dead_at_return(self, msg):
             if shipper is not None:
                 shipper.gone(self, (msg.id,))
             return

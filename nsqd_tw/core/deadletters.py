@@ -21,16 +21,13 @@ import json
 import os
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from twisted.logger import LogLevel
 
 from nsq_wire.names import is_valid_topic_name
 from nsqd_tw.core.message import Message
 from nsqd_tw.storage.files import read_regular, write_atomic
-
-if TYPE_CHECKING:
-    from nsqd_tw.core.channel import Channel
 
 LEDGER_SIZE = 10_000
 LEDGER_FILE = "dead_letters.json"
@@ -79,6 +76,42 @@ class DeadLetterLedger:
         self.changed = False
 
 
+def dead_at_return(channel: Channel, msg: Message) -> bool:
+    """Whether ``msg``, back from a consumer of ``channel`` (REQ, timeout, its
+    consumer gone) past ``max_attempts``, was moved to the dead-letter topic."""
+    limit = channel.policy.max_attempts
+    return bool(limit) and msg.attempts >= limit and dead_letter(channel, msg, "max_attempts")
+
+
+def expired_to_dead_letter(channel: Channel, msg: Message) -> bool:
+    """``msg`` expired in ``channel``: whether it was moved to the dead-letter
+    topic (``expire_to_dead_letter``), counted as expired there."""
+    if not (channel.policy.expire_to_dead_letter and dead_letter(channel, msg, "max_age")):
+        return False
+    channel.expired_count += 1
+    if channel.ctx.shipper is not None:
+        channel.ctx.shipper.gone(channel, (msg.id,))
+    return True
+
+
+def dead_letter(channel: Channel, msg: Message, why: str) -> bool:
+    """Publish ``msg`` to the channel's dead-letter topic (False: it has none, or
+    that could not take the message: then it stays in the channel)."""
+    target = channel.policy.dead_letter_to(channel.topic_name)
+    if target is None or not channel.ctx.dead_letter(channel, target, msg, why):
+        return False
+    ref = msg.ref
+    if ref is not None:  # durable: done once the copy is on disk; a crash before leaves it in both
+
+        def done() -> None:
+            if not channel.exiting:  # closed meanwhile: its record stays, read again at the next start
+                channel.backend.done(ref)
+
+        channel.ctx.after_sync(done)
+    channel.dead_letter_count += 1
+    return True
+
+
 def _arrived_expired(channel: Channel, source: Channel) -> Callable[[dict[str, int]], str]:
     def text(n: dict[str, int]) -> str:
         return (
@@ -87,6 +120,19 @@ def _arrived_expired(channel: Channel, source: Channel) -> Callable[[dict[str, i
         )
 
     return text
+
+
+class Channel(Protocol):
+    """What dead letters need of a channel (:class:`nsqd_tw.core.channel.Channel`)."""
+
+    topic_name: str
+    name: str
+    ctx: Any
+    backend: Any
+    policy: Any
+    exiting: bool
+    dead_letter_count: int
+    expired_count: int
 
 
 class DeadLetterHost(Protocol):

@@ -36,13 +36,53 @@ DISPATCH_LIMIT = 1_000  # expired messages one delivery steps over before the ne
 FUTURE_SLACK_NS = 1_000_000_000  # a head stamped further ahead than this is re-dated
 
 
-def release_if_empty(queue: MessageQueue) -> None:
+def release_if_empty(queue: MessageQueue | Channel) -> None:
     """A queue that expiry left empty gives back the data file it read to its end
     (Go keeps it until the next write rolls to a new file)."""
     if not queue.depth():
         release = getattr(queue.backend, "release_files", None)
         if release is not None:
             release()
+
+
+class Channel(Protocol):
+    """What a delivery's expiry needs of its channel (:class:`nsqd_tw.core.channel.Channel`)."""
+
+    ctx: Any
+    backend: Any
+    exiting: bool
+    more_scheduled: bool
+
+    def expired(self, msg: Message) -> None: ...
+    def take_next(self) -> Message | None: ...
+    def kick(self) -> None: ...
+    def depth(self) -> int: ...
+
+
+def step_over_expired(channel: Channel, msg: Message | None, expire_before: int) -> Message | None:
+    """A delivery in ``channel`` drops ``msg`` and the expired messages after it
+    (none is delivered past its TTL): the first one due now that has not expired,
+    or None. At most :data:`DISPATCH_LIMIT` a call: past that, None, and the
+    delivery goes on next reactor turn."""
+    n = 0
+    while msg is not None and msg.timestamp < expire_before:
+        channel.expired(msg)
+        n += 1
+        if n >= DISPATCH_LIMIT:
+            if not channel.more_scheduled:
+                channel.more_scheduled = True
+                channel.ctx.schedule(lambda: _deliver_again(channel))
+            return None
+        msg = channel.take_next()
+    if msg is None:
+        release_if_empty(channel)
+    return msg
+
+
+def _deliver_again(channel: Channel) -> None:
+    channel.more_scheduled = False
+    if not channel.exiting:
+        channel.kick()
 
 
 def expire_queue(queue: MessageQueue, before_ns: int, now_ns: int, limit: int, deadline: float) -> tuple[int, int]:

@@ -7,7 +7,6 @@ from typing import Any
 from twisted.trial import unittest
 
 from nsq_wire.frames import FRAME_TYPE_RESPONSE
-from nsqd_tw.core import channel as channel_module
 from nsqd_tw.core import expiry
 from nsqd_tw.core.settings import parse_settings
 from tests.helpers import FakeClient, make_nsqd
@@ -86,7 +85,7 @@ class DispatchTests(Base):
     options = {"mem_queue_size": 10_000}
 
     def test_a_delivery_steps_over_at_most_a_limit_of_expired_a_turn(self) -> None:
-        self.patch(channel_module, "DISPATCH_LIMIT", 100)
+        self.patch(expiry, "DISPATCH_LIMIT", 100)
         self.ttl("t", "c")
         self.nsqd.publish("t", [b"old %d" % i for i in range(450)])
         self.clock.advance(2)
@@ -96,6 +95,6 @@ class DispatchTests(Base):
         self.assertEqual(consumer.sub("t", "c"), (FRAME_TYPE_RESPONSE, b"OK"))
         consumer.command(b"RDY", b"10")
         self.assertEqual(channel.expired_count, 100, "this turn: the limit, then the rest on later turns")
-        self.assertTrue([c for c in self.clock.getDelayedCalls() if c.func == channel._dispatch_more])
+        self.assertTrue([c for c in self.clock.getDelayedCalls() if getattr(c.func, "__name__", "") == "<lambda>"])
         self.assertEqual([m.body for m in consumer.messages()], [b"fresh"])  # (Clock runs the later turns)
         self.assertEqual(channel.expired_count, 450)
