@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 SWEEP_INTERVAL = 1.0  # seconds between passes over the queues with a TTL
 RATE = 100_000  # messages the sweep expires a second, at most
+BURST = RATE // 10  # ... and in any tenth of a second (what the rate has left unused is not saved up)
 SLICE = 2_000  # messages one reactor turn of the sweep expires, at most
 SLICE_SECONDS = 0.01  # ... or for this long, whichever comes first
 DISPATCH_LIMIT = 1_000  # expired messages one delivery steps over before the next reactor turn
@@ -149,7 +150,7 @@ class ExpirySweep:
     def __init__(self, nsqd: SweepHost) -> None:
         self.nsqd = nsqd
         self.queues: dict[MessageQueue, None] = {}
-        self._tokens = float(RATE)
+        self._tokens = float(BURST)
         self._refilled_at: float | None = None
         self._swept_at = float("-inf")
         self._pending: list[MessageQueue] = []  # the queues this pass has still to look at
@@ -176,7 +177,7 @@ class ExpirySweep:
         """The queue scan's tick: start a pass once a second (or go on with one
         that ran out of its rate), its first slice now."""
         if self._refilled_at is not None:
-            self._tokens = min(float(RATE), self._tokens + RATE * max(0.0, now - self._refilled_at))
+            self._tokens = min(float(BURST), self._tokens + RATE * max(0.0, now - self._refilled_at))
         self._refilled_at = now
         if not self.queues or self.nsqd.standby is not None:
             return  # (a standby expires what its primary does, told by it)

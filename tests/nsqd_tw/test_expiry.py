@@ -28,39 +28,39 @@ class RateTests(Base):
     def setUp(self) -> None:
         super().setUp()
         self.patch(expiry, "RATE", 1000)
-        self.patch(expiry, "SLICE", 100)
+        self.patch(expiry, "BURST", 100)
+        self.patch(expiry, "SLICE", 50)
         self.nsqd.expiry = expiry.ExpirySweep(self.nsqd)  # made with the rates above
 
-    def test_a_slice_a_turn_and_the_rate_a_second(self) -> None:
+    def scan(self, after: float) -> None:
+        self.clock.advance(after)
+        self.nsqd.queue_scan()
+        self.clock.advance(0)  # the slices on the next turns (Clock runs them all now)
+
+    def test_a_slice_a_turn_and_the_rate_in_every_tenth_of_a_second(self) -> None:
         self.ttl("t")
         self.nsqd.publish("t", [b"%d" % i for i in range(3000)])
         topic = self.nsqd.get_topic("t")
         self.clock.advance(2)
         self.nsqd.queue_scan()
-        self.assertEqual(topic.expired_count, 100, "the first slice, in the scan's turn")
-        self.clock.advance(0)  # the next turns (Clock runs them all): a slice each, until the rate is spent
-        self.assertEqual(topic.expired_count, 1000)
-        self.clock.advance(0.5)
-        self.nsqd.queue_scan()
-        for _ in range(20):
-            self.clock.advance(0)
-        self.assertEqual(topic.expired_count, 1500, "half a second: half the rate")
+        self.assertEqual(topic.expired_count, 50, "the first slice, in the scan's turn")
+        self.clock.advance(0)
+        self.assertEqual(topic.expired_count, 100, "a tenth of a second's rate, then nothing until the next tick")
         for _ in range(10):
-            self.clock.advance(1)
-            self.nsqd.queue_scan()
-            for _ in range(20):
-                self.clock.advance(0)
+            self.scan(0.1)
+        self.assertLessEqual(abs(topic.expired_count - 1100), 10, "a second: the rate")
+        self.scan(5.0)
+        self.assertLessEqual(abs(topic.expired_count - 1200), 10, "a quiet while is not saved up")
+        for _ in range(30):
+            self.scan(0.1)
         self.assertEqual((topic.expired_count, topic.depth()), (3000, 0))
 
     def test_expiring_to_a_dead_letter_topic_keeps_the_rate(self) -> None:
         self.ttl("t", "c", expire_to_dead_letter=True)
         self.nsqd.publish("t", [b"%d" % i for i in range(2500)])
-        self.clock.advance(2)
-        self.nsqd.queue_scan()
-        for _ in range(50):
-            self.clock.advance(0)
+        self.scan(2.0)
         channel = self.nsqd.get_topic("t").get_channel("c")
-        self.assertEqual((channel.dead_letter_count, self.nsqd.get_topic("t.dead").depth()), (1000, 1000))
+        self.assertEqual((channel.dead_letter_count, self.nsqd.get_topic("t.dead").depth()), (100, 100))
 
 
 class FutureTests(Base):
