@@ -12,6 +12,7 @@ from twisted.web.server import Request, Site
 
 from lookupd_tw.nsqlookupd import NSQLookupd
 from lookupd_tw.registration_db import GO_ZERO_TIME_NS, Registration, filter_by_active
+from lookupd_tw.witness import WitnessRoutes
 from nsq_service.pprof import add_debug_routes
 from nsq_service.web import GoHTTPAPI, HTTPError, Router, route
 from nsq_service.web import body as read_body
@@ -36,7 +37,7 @@ def _topic_channel(params: dict[str, list[str]]) -> tuple[str, str]:
     return topic, channel
 
 
-class LookupdHTTPAPI(GoHTTPAPI):
+class LookupdHTTPAPI(WitnessRoutes, GoHTTPAPI):
     log_namespace = "lookupd_tw.http_api"
 
     def __init__(self, lookupd: NSQLookupd) -> None:

@@ -10,6 +10,7 @@ from twisted.application import service
 
 from lookupd_tw.options import NSQLookupdOptions
 from lookupd_tw.registration_db import PeerInfo, Registration, RegistrationDB
+from lookupd_tw.witness import Witness
 from nsq_service.log import LogGate
 from nsq_wire.version import version_string
 
@@ -29,7 +30,7 @@ class _Removal:
 class NSQLookupd(service.Service):
     name = "nsqlookupd"
 
-    def __init__(self, opts: NSQLookupdOptions, reactor: Any = None) -> None:
+    def __init__(self, opts: NSQLookupdOptions, reactor: Any = None, witness_clock: Any = None) -> None:
         if reactor is None:
             from twisted.internet import reactor as _reactor
 
@@ -40,6 +41,8 @@ class NSQLookupd(service.Service):
         self.log = self.log_gate.logger("lookupd_tw.nsqlookupd", self)
         self.reactor = reactor
         self.db = RegistrationDB()
+        # beyond Go: the witness of nsq-tw replication pairs (lookupd_tw.witness)
+        self.witness = Witness(witness_clock) if witness_clock is not None else Witness()
         self.tcp_address: tuple[str, int] | None = None
         self.http_address: tuple[str, int] | None = None
         self._removals: deque[_Removal] = deque()

@@ -319,7 +319,8 @@ class NSQDOptions:
         "replication-timeout",
         DURATION,
         5.0,
-        "beyond Go: a replication link silent this long is dropped",
+        "beyond Go: a replication link silent this long is dropped; also the primary's lease, which its standby "
+        "waits out (and 1s) before taking over",
     )
     replication_max_lag: int = opt(
         "replication-max-lag",
@@ -331,8 +332,16 @@ class NSQDOptions:
         "promote-after",
         DURATION,
         0.0,
-        "beyond Go: a standby promotes itself once its primary is unreachable this long and no nsqlookupd "
-        "lists it (0 = only POST /replication/promote)",
+        "beyond Go: a standby promotes itself once its primary is unreachable this long, its lease has run out "
+        "and a majority of its witnesses agree (0 = only POST /replication/promote)",
+    )
+    replication_witnesses: list[str] = opt(
+        "replication-witness",
+        STRING_LIST,
+        [],
+        "beyond Go: <addr>:<port> (HTTP) of an nsq-tw nsqlookupd that witnesses this pair's failovers (may be given "
+        "multiple times; default: the --lookupd-tcp-address nsqlookupds)",
+        cfg="replication_witnesses",
     )
 
     queue_scan_worker_pool_max: int = opt(
@@ -495,8 +504,8 @@ class NSQDOptions:
             raise ConfigError(f'--replication-role must be primary or standby, not "{self.replication_role}"')
         if self.replication_mode not in REPLICATION_MODES:
             raise ConfigError(f'--replication-mode must be sync or async, not "{self.replication_mode}"')
-        if self.replication_timeout <= 0:
-            raise ConfigError("--replication-timeout must be > 0")
+        if not 0 < self.replication_timeout <= 3600:
+            raise ConfigError("--replication-timeout must be > 0 and at most 1h (it is the primary's lease)")
         if self.replication_max_lag < 1:
             raise ConfigError("--replication-max-lag must be >= 1")
         if self.promote_after < 0:
@@ -508,6 +517,11 @@ class NSQDOptions:
             )
         if self.replica and split_address(self.replica) is None:
             raise ConfigError(f"--replica {self.replica}: missing port in address")
+        if len(self.replication_witnesses) > 9:
+            raise ConfigError("--replication-witness: at most 9")
+        for address in self.replication_witnesses:
+            if split_address(address) is None:
+                raise ConfigError(f"--replication-witness {address}: missing port in address")
 
 
 NSQD_DEPRECATED_FLAGS = {

@@ -52,10 +52,16 @@ class Shipper(Protocol):
     """Beyond Go: what a replication primary ships to its standby
     (:mod:`nsqd_tw.replication`); the core calls it as things change."""
 
-    refusal: Exception | None  # why publishes are refused now (--replication-required), or None
+    @property
+    def refusal(self) -> Exception | None:
+        """Why publishes are refused now (--replication-required, no lease), or None."""
 
     def poll(self) -> None:
         """Before a publish: take in what the standby acknowledged meanwhile."""
+
+    def confirm(self, result: Any) -> Any:
+        """A publish on this node alone, about to be acknowledged: raises if it may
+        not be (another node may have taken over); else returns ``result``."""
 
     def published(self, topic: Topic, items: list[Item]) -> defer.Deferred[None] | None:
         """Messages published (records; DPUB's as deferred Messages): a Deferred that
@@ -424,7 +430,9 @@ class NSQD(service.Service):
         if shipper is not None and not topic.ephemeral:
             acked = shipper.published(topic, items)
             if self.durable:
-                return self.syncer.commit() if acked is None else both(self.syncer.commit(), acked)
+                if acked is None:  # on this node alone: acknowledged after the fsync if the lease still holds
+                    return self.syncer.commit().addCallback(shipper.confirm)
+                return both(self.syncer.commit(), acked)
             return acked
         if self.durable and not topic.ephemeral:
             return self.syncer.commit()

@@ -47,6 +47,8 @@ class ReplicaState:
     synced: bool = False  # a standby: its last snapshot was received whole (promotable)
     lookupd: list[str] = field(default_factory=list)  # a standby: its primary's lookupds (HTTP)
     announced: str = ""  # a standby: its primary's address as the primary registers it with them
+    witnesses: int = 0  # a standby: how many lookupds its primary has (a majority of them must grant a takeover)
+    lease: float = 0.0  # a standby: its primary's lease (seconds), which it waits out before taking over
 
     @classmethod
     def load(cls, data_path: str, default_role: str) -> ReplicaState:
@@ -69,6 +71,8 @@ class ReplicaState:
                 bool(doc.get("synced", False)),
                 [str(a) for a in doc.get("lookupd") or []],
                 str(doc.get("announced", "")),
+                max(0, int(doc.get("witnesses", 0))),
+                max(0.0, min(3600.0, float(doc.get("lease", 0.0)))),
             )
         except (ValueError, KeyError, TypeError) as e:
             raise ReplicaStateError(f"failed to parse {path} - {e!r}") from None

@@ -42,7 +42,7 @@ from nsqd_tw.http.inspect import PeekRoutes
 from nsqd_tw.http.stats import get_stats, print_stats
 from nsqd_tw.lookup import split_host_port
 from nsqd_tw.options import TLS_REQUIRED
-from nsqd_tw.replication.primary import NotInSync, ReplicaLost
+from nsqd_tw.replication.primary import NoLease, NotInSync, ReplicaLost
 from nsqd_tw.replication.service import PromoteError
 from nsqd_tw.storage.errors import DiskBudgetFull
 from nsqd_tw.storage.retained import SinceTooOld
@@ -181,7 +181,14 @@ class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes):
 
         def failed(f: Any) -> None:
             self.log.error("HTTP: publish to {topic} not synced - {err}", topic=topic, err=f.value)
-            raise HTTPError(503, "REPLICA_LOST" if isinstance(f.value, ReplicaLost) else "EXITING")
+            raise HTTPError(
+                503,
+                _publish_refusal(f.value)
+                if isinstance(f.value, NoLease)
+                else "REPLICA_LOST"
+                if isinstance(f.value, ReplicaLost)
+                else "EXITING",
+            )
 
         return committed.addCallbacks(lambda _: "OK", failed)
 
@@ -548,13 +555,16 @@ class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes):
             raise HTTPError(404, "NOT_FOUND")
         params = self.query(request)
         force = "force" in params and BOOL_PARAMS.get(params["force"][0], True)
-        try:
-            replication.promote(force=force)
-        except PromoteError as e:
+
+        def refused(f: Any) -> None:
+            f.trap(PromoteError)
+            e = f.value
             self.log.info("POST /replication/promote refused - {err}", err=e)
-            raise HTTPError(e.code, e.message, {"why": str(e)}) from None
-        status: dict[str, Any] = replication.status()
-        return status
+            raise HTTPError(e.code, e.message, {"why": str(e)})
+
+        # answered once promoted: after the lease granted to the primary ran out, and its witnesses agreed
+        d = replication.promote_request(force=force)
+        return d.addCallbacks(lambda _: replication.status(), refused)
 
     @route("/metrics", "GET", style="raw", access_log=False)
     def metrics(self, request: Request) -> bytes:
@@ -602,6 +612,8 @@ def _publish_refusal(e: Exception) -> str:
         return "DISK_BUDGET_FULL"
     if isinstance(e, NotInSync):
         return "REPLICA_NOT_IN_SYNC"
+    if isinstance(e, NoLease):
+        return "REPLICA_NO_LEASE"
     if isinstance(e, QueueFull):
         return f"QUEUE_FULL: {e}"
     return "EXITING"

@@ -37,6 +37,12 @@ class NotInSync(Exception):
     """Publishes refused while the standby is not in sync (--replication-required)."""
 
 
+class NoLease(Exception):
+    """A publish the standby does not hold, refused or not acknowledged: this
+    node holds no lease (docs/replication.md, "Failover"), so another may have
+    taken over."""
+
+
 class Primary:
     """What nsqd ships (``nsqd.shipper`` while this node is the primary of a pair),
     and the state of its standby across links."""
@@ -50,7 +56,7 @@ class Primary:
         self.max_lag = opts.replication_max_lag
         self.link: Link | None = None
         self.state = DISCONNECTED
-        self.refusal: Exception | None = None
+        self._refusal: Exception | None = None
         # per link: operations sent and acknowledged, messages and bytes sent, and
         # for each publish (seq, sent at, messages so far, bytes so far, waiter or None)
         self.sent = self.acked = 0
@@ -61,7 +67,7 @@ class Primary:
         self._fin_call: Any = None
         self.snapshot: SnapshotSender | None = None
         self.end_seq = 0  # the END of the snapshot: acknowledged, the standby is in sync
-        self.witnesses_told: list[str] = []
+        self.witnesses_told: list[Any] = []
         self._set_refusal()
 
     # -- links ------------------------------------------------------------------------
@@ -74,6 +80,7 @@ class Primary:
         self.witnesses_told = []
         self.sent = self.acked = self.sent_messages = self.acked_messages = self.sent_bytes = self.acked_bytes = 0
         self._set_state(CATCHING_UP)
+        link.send(wire.ping(self.service.lease.token()))  # the standby's lease, from the first ACK on
         self.snapshot = SnapshotSender(self, link)
         self.snapshot.start()
 
@@ -91,11 +98,14 @@ class Primary:
         self._fin_call = None
         self._fins.clear()
         marks, self._marks = self._marks, deque()
+        leased = self.service.lease.valid()
         for _, _, _, _, waiter in marks:
             if waiter is None:
                 continue
             if self.required:
                 waiter.errback(ReplicaLost(f"replication: standby {link.address} lost before it held the message"))
+            elif not leased:  # acknowledged alone only with the lease, checked now
+                waiter.errback(self.no_lease())
             else:
                 waiter.callback(None)
         self._set_state(DISCONNECTED, why)
@@ -126,11 +136,37 @@ class Primary:
 
     def _set_refusal(self) -> None:
         if not self.required or self.state == IN_SYNC:
-            self.refusal = None
+            self._refusal = None
         else:
-            self.refusal = NotInSync(
+            self._refusal = NotInSync(
                 f"replication: standby {self.service.peer_address or '(none)'} is {self.state} (--replication-required)"
             )
+
+    @property
+    def refusal(self) -> Exception | None:
+        """Why a publish is refused now: --replication-required and the standby not
+        in sync, or (its acknowledgement not waiting for the standby) no lease."""
+        if self._refusal is not None:
+            return self._refusal
+        if self.state == IN_SYNC and self.sync:
+            return None  # acknowledged once the standby holds it
+        lease = self.service.lease
+        if lease.valid():
+            return None
+        return self.no_lease()
+
+    def no_lease(self) -> NoLease:
+        return NoLease(
+            f"replication: no lease (standby {self.service.peer_address or '(none)'} and a majority of the "
+            "nsqlookupd witnesses unreachable for --replication-timeout): another node may have taken over"
+        )
+
+    def confirm(self, result: Any = None) -> Any:
+        """A publish the standby does not hold, about to be acknowledged (a durable
+        one after its fsync): only with the lease (raises :class:`NoLease`)."""
+        if not self.service.lease.valid():
+            raise self.no_lease()
+        return result
 
     # -- operations out -------------------------------------------------------------------
 
@@ -184,13 +220,14 @@ class Primary:
         if self._fin_call is None:
             self._fin_call = self.nsqd.reactor.callLater(0, self.flush_fins)
 
-    def tell_witnesses(self, addresses: list[str]) -> None:
-        """Tell the standby this node's lookupds (HTTP) when they change: they
-        are the witnesses of its automatic promotion."""
-        if self.link is None or not addresses or addresses == self.witnesses_told:
+    def tell_witnesses(self, addresses: list[str], total: int) -> None:
+        """Tell the standby this node's lookupds (HTTP) when they change, and how
+        many it has: they are the witnesses of a takeover."""
+        told = [*addresses, total]
+        if self.link is None or not addresses or told == self.witnesses_told:
             return
-        self.witnesses_told = list(addresses)
-        self._send(wire.json_frame(wire.CTRL, {"op": "lookupd", "addresses": addresses}))
+        self.witnesses_told = told
+        self._send(wire.json_frame(wire.CTRL, {"op": "lookupd", "addresses": addresses, "witnesses": total}))
 
     def flush_fins(self) -> None:
         """The FINs of this reactor turn, one frame per channel."""
@@ -283,7 +320,9 @@ class PrimaryEnd:
     def frame(self, kind: int, payload: bytes) -> None:
         if kind == wire.ACK:
             if self.primary.link is self.link:
-                self.primary.acknowledged(wire.ack_count(payload))
+                count, token = wire.ack_count(payload)
+                self.primary.service.lease.echoed(token)
+                self.primary.acknowledged(count)
         elif kind == wire.ERROR:
             why = wire.json_payload(payload).get("error", "")
             self.primary.service.log.error("REPLICATION: standby {peer}: {why}", peer=self.link.address, why=why)

@@ -4,6 +4,7 @@ who is primary on a link, and the status ``/replication`` and ``/stats`` show.""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -14,12 +15,13 @@ from twisted.internet.task import LoopingCall
 
 from nsq_service.options import DURATION, ConfigError, StartError, split_address
 from nsq_service.web import http_client
-from nsq_wire import lookupd
 from nsq_wire.gofmt import join_host_port
 from nsqd_tw.core.nsqd import NSQD
 from nsqd_tw.core.replica import PRIMARY, STANDBY, ReplicaState, ReplicaStateError
 from nsqd_tw.core.topic import StandbyError
 from nsqd_tw.replication import wire
+from nsqd_tw.replication.failover import Failover, PromoteError
+from nsqd_tw.replication.lease import PrimaryLease, Takeover, WitnessClient, pair_id
 from nsqd_tw.replication.link import Link
 from nsqd_tw.replication.primary import CATCHING_UP, DISCONNECTED, IN_SYNC, Primary, PrimaryEnd
 from nsqd_tw.replication.standby import StandbySide
@@ -28,13 +30,7 @@ EndpointFactory = Callable[[str, int], IStreamClientEndpoint]
 REDIAL_MIN, REDIAL_MAX = 0.1, 2.0  # seconds between a primary's attempts to reach its standby
 
 
-class PromoteError(Exception):
-    """A promotion refused: ``code`` (HTTP status) and ``message`` (what /replication/promote answers)."""
-
-    def __init__(self, code: int, message: str, why: str) -> None:
-        super().__init__(why)
-        self.code = code
-        self.message = message
+__all__ = ["PromoteError", "ReplicationService"]
 
 
 def starting(peer: str, epoch: int) -> StandbyError:
@@ -49,14 +45,14 @@ def starting(peer: str, epoch: int) -> StandbyError:
     )
 
 
-def fenced(peer: str, epoch: int) -> StandbyError:
-    """The refusal of a primary cut off from its standby and every lookupd."""
+def deposed(peer: str, epoch: int, by: str) -> StandbyError:
+    """The refusal of a primary that a witness says was replaced."""
     return StandbyError(
         peer,
         epoch,
-        text=f"this nsqd is fenced: its standby {peer} and every nsqlookupd are unreachable (epoch {epoch})",
-        health=f"fenced, standby {peer} and every nsqlookupd unreachable (epoch {epoch})",
-        code="FENCED",
+        text=f"this nsqd is no longer the primary: {peer} took over at epoch {epoch} (witness {by})",
+        health=f"replaced by {peer} (epoch {epoch}, witness {by})",
+        code="DEPOSED",
     )
 
 
@@ -106,7 +102,8 @@ class ReplicationService(service.Service):
 
     ``lookup`` (the LookupService) is paused while this node is a standby;
     ``tls`` is nsqd's server context (the link is TLS when it is set);
-    ``endpoint_factory(host, port)`` dials the peer.
+    ``endpoint_factory(host, port)`` dials the peer; ``mono()`` is the monotonic
+    clock the leases are kept in.
     """
 
     name = "replication"
@@ -119,12 +116,15 @@ class ReplicationService(service.Service):
         endpoint_factory: EndpointFactory | None = None,
         secret: bytes | None = None,
         http_client: Any = None,
+        mono: Callable[[], float] | None = None,
     ) -> None:
         opts = nsqd.opts
         self.nsqd = nsqd
         self.lookup = lookup
         self.tls = tls
         self.secret = secret if secret is not None else read_secret(opts.replication_secret_file)
+        self.pair = pair_id(self.secret)
+        self.mono = mono or time.monotonic
         self.endpoint_factory = endpoint_factory or self._endpoint
         self.log = nsqd.log_gate.logger("nsqd_tw.replication", self)
         self.timeout = opts.replication_timeout
@@ -143,9 +143,13 @@ class ReplicationService(service.Service):
         self._http = http_client
         self._settle_call: Any = None  # a primary starting: until its replica has answered
         self.unlinked_since = nsqd.now()  # since when no primary (standby) or standby (primary) is linked
+        self.unlinked_mono = self.mono()
         self.peer_promote_after = 0.0  # the standby's --promote-after, as it said in its HELLO
-        self._checking = False  # a standby is asking the lookupds about its primary
-        self.fenced = False  # a primary cut off from its standby and every lookupd
+        self.witness_client = WitnessClient(self._http_client, nsqd.reactor, self.timeout / 3)
+        self.lease = PrimaryLease(self)  # a primary's right to acknowledge alone
+        self.takeover = Takeover(self)  # a standby's side: the lease it granted, its claim
+        self.failover = Failover(self)
+        self.deposed_by: StandbyError | None = None  # a witness said another node took over
         nsqd.replication = self
 
     # -- time ---------------------------------------------------------------------------
@@ -185,6 +189,7 @@ class ReplicationService(service.Service):
             epoch=self.state.epoch,
             peer=self.state.peer or "(none yet)",
         )
+        self._warn_settings()
         if self.settling:
             self.log.info(
                 "REPLICATION: waiting to reach replica {peer} before serving (its epoch may be higher)",
@@ -200,7 +205,37 @@ class ReplicationService(service.Service):
             )
         service.Service.startService(self)
         self._retick()
+        if self.state.role == PRIMARY and not self.settling:
+            self.lease.heartbeat()
         self._dial()
+
+    def _warn_settings(self) -> None:
+        """One line for each setting that weakens the pair (docs/replication.md, "Recommended settings")."""
+        opts = self.nsqd.opts
+        lease = DURATION.show(self.timeout)
+        total = self.witness_total()
+        if self.state.role == PRIMARY and not total:
+            self.log.warn(
+                "REPLICATION: no witness (--lookupd-tcp-address or --replication-witness): this primary acknowledges "
+                "what its standby does not hold only while linked to it ({lease} lease), and the standby can be "
+                "promoted only by POST /replication/promote",
+                lease=lease,
+            )
+        elif total and total % 2 == 0:
+            self.log.warn(
+                "REPLICATION: {n} witnesses: a majority is {m} of them, so one down makes the pair depend on the other "
+                "{rest}; an odd number tolerates as many failures with one fewer",
+                n=total,
+                m=total // 2 + 1,
+                rest=total - 1,
+            )
+        if self.state.role == STANDBY and opts.promote_after:
+            self.log.info(
+                "REPLICATION: takes over once its primary is unreachable for {after}, the primary's lease (at least "
+                "{lease}) has run out with 1s to spare, and a majority of its witnesses agree",
+                after=DURATION.show(opts.promote_after),
+                lease=lease,
+            )
 
     def stopService(self) -> Any:
         service.Service.stopService(self)
@@ -255,6 +290,8 @@ class ReplicationService(service.Service):
         if self.state.role == PRIMARY:
             self.log.info("REPLICATION: serving as primary (epoch {epoch}): {why}", epoch=self.state.epoch, why=why)
             self._serve_as_primary()
+            if self.running:
+                self.lease.heartbeat()
             if self.primary.state != IN_SYNC:
                 self.log.warn(
                     "REPLICATION: degraded until standby {peer} is in sync",
@@ -263,21 +300,19 @@ class ReplicationService(service.Service):
 
     # -- promotion ------------------------------------------------------------------------
 
-    def promote(self, force: bool = False, why: str = "POST /replication/promote") -> None:
+    def promote_request(self, force: bool = False) -> defer.Deferred[None]:
+        """POST /replication/promote: see :class:`Failover` (fails with :class:`PromoteError`)."""
+        d: defer.Deferred[None] = self.failover.request(force)
+        return d
+
+    def promote(self, force: bool = False, why: str = "POST /replication/promote", claimed: bool = False) -> None:
         """Make this standby the primary: a higher epoch, persisted before it
-        serves; it registers with the lookupds and dials its old primary to be
-        its standby. Raises :class:`PromoteError` when refused."""
+        serves; it registers with the lookupds, heartbeats its witnesses (which
+        makes its claim theirs: the old primary is deposed there) and dials its
+        old primary to be its standby. The checks are :class:`Failover`'s."""
         me = self.state
         if me.role == PRIMARY:
             raise PromoteError(409, "ALREADY_PRIMARY", "this nsqd is the primary already")
-        if not force and self.standby_side is not None:
-            raise PromoteError(409, "PRIMARY_CONNECTED", f"primary {me.peer} is linked (stop it first, or force=true)")
-        if not force and not me.synced:
-            raise PromoteError(
-                409,
-                "NOT_IN_SYNC",
-                "this standby has not received its primary's snapshot whole (force=true loses the rest)",
-            )
         old = me.peer
         me.role, me.epoch = PRIMARY, me.epoch + 1
         me.save(self.nsqd.data_path)
@@ -297,9 +332,14 @@ class ReplicationService(service.Service):
                 topic.start()
         self.primary = Primary(self)
         self.primary.refresh()
+        self.lease.reset()
+        if claimed:  # the witnesses that granted the claim reserved the pair for this node: its first lease
+            self.lease.witness_ok.update(self.takeover.granted_by)
         self._serve_as_primary()
         self.unlinked_since = self.now()
+        self.unlinked_mono = self.mono()
         self._redial = REDIAL_MIN
+        self.lease.heartbeat()
         self._dial()
 
     def _demote(self, epoch: int, peer: str, why: str) -> None:
@@ -315,7 +355,8 @@ class ReplicationService(service.Service):
         self.primary.detach("demoted")
         self.state.role, self.state.epoch, self.state.peer, self.state.synced = STANDBY, epoch, peer, False
         self.state.save(self.nsqd.data_path)
-        self.fenced = False
+        self.deposed_by = None
+        self.lease.reset()
         self._serve_as_standby()
         if self._settle_call is not None:
             self._settled("demoted")
@@ -335,14 +376,17 @@ class ReplicationService(service.Service):
             # a primary's lookupds, the witnesses of a standby's automatic promotion
             "lookupd": self._lookupds() if self.state.role == PRIMARY else [],
             "promote_after": opts.promote_after,
+            "lease": self.timeout,  # a standby waits this out (and a margin) before taking over
         }
 
     def _lookupd_identified(self) -> None:
         """A lookupd answered IDENTIFY: a primary tells its standby at once."""
         if self.link is not None and self.primary.link is self.link:
-            self.primary.tell_witnesses(self._lookupds())
+            self.primary.tell_witnesses(self._lookupds(), self.witness_total())
 
     def _lookupds(self) -> list[str]:
+        if self.nsqd.opts.replication_witnesses:
+            return list(self.nsqd.opts.replication_witnesses)
         if self.lookup is None:
             return []
         addresses: list[str] = self.lookup.lookupd_http_addresses()
@@ -395,10 +439,6 @@ class ReplicationService(service.Service):
         self.unlinked_since = self.now()
         if who == "me":
             self._settled(f"standby {link.address} answered")
-            if self.fenced:
-                self.fenced = False
-                self.log.info("REPLICATION: no longer fenced (standby {peer} linked)", peer=link.address)
-                self._serve_as_primary()
             try:
                 self.peer_promote_after = float(peer.get("promote_after") or 0.0)
             except (TypeError, ValueError):
@@ -414,11 +454,16 @@ class ReplicationService(service.Service):
             )
             link.side = PrimaryEnd(self.primary, link)
             self.primary.attach(link)
-            self.primary.tell_witnesses(self._lookupds())
+            self.primary.tell_witnesses(self._lookupds(), self.witness_total())
         else:
-            if their_epoch != me.epoch or me.peer != link.address or me.announced != link.address:
-                me.epoch, me.peer, me.announced = their_epoch, link.address, link.address
+            try:
+                lease = min(3600.0, max(0.0, float(peer.get("lease") or 0.0)))
+            except (TypeError, ValueError):
+                lease = 0.0
+            if their_epoch != me.epoch or me.peer != link.address or me.announced != link.address or me.lease != lease:
+                me.epoch, me.peer, me.announced, me.lease = their_epoch, link.address, link.address, lease
                 self.state.save(self.nsqd.data_path)
+            self.takeover.granted()  # linked: as if its first PING had come
             self.witnesses([a for a in peer.get("lookupd") or [] if isinstance(a, str)])
             self.log.info(
                 "REPLICATION: linked to primary {peer} (epoch {epoch}){tls}",
@@ -461,10 +506,12 @@ class ReplicationService(service.Service):
         self.state.save(self.nsqd.data_path)
         self.log.info("REPLICATION: in sync with primary {peer}", peer=self.state.peer)
 
-    def witnesses(self, addresses: list[str]) -> None:
-        """A standby: its primary's lookupds (HTTP), which may say it is gone."""
-        if addresses and addresses != self.state.lookupd:
-            self.state.lookupd = addresses
+    def witnesses(self, addresses: list[str], total: int = 0) -> None:
+        """A standby: its primary's lookupds (HTTP), the witnesses of a takeover,
+        and how many it has (``total``: those it has not reached count too)."""
+        total = max(total, len(addresses))
+        if addresses and (addresses != self.state.lookupd or total != self.state.witnesses):
+            self.state.lookupd, self.state.witnesses = addresses, total
             self.state.save(self.nsqd.data_path)
 
     def diverged(self) -> None:
@@ -523,8 +570,9 @@ class ReplicationService(service.Service):
             self._tick.start(interval, now=False)
 
     def tick(self) -> None:
-        """Every third of --replication-timeout: the primary's PING; any link silent
-        for the whole timeout is dropped."""
+        """Every third of --replication-timeout (or less): a primary's PING and its
+        witnesses' heartbeat; any link silent for the whole timeout is dropped; a
+        standby alone may take over (:class:`Failover`)."""
         try:
             now = self.now()
             for link in list(self.links):
@@ -533,122 +581,83 @@ class ReplicationService(service.Service):
                         "REPLICATION: {peer} silent for {t}s, dropping the link", peer=link.address, t=self.timeout
                     )
                     link.abort(f"no frame in {self.timeout}s")
-            if self.link is not None and self.primary.link is self.link:
-                self.link.send(wire.frame(wire.PING))
-                self.primary.tell_witnesses(self._lookupds())
-            if self.link is None and self.running and self.state.role == STANDBY:
-                self._maybe_promote(now)
             if self.state.role == PRIMARY:
-                self._fence(now)
+                if self.link is not None and self.primary.link is self.link:
+                    self.link.send(wire.ping(self.lease.token()))
+                    self.primary.tell_witnesses(self._lookupds(), self.witness_total())
+                if self.running and not self.settling:
+                    self.lease.heartbeat()
+            elif self.link is None and self.running:
+                self.failover.tick()
         except Exception:
             self.log.failure("REPLICATION: tick failed")
 
-    # -- automatic promotion and its fence ---------------------------------------------------
+    # -- leases (nsqd_tw.replication.lease) ---------------------------------------------------
 
-    def _maybe_promote(self, now: float) -> None:
-        """--promote-after: the primary unreachable that long, and no lookupd lists it."""
-        after = self.nsqd.opts.promote_after
-        if not after or self._checking or not self.state.synced or now - self.unlinked_since < after:
+    def witness_addresses(self) -> list[str]:
+        """The witnesses of this pair (HTTP): --replication-witness, else a
+        primary's lookupds, a standby's as its primary last named them."""
+        configured = self.nsqd.opts.replication_witnesses
+        if configured:
+            return list(configured)
+        return self._lookupds() if self.state.role == PRIMARY else list(self.state.lookupd)
+
+    def witness_total(self) -> int:
+        """How many witnesses a majority is counted of: those configured (one not
+        reached yet counts, and fails)."""
+        opts = self.nsqd.opts
+        if opts.replication_witnesses:
+            return len(opts.replication_witnesses)
+        if self.state.role == PRIMARY:
+            return max(len(opts.lookupd_tcp_addresses), len(self._lookupds()))
+        return max(self.state.witnesses, len(self.state.lookupd))
+
+    def announced_address(self) -> str:
+        opts = self.nsqd.opts
+        return join_host_port(opts.broadcast_address, str(opts.broadcast_tcp_port))
+
+    def primary_lease(self) -> float:
+        """A standby: its primary's lease (as it said; this node's own timeout if longer)."""
+        return max(self.state.lease, self.timeout)
+
+    def lease_granted(self) -> None:
+        """A standby received a PING: it granted its primary a lease from now."""
+        self.takeover.granted()
+
+    def deposed(self, witness: str, doc: dict[str, Any]) -> None:
+        """A witness says another node took over: stop serving, and follow it."""
+        try:
+            epoch = int(doc.get("epoch", 0))
+        except (TypeError, ValueError):
             return
-        if not self.state.lookupd:
-            if now - self.unlinked_since < after + self._tick_interval:  # once
-                self.log.error(
-                    "REPLICATION: primary {peer} unreachable for {t}s, but no nsqlookupd is known to ask whether it is "
-                    "gone: not promoting (the primary names its lookupds over the link)",
-                    peer=self.state.peer,
-                    t=round(now - self.unlinked_since),
-                )
+        address = str(doc.get("address") or "")
+        if self.state.role != PRIMARY or epoch < self.state.epoch:
             return
-        self._checking = True
-        d = self._primary_listed()
-
-        def answered(listed: bool) -> None:
-            self._checking = False
-            if listed or self.state.role != STANDBY or self.link is not None or not self.running:
-                if listed:
-                    self.log.info(
-                        "REPLICATION: primary {peer} unreachable, but an nsqlookupd still lists it: not promoting",
-                        peer=self.state.peer,
-                    )
-                return
-            self.promote(
-                why=f"primary {self.state.peer} unreachable for {round(self.now() - self.unlinked_since)}s "
-                "and no nsqlookupd lists it"
+        if self.deposed_by is None:
+            self.log.error(
+                "REPLICATION: no longer the primary: witness {w} says {peer} took over at epoch {epoch} (this node is "
+                "at {mine}): refusing clients, dialing it to become its standby",
+                w=witness,
+                peer=address or "(unknown)",
+                epoch=epoch,
+                mine=self.state.epoch,
             )
-
-        def failed(f: Any) -> None:
-            self._checking = False
-            self.log.failure("REPLICATION: automatic promotion failed", f)
-
-        d.addCallbacks(answered, failed)
-
-    @defer.inlineCallbacks
-    def _primary_listed(self) -> Any:
-        """Whether the lookupds still list the primary: True unless most of them
-        answered and none of those lists it (an unreachable lookupd might)."""
-        addresses = list(self.state.lookupd)
-        client = self._http_client()
-        primary = self.state.announced or self.state.peer  # as it registers itself
-        timeout = self.nsqd.opts.http_client_request_timeout
-
-        @defer.inlineCallbacks
-        def lists(address: str) -> Any:
-            resp = yield client.get(
-                lookupd.nodes_url(address),
-                headers={b"Accept": [lookupd.ACCEPT.encode()]},
-                timeout=timeout,
-                reactor=self.nsqd.reactor,
-            )
-            body = yield resp.content()
-            if resp.code != 200:
-                raise ValueError(f"{address} answered {resp.code}")
-            return any(join_host_port(host, str(port)) == primary for host, port in lookupd.producers(body))
-
-        results = yield defer.DeferredList([lists(a) for a in addresses], consumeErrors=True)
-        answers = [value for ok, value in results if ok]
-        if len(answers) * 2 <= len(addresses):
-            self.log.warn(
-                "REPLICATION: only {n} of {m} nsqlookupd answered: cannot tell whether primary {peer} is gone",
-                n=len(answers),
-                m=len(addresses),
-                peer=primary,
-            )
-            return True
-        return any(answers)
+        self.deposed_by = deposed(address or self.state.peer, epoch, witness)
+        self.nsqd.set_standby(self.deposed_by)
+        if self.lookup is not None:
+            self.lookup.pause()
+        if address and address != self.state.peer and epoch > self.state.epoch:
+            self.state.peer = address
+            self.state.save(self.nsqd.data_path)
+            if self.link is not None:
+                self.link.fail(f"deposed: following {address}")
+        if self.link is None:
+            self._schedule_dial()
 
     def _http_client(self) -> Any:
         if self._http is None:
             self._http = http_client(self.nsqd.reactor, self.nsqd.opts.http_client_connect_timeout)
         return self._http
-
-    def _fence(self, now: float) -> None:
-        """A primary whose standby may promote itself (it said --promote-after D)
-        refuses publishes once it has been cut off from that standby for D/2 and
-        reaches no lookupd: the lookupds may soon stop listing it, and then the
-        standby serves."""
-        after = self.peer_promote_after
-        lookup = self.lookup
-        cut_off = (
-            bool(after)
-            and self.link is None
-            and now - self.unlinked_since >= after / 2
-            and lookup is not None
-            and bool(lookup.peers)
-            and not lookup.connected()
-        )
-        if cut_off == self.fenced:
-            return
-        self.fenced = cut_off
-        if cut_off:
-            self.log.error(
-                "REPLICATION: fenced - standby {peer} and every nsqlookupd unreachable: refusing publishes, as the "
-                "standby may promote itself",
-                peer=self.state.peer,
-            )
-            self.nsqd.set_standby(fenced(self.state.peer, self.state.epoch))
-        else:
-            self.log.info("REPLICATION: no longer fenced")
-            self._serve_as_primary()
 
     # -- nsqd's changes ---------------------------------------------------------------------
 
@@ -683,10 +692,11 @@ class ReplicationService(service.Service):
         }
         if self.state.role == PRIMARY:
             out["lag"] = self.primary.lag()
+            out.update(self.lease.status())
             if self.settling:
                 out["starting"] = True
-            if self.fenced:
-                out["fenced"] = True
+            if self.deposed_by is not None:
+                out["deposed"] = True
         else:
             out["synced"] = self.state.synced
             out["promote_after"] = DURATION.show(opts.promote_after) if opts.promote_after else ""

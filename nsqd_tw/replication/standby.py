@@ -25,12 +25,15 @@ class StandbySide:
         self.committing = 0  # the count being made durable (or acknowledged already)
         self.confirmed = 0  # the count acknowledged
         self.want_ack = False  # a PING to answer
+        self.token = 0  # the last PING's token, echoed by every ACK (the primary's lease)
         self.in_sync = False
         self.closed = False
         self.received: list[tuple[int, bytes]] = []  # not durable: held, applied once acknowledged
 
     def frame(self, kind: int, payload: bytes) -> None:
         if kind == wire.PING:
+            self.token = wire.ping_token(payload)
+            self.service.lease_granted()
             self.want_ack = True
             return
         if kind == wire.ERROR:
@@ -79,7 +82,11 @@ class StandbySide:
         elif kind == wire.CTRL:
             doc = wire.json_payload(p.rest())
             if doc.get("op") == "lookupd":
-                self.service.witnesses([a for a in doc.get("addresses") or [] if isinstance(a, str)])
+                total = doc.get("witnesses")
+                self.service.witnesses(
+                    [a for a in doc.get("addresses") or [] if isinstance(a, str)],
+                    total if isinstance(total, int) and 0 <= total < 1000 else 0,
+                )
             else:
                 apply.control(doc)
         elif kind == wire.TOPIC_RECORDS:
@@ -126,13 +133,13 @@ class StandbySide:
             else:
                 self._confirm(n)
         elif self.want_ack:
-            self.link.send(wire.ack(self.confirmed))
+            self.link.send(wire.ack(self.confirmed, self.token))
         self.want_ack = False
 
     def _confirm(self, n: int) -> None:
         if n > self.confirmed:
             self.confirmed = n
-            self.link.send_now(wire.ack(n))  # a publish waits for it on the primary
+            self.link.send_now(wire.ack(n, self.token))  # a publish waits for it on the primary
 
     def _sync_failed(self, f: Any) -> None:
         self.link.fail(f"standby failed to sync - {f.getErrorMessage()}")

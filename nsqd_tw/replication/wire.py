@@ -19,7 +19,7 @@ from typing import Any
 from nsqd_tw.storage.layout import FramedRecords
 
 MAGIC = b"  R1"
-VERSION = 2  # 2: PUB and DPUB records framed as a data file holds them
+VERSION = 3  # 2: PUB and DPUB records framed as a data file holds them; 3: PING's token, echoed by ACK (the lease)
 
 # both ways
 HELLO, AUTH, ERROR = 0x01, 0x02, 0x03
@@ -38,6 +38,7 @@ MAX_FRAME = 64 << 20  # a frame bigger than this is a broken peer
 _HEAD = struct.Struct(">IB")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
+_ACK = struct.Struct(">QQ")
 _I64 = struct.Struct(">q")
 _ENTRY = struct.Struct(">qI")
 _BATCH = struct.Struct(">III")  # count, smallest and largest record
@@ -102,8 +103,15 @@ def entries_frame(topic: str, channel: str | None, entries: Sequence[tuple[int, 
     return frame(TOPIC_RECORDS if channel is None else CHANNEL_RECORDS, b"".join(parts))
 
 
-def ack(count: int) -> bytes:
-    return frame(ACK, _U64.pack(count))
+def ping(token: int) -> bytes:
+    """PING with ``token``: what the primary's clock read when it sent it (its
+    own unit), echoed by every ACK the standby sends from then on."""
+    return frame(PING, _U64.pack(token))
+
+
+def ack(count: int, token: int = 0) -> bytes:
+    """ACK: the operations held, and the token of the last PING received (0: none)."""
+    return frame(ACK, _ACK.pack(count, token))
 
 
 # -- authentication -------------------------------------------------------------------
@@ -241,7 +249,15 @@ def json_payload(data: bytes) -> dict[str, Any]:
     return doc
 
 
-def ack_count(data: bytes) -> int:
-    if len(data) != 8:
+def ack_count(data: bytes) -> tuple[int, int]:
+    """An ACK's payload: (operations held, the PING token echoed)."""
+    if len(data) != _ACK.size:
         raise LinkError("bad ACK")
+    count, token = _ACK.unpack(data)
+    return int(count), int(token)
+
+
+def ping_token(data: bytes) -> int:
+    if len(data) != _U64.size:
+        raise LinkError("bad PING")
     return int(_U64.unpack(data)[0])

@@ -43,6 +43,7 @@ class Publishers:
         self.lock = threading.Lock()
         self.acked: set[str] = set()
         self.acked_by: collections.Counter[str] = collections.Counter()  # node -> OKs
+        self.ok_times: dict[str, list[float]] = collections.defaultdict(list)  # node -> when each OK was read
         self.refused = 0
         self.threads = [
             threading.Thread(target=self._tcp, args=("pub", 1), daemon=True),
@@ -63,6 +64,12 @@ class Publishers:
         with self.lock:
             self.acked.update(bodies)
             self.acked_by[node] += len(bodies)
+            self.ok_times[node].append(time.monotonic())
+
+    def last_ok(self, node: str) -> float | None:
+        with self.lock:
+            times = self.ok_times.get(node)
+            return max(times) if times else None
 
     def _tcp(self, name: str, batch: int) -> None:
         node = 0
@@ -198,7 +205,9 @@ def wait_until(check, timeout: float, step: float = 0.1) -> bool:  # type: ignor
 
 class Proxy:
     """A TCP proxy the test controls: :meth:`cut` closes every connection through
-    it and refuses new ones until :meth:`restore`."""
+    it and refuses new ones until :meth:`restore`; :meth:`blackhole` drops every
+    byte silently, closing nothing and holding new connections unanswered (a host
+    that vanished), until :meth:`restore`."""
 
     def __init__(self, target: str) -> None:
         host, port = target.rsplit(":", 1)
@@ -209,6 +218,7 @@ class Proxy:
         self.server.listen(16)
         self.address = f"127.0.0.1:{self.server.getsockname()[1]}"
         self.open = True
+        self.silent = False
         self.lock = threading.Lock()
         self.conns: list[socket.socket] = []
         self.closed = False
@@ -222,6 +232,10 @@ class Proxy:
                 return
             if not self.open:
                 client.close()
+                continue
+            if self.silent:
+                with self.lock:
+                    self.conns.append(client)  # held, never answered
                 continue
             try:
                 upstream = socket.create_connection(self.target, timeout=5)
@@ -239,7 +253,8 @@ class Proxy:
                 data = src.recv(65536)
                 if not data:
                     break
-                dst.sendall(data)
+                if not self.silent:
+                    dst.sendall(data)
         except OSError:
             pass
         for s in (src, dst):
@@ -259,8 +274,15 @@ class Proxy:
                 pass
             s.close()
 
+    def blackhole(self) -> None:
+        self.silent = True
+
     def restore(self) -> None:
         self.open = True
+        if self.silent:  # the connections held meanwhile are useless: close them
+            self.silent = False
+            self.cut()
+            self.open = True
 
     def close(self) -> None:
         self.closed = True

@@ -118,12 +118,13 @@ class ReplicationProcessTests(unittest.TestCase):
         for proc in (intruder, stranger):
 
             @defer.inlineCallbacks
-            def accepted(proc: ServerProcess = proc) -> defer.Deferred[bool]:
+            def alone(proc: ServerProcess = proc) -> defer.Deferred[bool]:
                 resp = yield treq.post(f"http://{proc.addresses['HTTP']}/pub?topic=t", b"x", persistent=False)
-                return (yield resp.content()) == b"OK"
+                return (yield resp.content()) == b'{"message":"REPLICA_NO_LEASE"}'
 
-            # serving once its replica refused it (until then: 503 STARTING), acknowledging alone
-            yield eventually(accepted)
+            # serving once its replica refused it (until then: 503 STARTING), but with no standby and
+            # no witness it holds no lease: it acknowledges nothing the standby does not hold
+            yield eventually(alone)
             status = yield self.get_json(proc, "/replication")
             self.assertEqual(status["state"], "disconnected")
         status = yield self.get_json(standby, "/replication")

@@ -3,11 +3,13 @@ over :class:`tests.helpers.MemoryNetwork` (the tests of nsqd_tw.replication)."""
 
 from __future__ import annotations
 
+import json
 import tempfile
 from typing import Any
 
 from twisted.internet.interfaces import IStreamClientEndpoint
 
+from lookupd_tw.witness import Witness
 from nsq_wire.message import MESSAGE_HEADER_LENGTH
 from nsqd_tw.core.channel import Channel
 from nsqd_tw.core.message import Message
@@ -65,8 +67,15 @@ class Node:
         if self.run_blocking is not None:
             self.nsqd.syncer._run_blocking = self.run_blocking
         self.v2 = V2Factory(self.nsqd)
+        reactor = self.pair.net.reactor
         self.repl = ReplicationService(
-            self.nsqd, self.lookup, None, self.pair.endpoint, secret=self.secret, http_client=self.http_client
+            self.nsqd,
+            self.lookup,
+            None,
+            self.pair.endpoint,
+            secret=self.secret,
+            http_client=self.http_client or self.pair.witnesses,
+            mono=reactor.seconds,
         )
         self.v2.magics[wire.MAGIC] = self.repl.accept
         self.nsqd.startService()
@@ -166,11 +175,71 @@ class HeldSyncs:
         return n
 
 
+class Witnesses:
+    """nsq-tw nsqlookupds as the pair's witnesses (lookupd_tw.witness), in memory:
+    what the nodes POST to ``/witness/...``, answered at once; ``down``: those
+    that cannot be reached; ``calls``: every call, as (address, path)."""
+
+    def __init__(self, reactor: Any, *addresses: str) -> None:
+        self.reactor = reactor
+        self.witnesses: dict[str, Witness] = {}
+        self.down: set[str] = set()
+        self.calls: list[tuple[str, str]] = []
+        for address in addresses:
+            self.add(address)
+
+    def add(self, address: str, up_for: float = 3600.0) -> Witness:
+        """A witness at ``address`` that started ``up_for`` seconds ago."""
+        witness = self.witnesses[address] = Witness(self.reactor.seconds)
+        witness.started -= up_for
+        return witness
+
+    def post(self, url: str, data: bytes = b"", **kw: Any) -> Any:
+        from urllib.parse import parse_qs, urlsplit
+
+        from twisted.internet import defer
+        from twisted.internet.error import ConnectionRefusedError
+
+        parts = urlsplit(url)
+        address, path = parts.netloc, parts.path
+        self.calls.append((address, path))
+        witness = self.witnesses.get(address)
+        if witness is None or address in self.down:
+            return defer.fail(ConnectionRefusedError(address))
+        q = {k: v[0] for k, v in parse_qs(parts.query).items()}
+        pair, node, epoch = q["pair"], q["node"], int(q["epoch"])
+        lease = int(q.get("lease_ms", "1")) / 1000
+        if path == "/witness/heartbeat":
+            status, holder = witness.heartbeat(pair, node, epoch, q.get("address", ""), lease)
+            doc = {"status": status, **holder.json(witness.clock())}
+        elif path == "/witness/claim":
+            status, found = witness.claim(pair, node, epoch, q.get("address", ""), lease)
+            doc = {"status": status, **(found.json(witness.clock()) if found is not None and found.epoch >= 0 else {})}
+        else:
+            witness.release(pair, node, epoch)
+            doc = {"status": "released"}
+        return defer.succeed(_Answer(json.dumps(doc).encode()))
+
+
+class _Answer:
+    code = 200
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    def content(self) -> Any:
+        from twisted.internet import defer
+
+        return defer.succeed(self.body)
+
+
 class ReplicaPair:
-    """``primary`` streams to ``standby``; both dial through :meth:`endpoint`."""
+    """``primary`` streams to ``standby``; both dial through :meth:`endpoint`; the
+    witness at 127.0.0.1:4161 (each node's lookupd) answers both."""
 
     def __init__(self, primary_opts: dict[str, Any] | None = None, standby_opts: dict[str, Any] | None = None) -> None:
         self.net = MemoryNetwork()
+        self.witnesses = Witnesses(self.net.reactor, "127.0.0.1:4161")
         self.nodes: dict[int, Node] = {}
         self.standby = self.add(Node(self, 4250, "standby", **(standby_opts or {})))
         self.primary = self.add(Node(self, 4150, "primary", replica=self.standby.address, **(primary_opts or {})))

@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 
 from treq.testing import StubTreq
+from twisted.internet import defer
 from twisted.trial import unittest
-from twisted.web.resource import Resource
 
 from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
+from nsqd_tw.http.api import NSQDHTTPAPI
 from tests.helpers import FakeClient
 from tests.nsqd_tw.replicas import ReplicaPair, held, live
 from tests.nsqd_tw.test_replication import consume
@@ -20,9 +21,21 @@ OK = (FRAME_TYPE_RESPONSE, b"OK")
 DISK = {"backend_factory": None}
 
 
-def promote(node: object, force: bool = False) -> tuple[int, dict]:
-    code, body = http(node.nsqd, "POST", "/replication/promote" + ("?force=true" if force else ""))  # type: ignore[attr-defined]
-    return code, json.loads(body)
+def promote(node: object, force: bool = False, within: float = 30.0) -> tuple[int, dict]:
+    """POST /replication/promote on ``node``, letting time pass (its pair's clock)
+    until it is answered: a promotion waits out the lease its standby granted."""
+    pair = node.pair  # type: ignore[attr-defined]
+    stub = StubTreq(NSQDHTTPAPI(node.nsqd).resource())  # type: ignore[attr-defined]
+    d = stub.request("POST", "http://n/replication/promote" + ("?force=true" if force else ""))
+    for _ in range(int(within * 10)):
+        stub.flush()
+        if d.called and not isinstance(d.result, defer.Deferred):  # type: ignore[attr-defined]
+            break
+        pair.advance(0.1)
+    resp = d.result  # type: ignore[attr-defined]
+    content = resp.content()
+    stub.flush()
+    return resp.code, json.loads(content.result)
 
 
 class ManualPromotionTests(unittest.TestCase):
@@ -175,88 +188,126 @@ class FormerPrimaryTests(unittest.TestCase):
         self.assertIsNone(pair.primary.nsqd.standby)
 
 
-class _Nodes(Resource):
-    """A lookupd's GET /nodes listing the producers the test says."""
-
-    isLeaf = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.producers: list[tuple[str, int]] = []
-        self.asked = 0
-
-    def render_GET(self, request: object) -> bytes:
-        self.asked += 1
-        producers = [{"broadcast_address": h, "tcp_port": p, "http_port": p + 1} for h, p in self.producers]
-        return json.dumps({"producers": producers}).encode()
-
-
 class AutomaticPromotionTests(unittest.TestCase):
+    """--promote-after, with the lease and the witness (an nsq-tw nsqlookupd at
+    127.0.0.1:4161, tests.nsqd_tw.replicas.Witnesses); --replication-timeout 5s:
+    the lease, waited out with a margin of 1s."""
+
     def setUp(self) -> None:
-        self.lookupd = _Nodes()
-        self.stub = StubTreq(self.lookupd)
         self.pair = ReplicaPair(standby_opts={"promote_after": 2.0})
-        self.pair.standby.http_client = self.stub
         self.pair.start()
-        self.lookupd.producers = [("127.0.0.1", 4150)]  # the primary, registered
+        self.witness = self.pair.witnesses.witnesses["127.0.0.1:4161"]
+        self.wait(2.0)  # the first PING, heartbeat and witness list
         self.assertEqual(self.pair.standby.repl.state.lookupd, ["127.0.0.1:4161"])
+        self.assertEqual(self.pair.standby.repl.state.lease, 5.0)
 
     def wait(self, seconds: float) -> None:
-        for _ in range(int(seconds * 10)):
+        for _ in range(round(seconds * 10)):
             self.pair.advance(0.1)
-            self.stub.flush()
+
+    def role(self, node: object) -> str:
+        return node.repl.state.role  # type: ignore[attr-defined,no-any-return]
+
+    def pub(self, node: object) -> list[tuple[int, bytes]]:
+        client = FakeClient(node.nsqd)  # type: ignore[attr-defined]
+        client.command(b"PUB", "t", body=b"x")
+        return client.frames()
 
     def test_the_primary_tells_its_lookupds_as_it_learns_them(self) -> None:
         self.pair.primary.lookup.addresses = ["127.0.0.1:4161", "127.0.0.1:4163"]
         self.pair.primary.lookup.identified()  # a lookupd answered IDENTIFY
         self.pair.settle()
-        self.assertEqual(self.pair.standby.repl.state.lookupd, ["127.0.0.1:4161", "127.0.0.1:4163"])
+        state = self.pair.standby.repl.state
+        self.assertEqual((state.lookupd, state.witnesses), (["127.0.0.1:4161", "127.0.0.1:4163"], 2))
 
-    def test_not_while_a_lookupd_lists_the_primary(self) -> None:
+    def test_after_a_kill_it_takes_over_once_the_lease_ran_out(self) -> None:
         self.pair.primary.kill()
-        self.wait(4.0)
-        self.assertGreater(self.lookupd.asked, 0)
-        self.assertEqual(self.pair.standby.repl.state.role, "standby")
-        self.lookupd.producers = []  # its lookupd connection closed: forgotten
+        self.wait(5.5)  # past --promote-after, not past the lease and its margin
+        self.assertEqual(self.role(self.pair.standby), "standby")
         self.wait(1.5)
-        self.assertEqual(self.pair.standby.repl.state.role, "primary")
+        self.assertEqual(self.role(self.pair.standby), "primary")
         self.assertEqual(self.pair.standby.repl.state.epoch, 1)
         self.assertIsNone(self.pair.standby.nsqd.standby)
-
-    def test_not_before_promote_after(self) -> None:
-        self.lookupd.producers = []
-        self.pair.primary.kill()
-        self.wait(1.5)
-        self.assertEqual(self.pair.standby.repl.state.role, "standby")
-        self.wait(1.5)
-        self.assertEqual(self.pair.standby.repl.state.role, "primary")
+        self.assertEqual(self.pair.witnesses.witnesses["127.0.0.1:4161"].pairs[self.pair.standby.repl.pair].epoch, 1)
+        self.assertEqual(self.pub(self.pair.standby), [OK], "alone, on the witness's lease")
 
     def test_a_cut_link_with_the_primary_alive_promotes_no_one(self) -> None:
         self.pair.net.pumps.clear()
-        self.pair.standby.up = False  # the primary cannot reach it; it still reaches its lookupd
-        self.wait(6.0)
+        self.pair.standby.up = False  # the primary cannot reach it; it still reaches its witness
+        self.wait(12.0)
         self.assertEqual(self.pair.standby.state, "disconnected")
-        self.assertEqual(self.pair.standby.repl.state.role, "standby")
-        client = FakeClient(self.pair.primary.nsqd)
-        client.command(b"PUB", "t", body=b"x")
-        self.assertEqual(client.frames(), [OK])  # one node accepts, degraded
+        self.assertEqual(self.role(self.pair.standby), "standby")
+        self.assertEqual(self.pub(self.pair.primary), [OK], "one node accepts, degraded, on the witness's lease")
 
-    def test_a_primary_cut_off_from_standby_and_lookupds_fences_itself(self) -> None:
-        self.pair.primary.lookup.up = False  # its lookupd connections are gone too
+    def test_a_primary_cut_off_from_standby_and_witnesses_acknowledges_nothing_after_its_lease(self) -> None:
+        self.pair.witnesses.down.add("127.0.0.1:4161")
         self.pair.net.pumps.clear()
         self.pair.standby.up = False
-        self.wait(5.5)  # the link is dropped once silent for --replication-timeout (5s)
-        self.assertIsNone(self.pair.primary.repl.status().get("fenced"))
-        self.wait(1.5)  # and half the standby's --promote-after later
-        self.assertTrue(self.pair.primary.repl.status().get("fenced"))
         client = FakeClient(self.pair.primary.nsqd)
         client.command(b"PUB", "t", body=b"x")
+        self.assertEqual(client.frames(), [], "sync: it waits for the standby")
+        self.wait(5.5)  # the link is dropped, silent for --replication-timeout; the lease has run out
         [(kind, data)] = client.frames()
+        self.assertEqual(kind, FRAME_TYPE_ERROR, "not acknowledged alone without a lease")
+        self.assertIn(b"no lease", data)
+        [(kind, data)] = self.pub(self.pair.primary)
         self.assertEqual(kind, FRAME_TYPE_ERROR)
-        self.assertIn(b"this nsqd is fenced", data)
-        self.pair.primary.lookup.up = True
+        self.assertIn(b"E_PUB_FAILED PUB failed replication: no lease", data)
+        self.assertEqual(
+            json.loads(http(self.pair.primary.nsqd, "POST", "/pub?topic=t", b"x")[1])["message"], "REPLICA_NO_LEASE"
+        )
+        self.pair.witnesses.down.clear()  # the standby reaches the witness first: it takes over
         self.wait(2.0)
-        self.assertIsNone(self.pair.primary.nsqd.standby)
+        self.assertEqual((self.role(self.pair.standby), self.pair.standby.repl.state.epoch), ("primary", 1))
+        [(kind, data)] = self.pub(self.pair.primary)
+        self.assertEqual(kind, FRAME_TYPE_ERROR, "deposed, or already the new primary's standby")
+
+    def test_a_paused_primary_acknowledges_nothing_once_replaced(self) -> None:
+        primary = self.pair.primary
+        consume(primary.nsqd, "t", "c", rdy=0)
+        client = FakeClient(primary.nsqd)
+        client.command(b"PUB", "t", body=b"held")
+        self.pair.settle()
+        self.assertEqual(client.frames(), [OK])  # sync: the standby holds it
+        # SIGSTOP: nothing of the primary runs; what producers send waits in its sockets
+        primary.repl._tick.stop()
+        self.pair.net.pumps.clear()
+        self.pair.standby.up = False
+        primary.up = False  # nothing reaches it either
+        self.wait(8.0)
+        self.assertEqual(self.role(self.pair.standby), "primary")
+        # SIGCONT: the publishes that came while it was stopped are read: none is acknowledged
+        primary.up = True
+        client.command(b"PUB", "t", body=b"after the takeover")
+        self.assertEqual(client.frames(), [], "sent to its standby: it waits for the ACK")
+        primary.repl._tick.start(primary.repl._tick_interval, now=True)  # the link is found silent: dropped
+        self.pair.settle()
+        [(kind, data)] = client.frames()
+        self.assertEqual(kind, FRAME_TYPE_ERROR, "its lease ran out while it was stopped")
+        self.assertIn(b"no lease", data)
+        self.assertIsNotNone(primary.repl.deposed_by, "its witness says who took over")
+        self.assertIn(b"no longer the primary", b"".join(d for _, d in self.pub(primary)))
+        self.pair.standby.up = True
+        self.wait(5.0)  # it dials the new primary and becomes its standby
+        self.assertEqual((self.role(primary), primary.repl.state.epoch), ("standby", 1))
+
+    def test_no_takeover_without_the_witness(self) -> None:
+        self.pair.witnesses.down.add("127.0.0.1:4161")
+        self.pair.primary.kill()
+        self.wait(12.0)
+        self.assertEqual(self.role(self.pair.standby), "standby")
+        self.pair.witnesses.down.clear()
+        self.wait(1.0)
+        self.assertEqual(self.role(self.pair.standby), "primary")
+
+    def test_a_witness_that_just_started_grants_nothing_yet(self) -> None:
+        self.pair.primary.kill()
+        self.wait(3.0)
+        self.pair.witnesses.add("127.0.0.1:4161", up_for=0.0)  # restarted: it forgot the pair
+        self.wait(5.0)
+        self.assertEqual(self.role(self.pair.standby), "standby", "the witness is still starting (a lease and 1s)")
+        self.wait(1.5)
+        self.assertEqual(self.role(self.pair.standby), "primary")
 
     def test_promoted_its_channels_drop_what_the_primary_finished(self) -> None:
         consumer = consume(self.pair.primary.nsqd, "t", "c", rdy=50)
@@ -267,8 +318,7 @@ class AutomaticPromotionTests(unittest.TestCase):
         self.pair.settle()
         standby = self.pair.standby.channel("t", "c")
         self.assertEqual(len(live(standby)), 25)
-        self.lookupd.producers = []
         self.pair.primary.kill()
-        self.wait(3.0)
+        self.wait(8.0)
         consumer = consume(self.pair.standby.nsqd, "t", "c", rdy=100)
         self.assertEqual(sorted(m.body for m in consumer.messages()), [b"%02d" % i for i in range(1, 50, 2)])

@@ -83,11 +83,13 @@ class FrameTests(unittest.TestCase):
         )
 
     def test_json_ack_and_empty_frames(self) -> None:
-        frames = read_all(wire.json_frame(wire.CTRL, {"op": "topic_pause"}) + wire.ack(7) + wire.frame(wire.PING))
+        frames = read_all(wire.json_frame(wire.CTRL, {"op": "topic_pause"}) + wire.ack(7, 99) + wire.ping(99))
         self.assertEqual(frames[0][0], wire.CTRL)
         self.assertEqual(wire.json_payload(frames[0][1]), {"op": "topic_pause"})
-        self.assertEqual(wire.ack_count(frames[1][1]), 7)
-        self.assertEqual(frames[2], (wire.PING, b""))
+        self.assertEqual(wire.ack_count(frames[1][1]), (7, 99))
+        self.assertEqual(frames[2][0], wire.PING)
+        self.assertEqual(wire.ping_token(frames[2][1]), 99)
+        self.assertEqual(wire.ack_count(wire.ack(3)[5:]), (3, 0), "no PING received yet: no token")
 
     def test_a_partial_frame_waits(self) -> None:
         data = wire.pub("t", RECORDS)
@@ -139,15 +141,15 @@ class _Service:
 
 class VersionTests(unittest.TestCase):
     def test_a_peer_of_another_link_version_is_refused_saying_so(self) -> None:
-        """Version 2 frames PUB and DPUB records as data files hold them: a node
-        of version 1 cannot read them, and is told so at its HELLO."""
+        """Version 3's PINGs carry the token its ACKs echo (the lease): a node of
+        version 2 cannot read them, and is told so at its HELLO."""
         service = _Service()
         link = Link(service, dialer=False)  # type: ignore[arg-type]
         transport = StringTransport()
         link.makeConnection(transport)
-        link.dataReceived(wire.frame(wire.HELLO, json.dumps({"version": 1, "nonce": "00"}).encode()))
+        link.dataReceived(wire.frame(wire.HELLO, json.dumps({"version": 2, "nonce": "00"}).encode()))
         [(kind, payload)] = read_all(transport.value())
-        why = "protocol version 1 not supported (this node speaks 2)"
+        why = "protocol version 2 not supported (this node speaks 3)"
         self.assertEqual((kind, wire.json_payload(payload)), (wire.ERROR, {"error": why}))
         self.assertEqual(service.lost, [why])
         self.assertTrue(transport.disconnecting)
