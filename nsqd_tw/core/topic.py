@@ -48,7 +48,7 @@ class StandbyError(RefusedError):
     def __init__(
         self, primary: str, epoch: int, primary_http: str = "", text: str = "", health: str = "", code: str = "STANDBY"
     ) -> None:
-        self.code = code  # what HTTP answers: STANDBY (or a primary STARTING, FENCED)
+        self.code = code  # what HTTP answers: STANDBY (or a primary STARTING, DEPOSED)
         self.primary = primary
         self.primary_http = primary_http
         self.epoch = epoch

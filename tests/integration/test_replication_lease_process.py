@@ -19,6 +19,12 @@ RECOMMENDED = ("--replication-timeout", "3s")
 
 
 class LeaseProcessTests(PairCase):
+    def lookupd_with(self, *args: str) -> None:
+        """The test's nsqlookupd, again, with ``args``."""
+        self.lookupd.kill()
+        lookupd_args = ("--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0", "--broadcast-address")
+        self.lookupd = self.server("nsqlookupd", *lookupd_args, "127.0.0.1", *args)
+
     def pair(self, *primary_args: str, standby_args: tuple[str, ...] = (), link: Proxy | None = None) -> tuple:
         b = self.standby("1s", *RECOMMENDED, *standby_args)
         a = self.nsqd("a", "--replica", link.address if link else b.addresses["TCP"], *RECOMMENDED, *primary_args)
@@ -45,6 +51,7 @@ class LeaseProcessTests(PairCase):
         )
 
     def test_a_paused_primary_acknowledges_nothing_after_it_was_replaced(self) -> None:
+        self.lookupd_with("--inactive-producer-timeout", "5s")  # it forgets the stopped primary soon
         a, b = self.pair()
         publishers, consumer = self.load(a, b)
         time.sleep(LOAD)
@@ -65,9 +72,7 @@ class LeaseProcessTests(PairCase):
     def test_a_short_lookupd_timeout_does_not_fool_the_witness(self) -> None:
         # nsqlookupd forgets a producer 10s after its last PING, and nsqd PINGs every 15s: /nodes
         # leaves the live primary out between PINGs. The witness answers from its own heartbeats.
-        self.lookupd.kill()
-        lookupd_args = ("--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0", "--broadcast-address")
-        self.lookupd = self.server("nsqlookupd", *lookupd_args, "127.0.0.1", "--inactive-producer-timeout", "10s")
+        self.lookupd_with("--inactive-producer-timeout", "10s")
         b = self.standby("1s", *RECOMMENDED)
         link = Proxy(b.addresses["TCP"])
         self.addCleanup(link.close)
