@@ -114,6 +114,33 @@ class FrameTests(unittest.TestCase):
         self.assertRaises(wire.LinkError, p.end)
 
 
+class HandshakeLimitTests(unittest.TestCase):
+    def test_a_frame_over_the_limit_is_refused_from_its_header(self) -> None:
+        reader = wire.FrameReader(max_frame=wire.MAX_HELLO)
+        reader.feed(wire.frame(wire.HELLO, b"x" * (wire.MAX_HELLO - 1)))
+        self.assertEqual(len(reader.next()[1]), wire.MAX_HELLO - 1)  # type: ignore[index]
+        reader.feed(b"\x04\x00\x00\x00\x01")  # 64 MiB announced, none of it sent
+        with self.assertRaises(wire.FrameTooBig) as caught:
+            reader.next()
+        self.assertEqual(str(caught.exception), "a frame of 67108864 bytes, over the limit of 65536")
+        self.assertIsInstance(caught.exception, wire.LinkError)
+
+    def test_json_payloads_are_bounded_in_depth(self) -> None:
+        deep = b'{"a":' * wire.MAX_JSON_DEPTH + b"1" + b"}" * wire.MAX_JSON_DEPTH
+        self.assertEqual(wire.json_depth(deep), wire.MAX_JSON_DEPTH)
+        self.assertIsInstance(wire.json_payload(deep), dict)
+        too_deep = b'{"a":' + deep + b"}"
+        with self.assertRaises(wire.LinkError) as caught:
+            wire.json_payload(too_deep)
+        self.assertEqual(str(caught.exception), f"payload nested deeper than {wire.MAX_JSON_DEPTH}")
+        for nested in (b"[" * 100_000 + b"]" * 100_000, b"[" * 100_000):  # RecursionError in json
+            self.assertRaises(wire.LinkError, wire.json_payload, nested)
+        # brackets in strings, escaped quotes among them, are not nesting
+        text = json.dumps({"error": '[[[{{{"\\' * 100, "x": ["]]]"]}).encode()
+        self.assertEqual(wire.json_depth(text), 2)
+        self.assertEqual(wire.json_payload(text)["x"], ["]]]"])
+
+
 class ProofTests(unittest.TestCase):
     def test_each_side_proves_the_secret_over_both_hellos(self) -> None:
         a, b = b'{"nonce":"1"}', b'{"nonce":"2"}'
