@@ -5,6 +5,7 @@ who is primary on a link, and the status ``/replication`` and ``/stats`` show.""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cached_property
 from typing import Any
 
 from twisted.application import service
@@ -20,6 +21,7 @@ from nsqd_tw.core.nsqd import NSQD
 from nsqd_tw.core.replica import PRIMARY, STANDBY, ReplicaState, ReplicaStateError
 from nsqd_tw.core.topic import StandbyError
 from nsqd_tw.replication import wire
+from nsqd_tw.replication.admission import Admission
 from nsqd_tw.replication.link import Link
 from nsqd_tw.replication.primary import CATCHING_UP, DISCONNECTED, IN_SYNC, Primary, PrimaryEnd
 from nsqd_tw.replication.standby import StandbySide
@@ -214,6 +216,7 @@ class ReplicationService(service.Service):
         self._settle_call = None
         for link in list(self.links):
             link.fail("nsqd is stopping")
+        self.admission.stop()
         return None
 
     def _save(self) -> None:
@@ -348,8 +351,17 @@ class ReplicationService(service.Service):
         addresses: list[str] = self.lookup.lookupd_http_addresses()
         return addresses
 
+    @cached_property
+    def admission(self) -> Admission:
+        """What a link may do before it authenticates, and whom this node takes as its peer."""
+        return Admission(self.nsqd.reactor, self.log)
+
     def accept(self, transport: Any, data: bytes) -> None:
-        """A connection to nsqd's TCP port opened with the link's magic: it is a link."""
+        """A connection to nsqd's TCP port opened with the link's magic: it is a
+        link, if fewer than a few accepted links are waiting to authenticate."""
+        waiting = sum(1 for link in self.links if not link.dialer and not link.verified)
+        if not self.admission.admit(transport, waiting):
+            return
         link = Link(self, dialer=False)
         self.links.add(link)
         transport.protocol = link

@@ -146,6 +146,16 @@ class FrameReader:
             self._pos = 0
         self._buf += data
 
+    @property
+    def buffered(self) -> int:
+        """Bytes fed and not taken as frames yet."""
+        return len(self._buf) - self._pos
+
+    def release(self) -> None:
+        """Drop what is buffered (the link is over)."""
+        self._buf = bytearray()
+        self._pos = 0
+
     def next(self) -> tuple[int, bytes] | None:
         buf, pos = self._buf, self._pos
         if len(buf) - pos < 5:

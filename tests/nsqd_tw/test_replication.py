@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from typing import Any
 
 from treq.testing import StubTreq
+from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 from twisted.trial import unittest
 
 from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, MAGIC_V2
@@ -17,7 +19,7 @@ from nsqd_tw.http.api import NSQDHTTPAPI
 from nsqd_tw.replication import wire
 from nsqd_tw.replication.service import decide
 from tests.helpers import FakeClient
-from tests.nsqd_tw.replicas import ReplicaPair, held, live
+from tests.nsqd_tw.replicas import RawLink, ReplicaPair, held, live
 
 
 def consume(nsqd: object, topic: str, channel: str, rdy: int = 100) -> FakeClient:
@@ -491,3 +493,111 @@ class StandbyRefusalTests(unittest.TestCase):
         self.assertIsInstance(self.standby.standby, StandbyError)
         self.assertRaises(StandbyError, self.standby.publish, "t", [b"x"])
         self.assertEqual(MAGIC_V2, b"  V2")
+
+
+class Logged:
+    """The log events of a test, as ``(level, text)``."""
+
+    def __init__(self, case: unittest.TestCase) -> None:
+        self.events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(self.events.append)
+        case.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+
+    def lines(self, text: str, level: LogLevel | None = None) -> list[str]:
+        out = [formatEvent(e) for e in self.events if level is None or e.get("log_level") == level]
+        return [line for line in out if text in line]
+
+
+class HandshakeLimitTests(unittest.TestCase):
+    """Before it has authenticated, a link may send a small HELLO within
+    --replication-timeout, and only a few may wait at once."""
+
+    def setUp(self) -> None:
+        self.log = Logged(self)
+        self.pair = ReplicaPair().start()
+        self.standby = self.pair.standby
+        self.linked = self.standby.repl.link
+
+    def assert_undisturbed(self) -> None:
+        """The standby's link to its primary is the one it had, in sync, and streams."""
+        self.assertIs(self.standby.repl.link, self.linked)
+        self.pair.primary.nsqd.publish("after", [b"x"])
+        self.pair.settle()
+        self.assertEqual([m.body for m in self.standby.nsqd.topics["after"].queued()], [b"x"])
+
+    def test_a_frame_header_over_64_kib_is_refused_at_once_and_nothing_after_it_is_kept(self) -> None:
+        raw = RawLink(self.standby)
+        raw.send(wire.MAGIC + struct.pack(">IB", wire.MAX_FRAME, wire.HELLO) + b"\0" * 4096)
+        why = "bad frame - a frame of 67108864 bytes, over the limit of 65536"
+        self.assertEqual(raw.errors(), [why])
+        self.assertTrue(raw.closed)
+        raw.send(b"\0" * 65536)
+        self.assertEqual(raw.link.reader.buffered, 0)
+        self.assertNotIn(raw.link, self.standby.repl.links)
+        [line] = self.log.lines("before authentication", LogLevel.error)
+        self.assertEqual(
+            line, f"REPLICATION: refused a link before authentication (the last from {raw.link.address}) - {why}"
+        )
+        self.assert_undisturbed()
+
+    def test_a_hello_nested_too_deep_is_refused_in_one_line(self) -> None:
+        raw = RawLink(self.standby)
+        raw.send(wire.MAGIC + wire.frame(wire.HELLO, b"[" * 30_000 + b"]" * 30_000))
+        self.assertEqual(raw.errors(), ["bad frame - payload nested deeper than 32"])
+        self.assertTrue(raw.closed)
+        self.assertEqual(len(self.log.lines("before authentication")), 1)
+        self.assertEqual([e for e in self.log.events if "log_failure" in e], [])
+        self.assert_undisturbed()
+
+    def test_the_handshake_must_end_within_the_timeout_however_it_drips(self) -> None:
+        raw = RawLink(self.standby)
+        raw.send(wire.MAGIC + struct.pack(">IB", 2000, wire.HELLO))
+        for _ in range(9):  # a byte every half second: never silent
+            self.pair.advance(0.5)
+            raw.send(b"\0")
+        self.assertFalse(raw.closed)
+        self.pair.advance(0.6)
+        self.assertTrue(raw.closed)
+        self.assertEqual(raw.errors(), ["no handshake in 5s"])
+        self.assertEqual(len(self.log.lines("no handshake in 5s", LogLevel.error)), 1)
+        self.assertNotIn(raw.link, self.standby.repl.links)
+        self.assert_undisturbed()
+
+    def test_at_most_four_links_wait_for_authentication(self) -> None:
+        raws = [RawLink(self.standby) for _ in range(6)]
+        for raw in raws:
+            raw.send(wire.MAGIC)
+        self.assertEqual([raw.closed for raw in raws], [False] * 4 + [True] * 2)
+        why = "too many links awaiting authentication (at most 4 at once)"
+        self.assertEqual([raw.errors() for raw in raws[4:]], [[why], [why]])
+        self.assertEqual(
+            self.log.lines("too many links", LogLevel.warn),
+            [f"REPLICATION: refused a link (the last from 127.0.0.1:{raws[4].transport.getPeer().port}): {why}"],
+        )
+        self.pair.advance(10.0)  # the rest of the refusals in one line
+        self.assertEqual(len(self.log.lines("too many links")), 2)
+        self.assertIn("refused a link (the last from", self.log.lines("too many links")[1])
+        self.assertTrue(all(raw.closed for raw in raws))  # cut at the deadline
+        # the primary's link came through meanwhile, or comes through now: in sync
+        self.assertEqual(self.standby.state, "in_sync")
+
+    def test_the_primary_waits_for_a_place_while_strangers_hold_them(self) -> None:
+        raws = [RawLink(self.standby) for _ in range(4)]
+        for raw in raws:
+            raw.send(wire.MAGIC)
+        assert self.linked is not None
+        self.linked.transport.loseConnection()  # the primary's link fails: it dials again, and waits
+        self.pair.advance(3.0)
+        self.assertEqual(self.pair.primary.state, "disconnected")
+        self.assertTrue(self.log.lines("too many links awaiting authentication"))
+        self.pair.advance(4.0)  # the strangers are cut at 5s; the primary's next attempt gets in
+        self.assertTrue(all(raw.closed for raw in raws))
+        self.assertEqual(self.pair.primary.state, "in_sync")
+
+    def test_once_authenticated_a_link_takes_frames_up_to_64_mib(self) -> None:
+        for link in (self.pair.primary.repl.link, self.standby.repl.link):
+            assert link is not None
+            self.assertEqual(link.reader.max_frame, wire.MAX_FRAME)
+        raw = RawLink(self.standby)
+        raw.send(wire.MAGIC)
+        self.assertEqual(raw.link.reader.max_frame, wire.MAX_HELLO)

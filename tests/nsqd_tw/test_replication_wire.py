@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 
+from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
+from twisted.logger import Logger
 from twisted.trial import unittest
 
 from nsq_wire.message import records
 from nsqd_tw.replication import wire
+from nsqd_tw.replication.admission import Admission
 from nsqd_tw.replication.link import Link
 
 IDS = [b"%016x" % i for i in range(3)]
@@ -152,10 +155,16 @@ class ProofTests(unittest.TestCase):
 
 
 class _Service:
+    """The node a link reports to: a clock, --replication-timeout, its refusals' log."""
+
     log = None
+    timeout = 5.0
 
     def __init__(self) -> None:
         self.lost: list[str] = []
+        self.events: list[dict] = []
+        self.nsqd = type("NSQD", (), {"reactor": Clock()})()
+        self.admission = Admission(self.nsqd.reactor, Logger(observer=self.events.append))
 
     def now(self) -> float:
         return 0.0
@@ -178,3 +187,6 @@ class VersionTests(unittest.TestCase):
         self.assertEqual((kind, wire.json_payload(payload)), (wire.ERROR, {"error": why}))
         self.assertEqual(service.lost, [why])
         self.assertTrue(transport.disconnecting)
+        [event] = service.events  # one line, rate-limited
+        self.assertIn("before authentication (the last from 192.168.1.1:54321)", event["text"])  # StringTransport
+        self.assertTrue(event["text"].endswith(f" - {why}"))
