@@ -47,6 +47,7 @@ class ReplicaState:
     synced: bool = False  # a standby: its last snapshot was received whole (promotable)
     lookupd: list[str] = field(default_factory=list)  # a standby: its primary's lookupds (HTTP)
     announced: str = ""  # a standby: its primary's address as the primary registers it with them
+    peer_node: str = ""  # the other node's own ID, once linked: the only one this node pairs with
 
     @classmethod
     def load(cls, data_path: str, default_role: str) -> ReplicaState:
@@ -69,6 +70,7 @@ class ReplicaState:
                 bool(doc.get("synced", False)),
                 [str(a) for a in doc.get("lookupd") or []],
                 str(doc.get("announced", "")),
+                str(doc.get("peer_node", "")),
             )
         except (ValueError, KeyError, TypeError) as e:
             raise ReplicaStateError(f"failed to parse {path} - {e!r}") from None

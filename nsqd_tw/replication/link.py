@@ -1,6 +1,7 @@
 """One replication connection, at either end: the handshake (HELLO, TLS when the
-acceptor has a certificate, AUTH both ways), then frames to the side the
-service gives it once both proofs have verified (:mod:`.primary`, :mod:`.standby`).
+acceptor has a certificate, the dialer's AUTH, then the acceptor's once its node
+keeps the link), then frames to the side the service gives it once both proofs
+have verified (:mod:`.primary`, :mod:`.standby`).
 
 Until the peer has authenticated, a link reads frames of at most
 :data:`wire.MAX_HELLO` bytes (a bigger one is refused from its header) and the
@@ -249,10 +250,11 @@ class Link(protocol.Protocol):
             if self.service.tls is not None:
                 self.tls = True
                 self.transport.startTLS(self.service.tls)
-        elif peer.get("tls"):
-            self.tls = True
-            self.transport.startTLS(self.service.client_tls())
-        self.transport.write(wire.frame(wire.AUTH, self._proof(self.dialer)))
+        else:
+            if peer.get("tls"):
+                self.tls = True
+                self.transport.startTLS(self.service.client_tls())
+            self.transport.write(wire.frame(wire.AUTH, self._proof(True)))
 
     def _proof(self, dialer_side: bool) -> bytes:
         if self.dialer:
@@ -273,3 +275,12 @@ class Link(protocol.Protocol):
         self._end_deadline()
         self.reader.max_frame = wire.MAX_FRAME
         self.service.established(self)
+
+    def prove(self) -> None:
+        """The acceptor's AUTH, which :meth:`Node.established` sends once the dialer
+        has proved itself and the node keeps the link (before anything of the
+        stream), or before it refuses a dialer at a lower epoch (which learns it
+        is stale). Any other refused dialer gets an ERROR in its handshake, never
+        a link, so it starts nothing it would undo."""
+        if not self.dialer and not self.closed:
+            self.transport.write(wire.frame(wire.AUTH, self._proof(False)))

@@ -240,3 +240,50 @@ class PeerProcessTests(unittest.TestCase):
         )
         self.assertFalse(any("Traceback" in line or "RecursionError" in line for line in standby.lines))
         self.assertEqual(status(standby)["role"], "standby")
+
+    def test_a_second_primary_with_the_secret_cannot_take_the_standby(self) -> None:
+        """P2, a fresh nsqd with the pair's secret and --replica S, dials S over and
+        over: S refuses it (it follows P, node and epoch), keeps P's link and
+        queues, and once P is killed and S promoted S holds all P acknowledged."""
+        s = self.nsqd("s", "--replication-role=standby")
+        p = self.nsqd("p", f"--replica={s.addresses['TCP']}")
+        self.assertTrue(wait_until(lambda: status(s).get("state") == "in_sync", 30))
+        p_node = status(p)["node"]
+        self.assertEqual(call(p, "POST", "/topic/create?topic=t")[0], 200)
+        self.assertEqual(call(p, "POST", "/channel/create?topic=t&channel=c")[0], 200)
+        for i in range(20):  # 2,000 acknowledged in sync
+            body = b"\n".join(b"%04d" % (i * 100 + j) for j in range(100))
+            self.assertEqual(call(p, "POST", "/mpub?topic=t", body), (200, b"OK"))
+        p2 = self.nsqd("p2", f"--replica={s.addresses['TCP']}")
+        p2_node = status(p2)["node"]
+
+        def refusals() -> list[str]:
+            return [line for line in s.lines if "REPLICATION: refusing primary" in line]
+
+        self.assertTrue(wait_until(lambda: len(refusals()) >= 1, 30))
+        line = refusals()[0]
+        self.assertIn("ERROR", line)
+        self.assertIn(f"node {p2_node}", line)
+        self.assertIn(f"this standby follows primary {p.addresses['TCP']} (node {p_node}, epoch 0)", line)
+        self.assertIn("remove replication.json", line)
+        # P2 is told why, and tries again and again (every 2 s once its backoff is up)
+        told = f"{s.addresses['TCP']} refused the link - {line[line.index('refusing primary') :]}"
+        self.assertTrue(wait_until(lambda: sum(told in line for line in p2.lines) >= 4, 30))
+        attempts = sum("refused the link" in line for line in p2.lines)
+        self.assertLessEqual(len(refusals()), attempts + 1)  # a line per attempt at most
+        self.assertEqual(sum("receiving the snapshot" in line for line in s.lines), 1)
+        self.assertEqual((status(s)["peer"], status(s)["state"]), (p.addresses["TCP"], "in_sync"))
+        self.assertEqual(self.depth(s, "t"), 2000)
+
+        p.proc.kill()  # type: ignore[union-attr]
+        p.proc.wait()  # type: ignore[union-attr]
+        self.assertTrue(wait_until(lambda: call(s, "POST", "/replication/promote")[0] == 200, 30))
+        self.assertEqual((status(s)["role"], status(s)["epoch"]), ("primary", 1))
+        self.assertEqual(self.depth(s, "t"), 2000)
+        # promoted, S does not take P2 as its standby either (P2 is not the node it was paired
+        # with); P2, at a lower epoch, stops serving beside it
+        self.assertTrue(wait_until(lambda: any("REPLICATION: refusing standby" in line for line in s.lines), 30))
+        self.assertTrue(wait_until(lambda: status(p2).get("role") == "standby", 30))
+        self.assertEqual(call(p2, "POST", "/pub?topic=t", b"x")[0], 503)
+        self.assertEqual(status(s)["state"], "disconnected")
+        self.assertFalse(any("Traceback" in line for line in s.lines + p2.lines))

@@ -13,13 +13,13 @@ from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 from twisted.trial import unittest
 
 from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, MAGIC_V2
-from nsqd_tw.core.replica import STATE_FILE, StandbyApply
+from nsqd_tw.core.replica import STATE_FILE, ReplicaState, StandbyApply
 from nsqd_tw.core.topic import StandbyError
 from nsqd_tw.http.api import NSQDHTTPAPI
 from nsqd_tw.replication import wire
 from nsqd_tw.replication.service import decide
 from tests.helpers import FakeClient
-from tests.nsqd_tw.replicas import RawLink, ReplicaPair, held, live
+from tests.nsqd_tw.replicas import Node, RawLink, ReplicaPair, held, live
 
 
 def consume(nsqd: object, topic: str, channel: str, rdy: int = 100) -> FakeClient:
@@ -601,3 +601,153 @@ class HandshakeLimitTests(unittest.TestCase):
         raw = RawLink(self.standby)
         raw.send(wire.MAGIC)
         self.assertEqual(raw.link.reader.max_frame, wire.MAX_HELLO)
+
+
+class PeerIdentityTests(unittest.TestCase):
+    """Once authenticated, a node keeps to the peer of its pair (its node ID in
+    replication.json): a standby follows its primary, a primary takes no other
+    dialer as its standby."""
+
+    def setUp(self) -> None:
+        self.log = Logged(self)
+
+    def node_file(self, node: Node) -> dict[str, Any]:
+        with open(os.path.join(node.data_path, STATE_FILE)) as f:
+            return dict(json.load(f))
+
+    def test_each_node_records_its_peer_node(self) -> None:
+        pair = ReplicaPair().start()
+        p, s = pair.primary.repl.state.node, pair.standby.repl.state.node
+        self.assertEqual(self.node_file(pair.primary)["peer_node"], s)
+        self.assertEqual(self.node_file(pair.standby)["peer_node"], p)
+
+    def test_a_file_without_the_peer_node_loads_and_the_next_link_records_it(self) -> None:
+        pair = ReplicaPair()
+        with open(os.path.join(pair.standby.data_path, STATE_FILE), "w") as f:
+            json.dump({"node": "s" * 32, "role": "standby", "epoch": 2, "peer": "127.0.0.1:4150", "synced": True}, f)
+        state = ReplicaState.load(pair.standby.data_path, "primary")
+        self.assertEqual((state.node, state.epoch, state.peer_node), ("s" * 32, 2, ""))
+        with open(os.path.join(pair.primary.data_path, STATE_FILE), "w") as f:
+            json.dump({"node": "p" * 32, "role": "primary", "epoch": 2, "peer": "127.0.0.1:4250"}, f)
+        pair.start()
+        self.assertEqual(pair.standby.state, "in_sync")
+        self.assertEqual(self.node_file(pair.standby)["peer_node"], "p" * 32)
+        self.assertEqual(self.node_file(pair.primary)["peer_node"], "s" * 32)
+
+    def test_a_second_primary_is_refused_and_the_standby_keeps_its_primary(self) -> None:
+        pair = ReplicaPair().start()
+        primary, standby = pair.primary, pair.standby
+        consume(primary.nsqd, "t", "c", rdy=0)
+        primary.nsqd.publish("t", [b"a", b"b"])
+        pair.settle()
+        linked = standby.repl.link
+        intruder = pair.add(Node(pair, 4350, "primary", replica=standby.address)).start()
+        pair.settle()
+        intruder.nsqd.publish("t", [b"intruder"])  # serving alone once refused
+        pair.advance(6.0)  # it tries again and again
+        self.assertIs(standby.repl.link, linked)
+        self.assertEqual(standby.state, "in_sync")
+        self.assertEqual(sorted(m.body for m in held(standby.channel("t", "c"))), [b"a", b"b"])
+        self.assertEqual(
+            (standby.repl.state.peer, standby.repl.state.peer_node), (primary.address, primary.repl.state.node)
+        )
+        self.assertEqual(intruder.state, "disconnected")
+        refusal = (
+            f"refusing primary 127.0.0.1:4350 (node {intruder.repl.state.node}, epoch 0): this standby follows "
+            f"primary 127.0.0.1:4150 (node {primary.repl.state.node}, epoch 0); to move it to another primary, stop "
+            "it and remove replication.json"
+        )
+        lines = self.log.lines("REPLICATION: refusing primary", LogLevel.error)
+        self.assertEqual(lines[0], f"REPLICATION: {refusal}")
+        self.assertEqual(len(lines), 1)  # within 10 s: one line; the count of the others after
+        told = self.log.lines(f"REPLICATION: 127.0.0.1:4250 refused the link - {refusal}", LogLevel.error)
+        self.assertGreater(len(told), 3)  # the intruder, at each attempt
+        pair.advance(5.0)
+        lines = self.log.lines("REPLICATION: refusing primary", LogLevel.error)
+        self.assertEqual(len(lines), 2)
+        self.assertRegex(lines[1], r"\(\d+ attempts\) in the last 10s$")
+        primary.nsqd.publish("t", [b"c"])
+        pair.settle()
+        self.assertEqual(sorted(m.body for m in held(standby.channel("t", "c"))), [b"a", b"b", b"c"])
+
+        # the primary killed, the standby promoted: it takes the intruder as its standby no more
+        primary.kill()
+        standby.repl.promote()
+        pair.advance(3.0)
+        self.assertEqual(len(self.log.lines("REPLICATION: refusing standby 127.0.0.1:4350", LogLevel.error)), 1)
+        self.assertEqual(standby.state, "disconnected")
+        self.assertEqual(intruder.repl.state.role, "standby")  # at a lower epoch: it serves no more
+        self.assertEqual(sorted(m.body for m in held(standby.channel("t", "c"))), [b"a", b"b", b"c"])
+
+    def test_a_new_primary_of_the_pair_at_a_higher_epoch_is_followed(self) -> None:
+        pair = ReplicaPair().start()
+        newer = pair.add(Node(pair, 4350, "primary", replica=pair.standby.address))
+        os.makedirs(newer.data_path, exist_ok=True)
+        ReplicaState("n" * 32, "primary", 3, pair.standby.address).save(newer.data_path)
+        newer.start()
+        pair.settle()
+        newer.nsqd.publish("u", [b"from the new primary"])
+        pair.advance(3.0)
+        state = pair.standby.repl.state
+        self.assertEqual((state.peer, state.peer_node, state.epoch), (newer.address, "n" * 32, 3))
+        self.assertEqual(pair.standby.state, "in_sync")
+        self.assertNotIn("t", pair.standby.nsqd.topics)
+        self.assertEqual([m.body for m in pair.standby.nsqd.topics["u"].queued()], [b"from the new primary"])
+
+    def test_a_primary_takes_no_other_dialer_as_its_standby(self) -> None:
+        pair = ReplicaPair()
+        os.makedirs(pair.primary.data_path, exist_ok=True)
+        ReplicaState("p" * 32, "primary", 1, pair.standby.address).save(pair.primary.data_path)
+        pair.start()
+        consume(pair.primary.nsqd, "t", "c", rdy=0)
+        pair.primary.nsqd.publish("t", [b"a"])
+        pair.settle()
+        linked = pair.primary.repl.link
+        # another node with the secret names this primary as its replica
+        stranger = pair.add(Node(pair, 4350, "primary", replica=pair.primary.address)).start()
+        pair.advance(3.0)
+        self.assertIs(pair.primary.repl.link, linked)
+        self.assertEqual(pair.primary.state, "in_sync")
+        self.assertTrue(
+            self.log.lines(
+                f"refusing standby 127.0.0.1:4350 (node {stranger.repl.state.node}, epoch 0)", LogLevel.error
+            )
+        )
+        # the stranger met a primary at a higher epoch: it serves no more beside it, and got nothing from it
+        self.assertIsNone(stranger.repl.link)
+        self.assertEqual((stranger.repl.state.role, stranger.repl.state.epoch), ("standby", 1))
+        self.assertIsNotNone(stranger.nsqd.standby)
+        self.assertEqual(stranger.nsqd.topics, {})
+        pair.primary.nsqd.publish("t", [b"b"])
+        pair.settle()
+        self.assertEqual(sorted(m.body for m in held(pair.standby.channel("t", "c"))), [b"a", b"b"])
+
+    def test_a_stale_primary_refused_by_a_standby_at_a_higher_epoch_stops_serving(self) -> None:
+        pair = ReplicaPair()
+        os.makedirs(pair.standby.data_path, exist_ok=True)
+        ReplicaState("s" * 32, "standby", 3, "127.0.0.1:4999", peer_node="o" * 32).save(pair.standby.data_path)
+        pair.start()
+        node = pair.primary.repl.state.node
+        [line] = self.log.lines("REPLICATION: refusing primary", LogLevel.error)
+        self.assertEqual(
+            line,
+            f"REPLICATION: refusing primary 127.0.0.1:4150 (node {node}, epoch 0): this standby follows primary "
+            f"127.0.0.1:4999 (node {'o' * 32}, epoch 3); to move it to another primary, stop it and remove "
+            "replication.json",
+        )
+        self.assertEqual((pair.primary.repl.state.role, pair.primary.repl.state.epoch), ("standby", 3))
+        self.assertIsNotNone(pair.primary.nsqd.standby)
+        self.assertEqual(pair.standby.repl.state.peer_node, "o" * 32)
+
+    def test_a_primary_dialing_its_replica_takes_a_replaced_host_with_a_warning(self) -> None:
+        pair = ReplicaPair().start()
+        old = pair.standby.repl.state.node
+        pair.standby.kill()
+        replaced = pair.add(Node(pair, 4250, "standby")).start()  # a new host, its data path empty
+        pair.advance(3.0)
+        self.assertEqual(pair.primary.state, "in_sync")
+        new = replaced.repl.state.node
+        self.assertEqual(pair.primary.repl.state.peer_node, new)
+        self.assertEqual(self.node_file(pair.primary)["peer_node"], new)
+        [line] = self.log.lines("is another node than the standby", LogLevel.warn)
+        self.assertIn(f"(node {new}, was {old})", line)
