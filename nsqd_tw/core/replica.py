@@ -49,6 +49,7 @@ class ReplicaState:
     announced: str = ""  # a standby: its primary's address as the primary registers it with them
     witnesses: int = 0  # a standby: how many lookupds its primary has (a majority of them must grant a takeover)
     lease: float = 0.0  # a standby: its primary's lease (seconds), which it waits out before taking over
+    peer_node: str = ""  # the other node's own ID, once linked: the only one this node pairs with
 
     @classmethod
     def load(cls, data_path: str, default_role: str) -> ReplicaState:
@@ -73,6 +74,7 @@ class ReplicaState:
                 str(doc.get("announced", "")),
                 max(0, int(doc.get("witnesses", 0))),
                 max(0.0, min(3600.0, float(doc.get("lease", 0.0)))),
+                str(doc.get("peer_node", "")),
             )
         except (ValueError, KeyError, TypeError) as e:
             raise ReplicaStateError(f"failed to parse {path} - {e!r}") from None

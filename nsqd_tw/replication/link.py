@@ -1,6 +1,11 @@
 """One replication connection, at either end: the handshake (HELLO, TLS when the
-acceptor has a certificate, AUTH both ways), then frames to the side the
-service gives it once both proofs have verified (:mod:`.primary`, :mod:`.standby`)."""
+acceptor has a certificate, the dialer's AUTH, then the acceptor's once its node
+keeps the link), then frames to the side the service gives it once both proofs
+have verified (:mod:`.primary`, :mod:`.standby`).
+
+Until the peer has authenticated, a link reads frames of at most
+:data:`wire.MAX_HELLO` bytes (a bigger one is refused from its header) and the
+handshake must end within ``--replication-timeout`` (:mod:`.admission`)."""
 
 from __future__ import annotations
 
@@ -12,10 +17,12 @@ from twisted.internet import protocol
 from twisted.python.failure import Failure
 
 from nsq_service.listen import read_now, write_now
+from nsq_service.options import DURATION
 from nsqd_tw.replication import wire
 
 if TYPE_CHECKING:
     from nsqd_tw.core.nsqd import NSQD
+    from nsqd_tw.replication.admission import Admission
 
 
 class Node(Protocol):
@@ -27,6 +34,10 @@ class Node(Protocol):
     tls: Any
     secret: bytes
     lease: Any  # a primary's lease (nsqd_tw.replication.lease.PrimaryLease)
+    timeout: float  # --replication-timeout: the handshake's deadline
+
+    @property
+    def admission(self) -> Admission: ...
 
     @property
     def peer_address(self) -> str: ...
@@ -60,7 +71,7 @@ class Link(protocol.Protocol):
     def __init__(self, service: Node, dialer: bool) -> None:
         self.service = service
         self.dialer = dialer
-        self.reader = wire.FrameReader()
+        self.reader = wire.FrameReader(wire.MAX_HELLO)  # MAX_FRAME once the peer has authenticated
         self.nonce = os.urandom(16).hex()
         self.my_hello = b""
         self.peer_hello = b""
@@ -71,6 +82,7 @@ class Link(protocol.Protocol):
         self.closed = False
         self._reported = False  # the node was told the link is over
         self.heard_at = service.now()
+        self._deadline: Any = None  # the end of the time given to the handshake
 
     def __repr__(self) -> str:
         return f"<Link {'to' if self.dialer else 'from'} {self.address}>"
@@ -89,6 +101,7 @@ class Link(protocol.Protocol):
 
     def connectionMade(self) -> None:
         self.heard_at = self.service.now()
+        self._deadline = self.service.nsqd.reactor.callLater(self.service.timeout, self._too_slow)
         set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
         if set_no_delay is not None:  # an ACK of a few bytes must not wait for Nagle's algorithm
             try:
@@ -140,7 +153,10 @@ class Link(protocol.Protocol):
                 else:
                     self._handshake(kind, payload)
         except wire.LinkError as e:
-            self.fail(f"bad frame - {e}")
+            if self.verified:
+                self.fail(f"bad frame - {e}")
+            else:
+                self._refuse(f"bad frame - {e}", "too big" if isinstance(e, wire.FrameTooBig) else "bad frame")
             return
         except Exception as e:
             self.service.log.failure("REPLICATION: link {link} failed", link=self)
@@ -155,6 +171,8 @@ class Link(protocol.Protocol):
     def _gone(self, why: str) -> None:
         """The link is over (closed by either end): tell the side and the node, once."""
         self.closed = True
+        self._end_deadline()
+        self.reader.release()
         if self._reported:
             return
         self._reported = True
@@ -181,10 +199,36 @@ class Link(protocol.Protocol):
 
     # -- the handshake ------------------------------------------------------------------
 
+    def _end_deadline(self) -> None:
+        if self._deadline is not None and self._deadline.active():
+            self._deadline.cancel()
+        self._deadline = None
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        if self.closed or self.verified:
+            return
+        why = f"no handshake in {DURATION.show(self.service.timeout)}"
+        if not self.tls:
+            self._refuse(why, "deadline")
+            return
+        # TLS may not be up: an ERROR would wait for it, and the connection with it
+        self.service.admission.refused(self.address, why, "deadline")
+        self.abort(why)
+
+    def _refuse(self, why: str, kind: str) -> None:
+        """The handshake failed (``kind``, a few words, keys the log's rate limit):
+        one log line, an ERROR to the peer, the link closed."""
+        self.service.admission.refused(self.address, why, kind)
+        self.fail(why)
+
     def _handshake(self, kind: int, payload: bytes) -> None:
         if kind == wire.ERROR:
-            why = wire.json_payload(payload).get("error", "")
-            self.service.peer_refused(self, str(why))
+            why = str(wire.json_payload(payload).get("error", ""))
+            if self.dialer:
+                self.service.peer_refused(self, why)
+            else:  # a stranger may say anything: logged as the other refusals are
+                self.service.admission.refused(self.address, f"the peer refused it - {why}", "peer")
             self.fail(f"refused by peer - {why}", tell=False)
             return
         if kind == wire.HELLO and not self.peer_hello:
@@ -197,7 +241,9 @@ class Link(protocol.Protocol):
     def _hello(self, payload: bytes) -> None:
         peer = wire.json_payload(payload)
         if peer.get("version") != wire.VERSION:
-            self.fail(f"protocol version {peer.get('version')!r} not supported (this node speaks {wire.VERSION})")
+            self._refuse(
+                f"protocol version {peer.get('version')!r} not supported (this node speaks {wire.VERSION})", "version"
+            )
             return
         self.peer_hello, self.peer = payload, peer
         if not self.dialer:
@@ -206,10 +252,11 @@ class Link(protocol.Protocol):
             if self.service.tls is not None:
                 self.tls = True
                 self.transport.startTLS(self.service.tls)
-        elif peer.get("tls"):
-            self.tls = True
-            self.transport.startTLS(self.service.client_tls())
-        self.transport.write(wire.frame(wire.AUTH, self._proof(self.dialer)))
+        else:
+            if peer.get("tls"):
+                self.tls = True
+                self.transport.startTLS(self.service.client_tls())
+            self.transport.write(wire.frame(wire.AUTH, self._proof(True)))
 
     def _proof(self, dialer_side: bool) -> bytes:
         if self.dialer:
@@ -221,11 +268,21 @@ class Link(protocol.Protocol):
 
     def _auth(self, payload: bytes) -> None:
         if not wire.verify(self._proof(not self.dialer), payload):
-            self.service.log.error(
-                "REPLICATION: {addr} failed to authenticate (a different --replication-secret-file?)",
-                addr=self.address,
+            self.service.admission.refused(
+                self.address, "failed to authenticate (a different --replication-secret-file?)", "auth"
             )
             self.fail("authentication failed")
             return
         self.verified = True
+        self._end_deadline()
+        self.reader.max_frame = wire.MAX_FRAME
         self.service.established(self)
+
+    def prove(self) -> None:
+        """The acceptor's AUTH, which :meth:`Node.established` sends once the dialer
+        has proved itself and the node keeps the link (before anything of the
+        stream), or before it refuses a dialer at a lower epoch (which learns it
+        is stale). Any other refused dialer gets an ERROR in its handshake, never
+        a link, so it starts nothing it would undo."""
+        if not self.dialer and not self.closed:
+            self.transport.write(wire.frame(wire.AUTH, self._proof(False)))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import cached_property
 from typing import Any
 
 from twisted.application import service
@@ -20,6 +21,7 @@ from nsqd_tw.core.nsqd import NSQD
 from nsqd_tw.core.replica import PRIMARY, STANDBY, ReplicaState, ReplicaStateError
 from nsqd_tw.core.topic import StandbyError
 from nsqd_tw.replication import wire
+from nsqd_tw.replication.admission import NEW, OK, Admission, check_peer
 from nsqd_tw.replication.failover import Failover, PromoteError
 from nsqd_tw.replication.lease import PrimaryLease, Takeover, WitnessClient, pair_id
 from nsqd_tw.replication.link import Link
@@ -249,6 +251,7 @@ class ReplicationService(service.Service):
         self._settle_call = None
         for link in list(self.links):
             link.fail("nsqd is stopping")
+        self.admission.stop()
         return None
 
     def _save(self) -> None:
@@ -392,8 +395,17 @@ class ReplicationService(service.Service):
         addresses: list[str] = self.lookup.lookupd_http_addresses()
         return addresses
 
+    @cached_property
+    def admission(self) -> Admission:
+        """What a link may do before it authenticates, and whom this node takes as its peer."""
+        return Admission(self.nsqd.reactor, self.log)
+
     def accept(self, transport: Any, data: bytes) -> None:
-        """A connection to nsqd's TCP port opened with the link's magic: it is a link."""
+        """A connection to nsqd's TCP port opened with the link's magic: it is a
+        link, if fewer than a few accepted links are waiting to authenticate."""
+        waiting = sum(1 for link in self.links if not link.dialer and not link.verified)
+        if not self.admission.admit(transport, waiting):
+            return
         link = Link(self, dialer=False)
         self.links.add(link)
         transport.protocol = link
@@ -409,28 +421,45 @@ class ReplicationService(service.Service):
         return self._client_tls
 
     def established(self, link: Link) -> None:
-        """Both ends proved the secret: decide who is primary on this link."""
+        """The peer proved the secret: decide who is primary on this link, and
+        whether the peer is of this node's pair (its node ID, see check_peer)."""
         peer = link.peer
         try:
             their_epoch, their_role = int(peer.get("epoch", 0)), str(peer.get("role", ""))
         except (TypeError, ValueError):
             link.fail("bad HELLO")
             return
-        if peer.get("node") == self.state.node:
+        node = str(peer["node"]) if isinstance(peer.get("node"), str) else ""
+        if node == self.state.node:
             link.fail("this is a link to the node itself (--replica names this nsqd)")
             return
         me = self.state
+        mine = me.epoch
         if their_epoch > me.epoch and me.role == PRIMARY:
             self._demote(their_epoch, link.address, "a higher epoch")
         who = decide((me.epoch, me.role), (their_epoch, their_role))
-        if who is None:
-            why = (
+        verdict, text = check_peer(
+            me, mine, (node, their_role, their_epoch), link.address, who, link.dialer, bool(self.nsqd.opts.replica)
+        )
+        if verdict not in (OK, NEW):  # not of this pair: nothing of it is applied, the current link goes on
+            self.admission.refused_peer(verdict, text)
+        elif who is None:
+            text = (
                 f"no primary on this link: {me.role} at epoch {me.epoch} here, "
                 f"{their_role} at epoch {their_epoch} at {link.address}"
             )
-            self.log.error("REPLICATION: {why}", why=why)
-            link.fail(why)
+            self.log.error("REPLICATION: {why}", why=text)
+        if who is None or verdict not in (OK, NEW):
+            if their_epoch < mine:  # proven to a dialer at a lower epoch: it learns it is stale, serves no more
+                link.prove()
+            link.fail(text)
             return
+        if verdict == NEW:
+            self.log.warn("REPLICATION: {text}", text=text)
+        if node and me.peer_node != node:
+            me.peer_node = node
+            self.state.save(self.nsqd.data_path)
+        link.prove()
         old = self.link
         if old is not None and old is not link:
             old.fail("replaced by a new link")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -34,6 +35,8 @@ ACK = 0x31
 OPERATIONS = frozenset((BEGIN, TOPIC_RECORDS, CHANNEL_RECORDS, END, PUB, DPUB, FIN, REQ, CTRL))
 
 MAX_FRAME = 64 << 20  # a frame bigger than this is a broken peer
+MAX_HELLO = 64 << 10  # before authentication: the largest frame a peer may send (a HELLO)
+MAX_JSON_DEPTH = 32  # a JSON payload nested deeper is refused before it is parsed
 
 _HEAD = struct.Struct(">IB")
 _U32 = struct.Struct(">I")
@@ -47,6 +50,10 @@ ID_LENGTH = 16
 
 class LinkError(Exception):
     """Bytes that are not a frame of this protocol; ``str()`` says why."""
+
+
+class FrameTooBig(LinkError):
+    """A frame header announcing more than the reader takes (refused before any of it is read)."""
 
 
 def frame(kind: int, payload: bytes = b"") -> bytes:
@@ -147,13 +154,25 @@ class FrameReader:
             self._pos = 0
         self._buf += data
 
+    @property
+    def buffered(self) -> int:
+        """Bytes fed and not taken as frames yet."""
+        return len(self._buf) - self._pos
+
+    def release(self) -> None:
+        """Drop what is buffered (the link is over)."""
+        self._buf = bytearray()
+        self._pos = 0
+
     def next(self) -> tuple[int, bytes] | None:
         buf, pos = self._buf, self._pos
         if len(buf) - pos < 5:
             self._compact()
             return None
         size, kind = _HEAD.unpack_from(buf, pos)
-        if size < 1 or size > self.max_frame:
+        if size > self.max_frame:
+            raise FrameTooBig(f"a frame of {size} bytes, over the limit of {self.max_frame}")
+        if size < 1:
             raise LinkError(f"bad frame size {size}")
         end = pos + 4 + size
         if len(buf) < end:
@@ -239,10 +258,32 @@ def unframe(batch: FramedRecords) -> list[bytes]:
         raise LinkError(str(e)) from None
 
 
-def json_payload(data: bytes) -> dict[str, Any]:
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+
+
+def json_depth(data: bytes) -> int:
+    """How deep the arrays and objects of a JSON text nest (strings left out):
+    looked at before parsing, as Python's parser recurses once per level."""
+    depth = deepest = 0
+    for c in _STRING.sub(b"", data).translate(None, _NOT_BRACKETS):
+        if c in b"[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+        else:
+            depth -= 1
+    return deepest
+
+
+def json_payload(data: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str, Any]:
+    """A JSON object (HELLO, ERROR, CTRL, BEGIN); LinkError if it is not one, or
+    if it nests deeper than ``max_depth``."""
+    if json_depth(data) > max_depth:
+        raise LinkError(f"payload nested deeper than {max_depth}")
     try:
         doc = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise LinkError("payload is not JSON") from None
     if not isinstance(doc, dict):
         raise LinkError("payload is not a JSON object")

@@ -7,7 +7,9 @@ import json
 import tempfile
 from typing import Any
 
+from twisted.internet.address import IPv4Address
 from twisted.internet.interfaces import IStreamClientEndpoint
+from twisted.internet.testing import StringTransport
 
 from lookupd_tw.witness import Witness
 from nsq_wire.message import MESSAGE_HEADER_LENGTH
@@ -264,6 +266,41 @@ class ReplicaPair:
 
     def advance(self, seconds: float) -> None:
         self.net.advance(seconds)
+
+
+class RawLink:
+    """A connection to a node's TCP port that speaks the link by hand: a peer
+    that may never finish its handshake."""
+
+    _port = 60000
+
+    def __init__(self, node: Node) -> None:
+        RawLink._port += 1
+        self.transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", RawLink._port))
+        self.proto = node.v2.buildProtocol(None)
+        self.proto.makeConnection(self.transport)
+
+    def send(self, data: bytes) -> None:
+        """Bytes to the node (to its link once the magic has handed the connection over)."""
+        getattr(self.transport, "protocol", self.proto).dataReceived(data)
+
+    @property
+    def link(self) -> Any:
+        return getattr(self.transport, "protocol", None)
+
+    def errors(self) -> list[str]:
+        """The ``error`` of each ERROR frame the node has written."""
+        reader = wire.FrameReader()
+        reader.feed(self.transport.value())
+        out = []
+        while (item := reader.next()) is not None:
+            if item[0] == wire.ERROR:
+                out.append(str(wire.json_payload(item[1]).get("error")))
+        return out
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.transport.disconnecting)
 
 
 def held(channel: Channel) -> list[Message]:

@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from typing import Any
 
 from treq.testing import StubTreq
+from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 from twisted.trial import unittest
 
 from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, MAGIC_V2
-from nsqd_tw.core.replica import STATE_FILE, StandbyApply
+from nsqd_tw.core.replica import STATE_FILE, ReplicaState, StandbyApply
 from nsqd_tw.core.topic import StandbyError
 from nsqd_tw.http.api import NSQDHTTPAPI
 from nsqd_tw.replication import wire
 from nsqd_tw.replication.service import decide
 from tests.helpers import FakeClient
-from tests.nsqd_tw.replicas import ReplicaPair, held, live
+from tests.nsqd_tw.replicas import Node, RawLink, ReplicaPair, held, live
 
 
 def consume(nsqd: object, topic: str, channel: str, rdy: int = 100) -> FakeClient:
@@ -491,3 +493,262 @@ class StandbyRefusalTests(unittest.TestCase):
         self.assertIsInstance(self.standby.standby, StandbyError)
         self.assertRaises(StandbyError, self.standby.publish, "t", [b"x"])
         self.assertEqual(MAGIC_V2, b"  V2")
+
+
+class Logged:
+    """The log events of a test, as ``(level, text)``."""
+
+    def __init__(self, case: unittest.TestCase) -> None:
+        self.events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(self.events.append)
+        case.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+
+    def lines(self, text: str, level: LogLevel | None = None) -> list[str]:
+        out = [formatEvent(e) for e in self.events if level is None or e.get("log_level") == level]
+        return [line for line in out if text in line]
+
+
+class HandshakeLimitTests(unittest.TestCase):
+    """Before it has authenticated, a link may send a small HELLO within
+    --replication-timeout, and only a few may wait at once."""
+
+    def setUp(self) -> None:
+        self.log = Logged(self)
+        self.pair = ReplicaPair().start()
+        self.standby = self.pair.standby
+        self.linked = self.standby.repl.link
+
+    def assert_undisturbed(self) -> None:
+        """The standby's link to its primary is the one it had, in sync, and streams."""
+        self.assertIs(self.standby.repl.link, self.linked)
+        self.pair.primary.nsqd.publish("after", [b"x"])
+        self.pair.settle()
+        self.assertEqual([m.body for m in self.standby.nsqd.topics["after"].queued()], [b"x"])
+
+    def test_a_frame_header_over_64_kib_is_refused_at_once_and_nothing_after_it_is_kept(self) -> None:
+        raw = RawLink(self.standby)
+        raw.send(wire.MAGIC + struct.pack(">IB", wire.MAX_FRAME, wire.HELLO) + b"\0" * 4096)
+        why = "bad frame - a frame of 67108864 bytes, over the limit of 65536"
+        self.assertEqual(raw.errors(), [why])
+        self.assertTrue(raw.closed)
+        raw.send(b"\0" * 65536)
+        self.assertEqual(raw.link.reader.buffered, 0)
+        self.assertNotIn(raw.link, self.standby.repl.links)
+        [line] = self.log.lines("before authentication", LogLevel.error)
+        self.assertEqual(
+            line, f"REPLICATION: refused a link before authentication (the last from {raw.link.address}) - {why}"
+        )
+        self.assert_undisturbed()
+
+    def test_a_hello_nested_too_deep_is_refused_in_one_line(self) -> None:
+        raw = RawLink(self.standby)
+        raw.send(wire.MAGIC + wire.frame(wire.HELLO, b"[" * 30_000 + b"]" * 30_000))
+        self.assertEqual(raw.errors(), ["bad frame - payload nested deeper than 32"])
+        self.assertTrue(raw.closed)
+        self.assertEqual(len(self.log.lines("before authentication")), 1)
+        self.assertEqual([e for e in self.log.events if "log_failure" in e], [])
+        self.assert_undisturbed()
+
+    def test_the_handshake_must_end_within_the_timeout_however_it_drips(self) -> None:
+        raw = RawLink(self.standby)
+        raw.send(wire.MAGIC + struct.pack(">IB", 2000, wire.HELLO))
+        for _ in range(9):  # a byte every half second: never silent
+            self.pair.advance(0.5)
+            raw.send(b"\0")
+        self.assertFalse(raw.closed)
+        self.pair.advance(0.6)
+        self.assertTrue(raw.closed)
+        self.assertEqual(raw.errors(), ["no handshake in 5s"])
+        self.assertEqual(len(self.log.lines("no handshake in 5s", LogLevel.error)), 1)
+        self.assertNotIn(raw.link, self.standby.repl.links)
+        self.assert_undisturbed()
+
+    def test_at_most_four_links_wait_for_authentication(self) -> None:
+        raws = [RawLink(self.standby) for _ in range(6)]
+        for raw in raws:
+            raw.send(wire.MAGIC)
+        self.assertEqual([raw.closed for raw in raws], [False] * 4 + [True] * 2)
+        why = "too many links awaiting authentication (at most 4 at once)"
+        self.assertEqual([raw.errors() for raw in raws[4:]], [[why], [why]])
+        self.assertEqual(
+            self.log.lines("too many links", LogLevel.warn),
+            [f"REPLICATION: refused a link (the last from 127.0.0.1:{raws[4].transport.getPeer().port}): {why}"],
+        )
+        self.pair.advance(10.0)  # the rest of the refusals in one line
+        self.assertEqual(len(self.log.lines("too many links")), 2)
+        self.assertIn("refused a link (the last from", self.log.lines("too many links")[1])
+        self.assertTrue(all(raw.closed for raw in raws))  # cut at the deadline
+        # the primary's link came through meanwhile, or comes through now: in sync
+        self.assertEqual(self.standby.state, "in_sync")
+
+    def test_the_primary_waits_for_a_place_while_strangers_hold_them(self) -> None:
+        raws = [RawLink(self.standby) for _ in range(4)]
+        for raw in raws:
+            raw.send(wire.MAGIC)
+        assert self.linked is not None
+        self.linked.transport.loseConnection()  # the primary's link fails: it dials again, and waits
+        self.pair.advance(3.0)
+        self.assertEqual(self.pair.primary.state, "disconnected")
+        self.assertTrue(self.log.lines("too many links awaiting authentication"))
+        self.pair.advance(4.0)  # the strangers are cut at 5s; the primary's next attempt gets in
+        self.assertTrue(all(raw.closed for raw in raws))
+        self.assertEqual(self.pair.primary.state, "in_sync")
+
+    def test_once_authenticated_a_link_takes_frames_up_to_64_mib(self) -> None:
+        for link in (self.pair.primary.repl.link, self.standby.repl.link):
+            assert link is not None
+            self.assertEqual(link.reader.max_frame, wire.MAX_FRAME)
+        raw = RawLink(self.standby)
+        raw.send(wire.MAGIC)
+        self.assertEqual(raw.link.reader.max_frame, wire.MAX_HELLO)
+
+
+class PeerIdentityTests(unittest.TestCase):
+    """Once authenticated, a node keeps to the peer of its pair (its node ID in
+    replication.json): a standby follows its primary, a primary takes no other
+    dialer as its standby."""
+
+    def setUp(self) -> None:
+        self.log = Logged(self)
+
+    def node_file(self, node: Node) -> dict[str, Any]:
+        with open(os.path.join(node.data_path, STATE_FILE)) as f:
+            return dict(json.load(f))
+
+    def test_each_node_records_its_peer_node(self) -> None:
+        pair = ReplicaPair().start()
+        p, s = pair.primary.repl.state.node, pair.standby.repl.state.node
+        self.assertEqual(self.node_file(pair.primary)["peer_node"], s)
+        self.assertEqual(self.node_file(pair.standby)["peer_node"], p)
+
+    def test_a_file_without_the_peer_node_loads_and_the_next_link_records_it(self) -> None:
+        pair = ReplicaPair()
+        with open(os.path.join(pair.standby.data_path, STATE_FILE), "w") as f:
+            json.dump({"node": "s" * 32, "role": "standby", "epoch": 2, "peer": "127.0.0.1:4150", "synced": True}, f)
+        state = ReplicaState.load(pair.standby.data_path, "primary")
+        self.assertEqual((state.node, state.epoch, state.peer_node), ("s" * 32, 2, ""))
+        with open(os.path.join(pair.primary.data_path, STATE_FILE), "w") as f:
+            json.dump({"node": "p" * 32, "role": "primary", "epoch": 2, "peer": "127.0.0.1:4250"}, f)
+        pair.start()
+        self.assertEqual(pair.standby.state, "in_sync")
+        self.assertEqual(self.node_file(pair.standby)["peer_node"], "p" * 32)
+        self.assertEqual(self.node_file(pair.primary)["peer_node"], "s" * 32)
+
+    def test_a_second_primary_is_refused_and_the_standby_keeps_its_primary(self) -> None:
+        pair = ReplicaPair().start()
+        primary, standby = pair.primary, pair.standby
+        consume(primary.nsqd, "t", "c", rdy=0)
+        primary.nsqd.publish("t", [b"a", b"b"])
+        pair.settle()
+        linked = standby.repl.link
+        intruder = pair.add(Node(pair, 4350, "primary", replica=standby.address)).start()
+        pair.settle()
+        pair.advance(6.0)  # it tries again and again
+        # the witness knows the pair's primary (the same secret is the same pair): the intruder is deposed there
+        self.assertIn("no longer the primary", str(intruder.nsqd.standby))
+        self.assertIs(standby.repl.link, linked)
+        self.assertEqual(standby.state, "in_sync")
+        self.assertEqual(sorted(m.body for m in held(standby.channel("t", "c"))), [b"a", b"b"])
+        self.assertEqual(
+            (standby.repl.state.peer, standby.repl.state.peer_node), (primary.address, primary.repl.state.node)
+        )
+        self.assertEqual(intruder.state, "disconnected")
+        refusal = (
+            f"refusing primary 127.0.0.1:4350 (node {intruder.repl.state.node}, epoch 0): this standby follows "
+            f"primary 127.0.0.1:4150 (node {primary.repl.state.node}, epoch 0); to move it to another primary, stop "
+            "it and remove replication.json"
+        )
+        lines = self.log.lines("REPLICATION: refusing primary", LogLevel.error)
+        self.assertEqual(lines[0], f"REPLICATION: {refusal}")
+        self.assertEqual(len(lines), 1)  # within 10 s: one line; the count of the others after
+        told = self.log.lines(f"REPLICATION: 127.0.0.1:4250 refused the link - {refusal}", LogLevel.error)
+        self.assertGreater(len(told), 3)  # the intruder, at each attempt
+        pair.advance(5.0)
+        lines = self.log.lines("REPLICATION: refusing primary", LogLevel.error)
+        self.assertEqual(len(lines), 2)
+        self.assertRegex(lines[1], r"\(\d+ attempts\) in the last 10s$")
+        primary.nsqd.publish("t", [b"c"])
+        pair.settle()
+        self.assertEqual(sorted(m.body for m in held(standby.channel("t", "c"))), [b"a", b"b", b"c"])
+
+        # the primary killed, the standby promoted: it takes the intruder as its standby no more
+        primary.kill()
+        standby.repl.promote()
+        pair.advance(3.0)
+        self.assertEqual(len(self.log.lines("REPLICATION: refusing standby 127.0.0.1:4350", LogLevel.error)), 1)
+        self.assertEqual(standby.state, "disconnected")
+        self.assertEqual(intruder.repl.state.role, "standby")  # at a lower epoch: it serves no more
+        self.assertEqual(sorted(m.body for m in held(standby.channel("t", "c"))), [b"a", b"b", b"c"])
+
+    def test_a_new_primary_of_the_pair_at_a_higher_epoch_is_followed(self) -> None:
+        pair = ReplicaPair().start()
+        newer = pair.add(Node(pair, 4350, "primary", replica=pair.standby.address))
+        os.makedirs(newer.data_path, exist_ok=True)
+        ReplicaState("n" * 32, "primary", 3, pair.standby.address).save(newer.data_path)
+        newer.start()
+        pair.settle()
+        newer.nsqd.publish("u", [b"from the new primary"])
+        pair.advance(3.0)
+        state = pair.standby.repl.state
+        self.assertEqual((state.peer, state.peer_node, state.epoch), (newer.address, "n" * 32, 3))
+        self.assertEqual(pair.standby.state, "in_sync")
+        self.assertNotIn("t", pair.standby.nsqd.topics)
+        self.assertEqual([m.body for m in pair.standby.nsqd.topics["u"].queued()], [b"from the new primary"])
+
+    def test_a_primary_takes_no_other_dialer_as_its_standby(self) -> None:
+        pair = ReplicaPair()
+        os.makedirs(pair.primary.data_path, exist_ok=True)
+        ReplicaState("p" * 32, "primary", 1, pair.standby.address).save(pair.primary.data_path)
+        pair.start()
+        consume(pair.primary.nsqd, "t", "c", rdy=0)
+        pair.primary.nsqd.publish("t", [b"a"])
+        pair.settle()
+        linked = pair.primary.repl.link
+        # another node with the secret names this primary as its replica
+        stranger = pair.add(Node(pair, 4350, "primary", replica=pair.primary.address)).start()
+        pair.advance(3.0)
+        self.assertIs(pair.primary.repl.link, linked)
+        self.assertEqual(pair.primary.state, "in_sync")
+        self.assertTrue(
+            self.log.lines(
+                f"refusing standby 127.0.0.1:4350 (node {stranger.repl.state.node}, epoch 0)", LogLevel.error
+            )
+        )
+        # the stranger met a primary at a higher epoch: it serves no more beside it, and got nothing from it
+        self.assertIsNone(stranger.repl.link)
+        self.assertEqual((stranger.repl.state.role, stranger.repl.state.epoch), ("standby", 1))
+        self.assertIsNotNone(stranger.nsqd.standby)
+        self.assertEqual(stranger.nsqd.topics, {})
+        pair.primary.nsqd.publish("t", [b"b"])
+        pair.settle()
+        self.assertEqual(sorted(m.body for m in held(pair.standby.channel("t", "c"))), [b"a", b"b"])
+
+    def test_a_stale_primary_refused_by_a_standby_at_a_higher_epoch_stops_serving(self) -> None:
+        pair = ReplicaPair()
+        os.makedirs(pair.standby.data_path, exist_ok=True)
+        ReplicaState("s" * 32, "standby", 3, "127.0.0.1:4999", peer_node="o" * 32).save(pair.standby.data_path)
+        pair.start()
+        node = pair.primary.repl.state.node
+        [line] = self.log.lines("REPLICATION: refusing primary", LogLevel.error)
+        self.assertEqual(
+            line,
+            f"REPLICATION: refusing primary 127.0.0.1:4150 (node {node}, epoch 0): this standby follows primary "
+            f"127.0.0.1:4999 (node {'o' * 32}, epoch 3); to move it to another primary, stop it and remove "
+            "replication.json",
+        )
+        self.assertEqual((pair.primary.repl.state.role, pair.primary.repl.state.epoch), ("standby", 3))
+        self.assertIsNotNone(pair.primary.nsqd.standby)
+        self.assertEqual(pair.standby.repl.state.peer_node, "o" * 32)
+
+    def test_a_primary_dialing_its_replica_takes_a_replaced_host_with_a_warning(self) -> None:
+        pair = ReplicaPair().start()
+        old = pair.standby.repl.state.node
+        pair.standby.kill()
+        replaced = pair.add(Node(pair, 4250, "standby")).start()  # a new host, its data path empty
+        pair.advance(3.0)
+        self.assertEqual(pair.primary.state, "in_sync")
+        new = replaced.repl.state.node
+        self.assertEqual(pair.primary.repl.state.peer_node, new)
+        self.assertEqual(self.node_file(pair.primary)["peer_node"], new)
+        [line] = self.log.lines("is another node than the standby", LogLevel.warn)
+        self.assertIn(f"(node {new}, was {old})", line)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 
+from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
+from twisted.logger import Logger
 from twisted.trial import unittest
 
 from nsq_wire.message import records
 from nsqd_tw.replication import wire
+from nsqd_tw.replication.admission import Admission
 from nsqd_tw.replication.link import Link
 
 IDS = [b"%016x" % i for i in range(3)]
@@ -116,6 +119,33 @@ class FrameTests(unittest.TestCase):
         self.assertRaises(wire.LinkError, p.end)
 
 
+class HandshakeLimitTests(unittest.TestCase):
+    def test_a_frame_over_the_limit_is_refused_from_its_header(self) -> None:
+        reader = wire.FrameReader(max_frame=wire.MAX_HELLO)
+        reader.feed(wire.frame(wire.HELLO, b"x" * (wire.MAX_HELLO - 1)))
+        self.assertEqual(len(reader.next()[1]), wire.MAX_HELLO - 1)  # type: ignore[index]
+        reader.feed(b"\x04\x00\x00\x00\x01")  # 64 MiB announced, none of it sent
+        with self.assertRaises(wire.FrameTooBig) as caught:
+            reader.next()
+        self.assertEqual(str(caught.exception), "a frame of 67108864 bytes, over the limit of 65536")
+        self.assertIsInstance(caught.exception, wire.LinkError)
+
+    def test_json_payloads_are_bounded_in_depth(self) -> None:
+        deep = b'{"a":' * wire.MAX_JSON_DEPTH + b"1" + b"}" * wire.MAX_JSON_DEPTH
+        self.assertEqual(wire.json_depth(deep), wire.MAX_JSON_DEPTH)
+        self.assertIsInstance(wire.json_payload(deep), dict)
+        too_deep = b'{"a":' + deep + b"}"
+        with self.assertRaises(wire.LinkError) as caught:
+            wire.json_payload(too_deep)
+        self.assertEqual(str(caught.exception), f"payload nested deeper than {wire.MAX_JSON_DEPTH}")
+        for nested in (b"[" * 100_000 + b"]" * 100_000, b"[" * 100_000):  # RecursionError in json
+            self.assertRaises(wire.LinkError, wire.json_payload, nested)
+        # brackets in strings, escaped quotes among them, are not nesting
+        text = json.dumps({"error": '[[[{{{"\\' * 100, "x": ["]]]"]}).encode()
+        self.assertEqual(wire.json_depth(text), 2)
+        self.assertEqual(wire.json_payload(text)["x"], ["]]]"])
+
+
 class ProofTests(unittest.TestCase):
     def test_each_side_proves_the_secret_over_both_hellos(self) -> None:
         a, b = b'{"nonce":"1"}', b'{"nonce":"2"}'
@@ -127,10 +157,16 @@ class ProofTests(unittest.TestCase):
 
 
 class _Service:
+    """The node a link reports to: a clock, --replication-timeout, its refusals' log."""
+
     log = None
+    timeout = 5.0
 
     def __init__(self) -> None:
         self.lost: list[str] = []
+        self.events: list[dict] = []
+        self.nsqd = type("NSQD", (), {"reactor": Clock()})()
+        self.admission = Admission(self.nsqd.reactor, Logger(observer=self.events.append))
 
     def now(self) -> float:
         return 0.0
@@ -153,3 +189,6 @@ class VersionTests(unittest.TestCase):
         self.assertEqual((kind, wire.json_payload(payload)), (wire.ERROR, {"error": why}))
         self.assertEqual(service.lost, [why])
         self.assertTrue(transport.disconnecting)
+        [event] = service.events  # one line, rate-limited
+        self.assertIn("before authentication (the last from 192.168.1.1:54321)", event["text"])  # StringTransport
+        self.assertTrue(event["text"].endswith(f" - {why}"))
