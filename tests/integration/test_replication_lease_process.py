@@ -129,3 +129,22 @@ class LeaseProcessTests(PairCase):
         self.report(f"kill -9 to the standby's promotion: {took:.2f}s")
         self.assertLessEqual(took, 10.0)
         self.assertTrue(wait_until(lambda: call(b, "POST", "/pub?topic=t", b"x") == (200, b"OK"), 5))
+
+    def test_a_flapping_link_with_replication_required_loses_nothing(self) -> None:
+        b = self.standby("1s", *RECOMMENDED)
+        link = Proxy(b.addresses["TCP"])
+        self.addCleanup(link.close)
+        a = self.nsqd("a", "--replica", link.address, *RECOMMENDED, "--replication-required")
+        self.wait_in_sync(b)
+        publishers, consumer = self.load(a, b)
+        time.sleep(LOAD)
+        flapped = time.monotonic()
+        while time.monotonic() < flapped + 12:  # down a second, up a second
+            link.cut()
+            time.sleep(1.0)
+            link.restore()
+            time.sleep(1.0)
+            self.assertEqual(status(b).get("role"), "standby", "a flapping link is no failover")
+        self.wait_in_sync(b)
+        self.assertGreater(publishers.refused, 0, "refused while the standby was not in sync (--replication-required)")
+        self.nothing_lost(publishers, consumer)
