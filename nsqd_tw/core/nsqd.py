@@ -75,8 +75,9 @@ class Shipper(Protocol):
 
 
 def both(a: defer.Deferred[None], b: defer.Deferred[None]) -> defer.Deferred[None]:
-    """A Deferred that fires once ``a`` and ``b`` have, failing with the first failure."""
-    d: defer.Deferred[None] = defer.Deferred()
+    """A Deferred that fires once ``a`` and ``b`` have, failing with the first
+    failure; of ``b``'s class (a standby's :class:`~nsqd_tw.core.replica.Backpressure`)."""
+    d: defer.Deferred[None] = type(b)()
     left = [2]
 
     def one(result: Any) -> None:

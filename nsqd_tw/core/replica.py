@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from twisted.internet import defer
+
 from nsq_wire.message import MESSAGE_HEADER_LENGTH
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
 from nsqd_tw.core.message import Message
@@ -30,6 +32,13 @@ if TYPE_CHECKING:
 
 STATE_FILE = "replication.json"
 PRIMARY, STANDBY = "primary", "standby"
+
+
+class Backpressure(defer.Deferred[None]):
+    """A publish's acknowledgement by a standby that is behind by more than
+    --replication-max-lag-bytes: besides waiting for it, its producer's connection
+    is not read from until it fires, so that what the primary holds for the
+    standby (the link's unsent and unacknowledged bytes) stays bounded."""
 
 
 class ReplicaStateError(Exception):

@@ -15,7 +15,7 @@ from nsq_wire.names import is_ephemeral
 from nsqd_tw.core.channel import Channel
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.queue import Item
-from nsqd_tw.core.replica import metadata_doc
+from nsqd_tw.core.replica import Backpressure, metadata_doc
 from nsqd_tw.core.topic import Topic
 from nsqd_tw.replication import wire
 from nsqd_tw.storage.snapshot import CHUNK, QueueSnapshot
@@ -48,6 +48,7 @@ class Primary:
         self.sync = opts.replication_mode == "sync"
         self.required = opts.replication_required
         self.max_lag = opts.replication_max_lag
+        self.max_lag_bytes = opts.replication_max_lag_bytes
         self.link: Link | None = None
         self.state = DISCONNECTED
         self.refusal: Exception | None = None
@@ -157,11 +158,14 @@ class Primary:
         else:
             delay_ns = int(first.deferred * 1e9)
             data = wire.dpub(topic.name, delay_ns, [m if isinstance(m, bytes) else m.encode() for m in items])
+        # past the byte bound (in any state): it waits, and its producer is not
+        # read from meanwhile, so what is held for the standby stays bounded
+        held = self.sent_bytes + len(data) - self.acked_bytes > self.max_lag_bytes
         # a producer that waits for the standby: its publish goes on the wire now
-        waits = self.state == IN_SYNC and (self.sync or self.sent + 1 - self.acked > self.max_lag)
+        waits = held or (self.state == IN_SYNC and (self.sync or self.sent + 1 - self.acked > self.max_lag))
         self._send(data, now=waits)
         self.sent_messages += len(items)
-        waiter: defer.Deferred[None] | None = defer.Deferred() if waits else None
+        waiter: defer.Deferred[None] | None = (Backpressure() if held else defer.Deferred()) if waits else None
         self._marks.append((self.sent, self.service.now(), self.sent_messages, self.sent_bytes, waiter))
         return waiter
 

@@ -253,6 +253,52 @@ class AsyncModeTests(unittest.TestCase):
         self.assertEqual(client.frames(), [OK] * 2)
 
 
+class ByteBoundTests(unittest.TestCase):
+    """--replication-max-lag-bytes: past it a publish waits for the standby in
+    either mode, and its producer is not read from meanwhile, so that what the
+    primary holds for a standby that is behind stays bounded."""
+
+    def pair(self, mode: str) -> tuple[ReplicaPair, FakeClient]:
+        pair = ReplicaPair(primary_opts={"replication_mode": mode, "replication_max_lag_bytes": 3000}).start()
+        pair.primary.nsqd.get_topic("t")
+        pair.settle()
+        return pair, FakeClient(pair.primary.nsqd)
+
+    def test_in_async_mode_publishes_past_the_bound_wait_for_the_standby(self) -> None:
+        pair, client = self.pair("async")
+        for i in range(5):
+            client.command(b"PUB", "t", body=b"%d" % i * 1000)  # about 1,050 bytes on the link each
+            client.command(b"NOP")  # one PUB per batch
+        self.assertEqual(client.frames(), [OK] * 2)  # a third would leave more than 3,000 bytes unacknowledged
+        self.assertGreater(pair.primary.repl.status()["lag"]["bytes"], 3000)
+        pair.settle()
+        self.assertEqual(client.frames(), [OK] * 3)
+        self.assertEqual(pair.primary.repl.status()["lag"]["bytes"], 0)
+
+    def test_the_producer_is_not_read_from_while_its_publish_waits_for_the_bound(self) -> None:
+        for mode in ("async", "sync"):
+            pair, client = self.pair(mode)
+            client.command(b"PUB", "t", body=b"x" * 1000)
+            client.command(b"NOP")
+            self.assertEqual(client.transport.producerState, "producing")
+            client.command(b"MPUB", "t", body=mpub(b"y" * 1000, b"z" * 1000))
+            self.assertEqual(client.transport.producerState, "paused", mode)
+            pair.settle()
+            self.assertEqual(client.frames(), [OK, OK])
+            self.assertEqual(client.transport.producerState, "producing", mode)
+
+    def test_a_durable_primary_holds_its_producer_too(self) -> None:
+        pair = ReplicaPair(primary_opts={**DURABLE, "replication_max_lag_bytes": 3000})
+        syncs = pair.primary.run_blocking = HeldSyncs()
+        pair.start()
+        run_syncs(pair, syncs)
+        client = FakeClient(pair.primary.nsqd)
+        client.command(b"MPUB", "t", body=mpub(b"y" * 2000, b"z" * 2000))
+        self.assertEqual(client.transport.producerState, "paused")
+        run_syncs(pair, syncs)
+        self.assertEqual((client.frames(), client.transport.producerState), ([OK], "producing"))
+
+
 class _Link:
     """What a StandbySide writes to its link, in order with what it applies."""
 
