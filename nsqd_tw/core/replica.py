@@ -7,6 +7,7 @@ The link itself (frames, handshake, acknowledgements, snapshots) is
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import uuid
@@ -23,7 +24,7 @@ from nsqd_tw.core.queue import Item, body_size
 from nsqd_tw.core.settings import SettingsError, parse_settings
 from nsqd_tw.core.topic import Topic
 from nsqd_tw.storage.diskqueue import DiskQueue
-from nsqd_tw.storage.files import read_regular, write_atomic
+from nsqd_tw.storage.files import fsync_dir, read_regular, write_atomic
 from nsqd_tw.storage.layout import FramedRecords
 
 if TYPE_CHECKING:
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
     from nsqd_tw.core.nsqd import NSQD
 
 STATE_FILE = "replication.json"
+# beyond Go, beside it: present only while a standby's last snapshot is known to have
+# arrived whole; removed before anything says otherwise (unlinking needs no free space)
+SYNCED_FILE = "replication.synced"
 PRIMARY, STANDBY = "primary", "standby"
 
 
@@ -56,11 +60,13 @@ class ReplicaState:
     synced: bool = False  # a standby: its last snapshot was received whole (promotable)
     lookupd: list[str] = field(default_factory=list)  # a standby: its primary's lookupds (HTTP)
     announced: str = ""  # a standby: its primary's address as the primary registers it with them
+    saved: bytes = field(default=b"", compare=False, repr=False)  # replication.json as read or last written
 
     @classmethod
     def load(cls, data_path: str, default_role: str) -> ReplicaState:
         """The state kept under ``data_path``, or a new one with ``default_role``
-        (not written until :meth:`save`)."""
+        (not written until :meth:`save`). Synced only if replication.json says so
+        and the marker file is there."""
         path = os.path.join(data_path, STATE_FILE)
         try:
             raw = read_regular(path)
@@ -75,7 +81,7 @@ class ReplicaState:
                 str(doc["role"]),
                 int(doc["epoch"]),
                 str(doc.get("peer", "")),
-                bool(doc.get("synced", False)),
+                bool(doc.get("synced", False)) and os.path.isfile(os.path.join(data_path, SYNCED_FILE)),
                 [str(a) for a in doc.get("lookupd") or []],
                 str(doc.get("announced", "")),
             )
@@ -83,11 +89,57 @@ class ReplicaState:
             raise ReplicaStateError(f"failed to parse {path} - {e!r}") from None
         if state.role not in (PRIMARY, STANDBY) or state.epoch < 0:
             raise ReplicaStateError(f"failed to parse {path} - bad role or epoch")
+        state.saved = state._json()
         return state
 
+    def _json(self) -> bytes:
+        doc = asdict(self)
+        del doc["saved"]
+        return json.dumps(doc).encode() + b"\n"
+
     def save(self, data_path: str) -> None:
-        """Write it atomically (and fsynced) before acting on it."""
-        write_atomic(os.path.join(data_path, STATE_FILE), json.dumps(asdict(self)).encode() + b"\n")
+        """Write it atomically (and fsynced) before acting on it. Not synced: the
+        marker goes first, so that a disk too full for replication.json cannot
+        leave a standby that would read itself as synced after a restart."""
+        if not self.synced:
+            _remove_marker(data_path)
+        data = self._json()
+        write_atomic(os.path.join(data_path, STATE_FILE), data)
+        self.saved = data
+
+    def save_if_changed(self, data_path: str) -> None:
+        """:meth:`save`, unless replication.json holds this already (a start on a full disk)."""
+        if self._json() != self.saved:
+            self.save(data_path)
+
+    def mark_synced(self, data_path: str) -> None:
+        """A snapshot arrived whole: replication.json says so, then the marker is
+        created. Raises OSError (and is not synced) if either cannot be written."""
+        self.synced = True
+        try:
+            self.save(data_path)
+            os.close(os.open(os.path.join(data_path, SYNCED_FILE), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+            fsync_dir(data_path)
+        except OSError:
+            self.synced = False
+            with contextlib.suppress(OSError):
+                _remove_marker(data_path)
+            raise
+
+    def mark_unsynced(self, data_path: str) -> None:
+        """Not promotable until a snapshot arrives whole: the marker is removed,
+        then replication.json written (which may raise OSError: the marker is
+        gone, so a restart reads not synced whatever the file says)."""
+        self.synced = False
+        self.save(data_path)
+
+
+def _remove_marker(data_path: str) -> None:
+    try:
+        os.remove(os.path.join(data_path, SYNCED_FILE))
+    except FileNotFoundError:
+        return
+    fsync_dir(data_path)
 
 
 def metadata_doc(topics: Sequence[Topic]) -> dict[str, Any]:

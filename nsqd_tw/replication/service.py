@@ -11,13 +11,14 @@ from twisted.application import service
 from twisted.internet import defer, endpoints, protocol
 from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.task import LoopingCall
+from twisted.logger import LogLevel
 
 from nsq_service.options import DURATION, ConfigError, StartError, split_address
 from nsq_service.web import http_client
 from nsq_wire import lookupd
 from nsq_wire.gofmt import join_host_port
 from nsqd_tw.core.nsqd import NSQD
-from nsqd_tw.core.replica import PRIMARY, STANDBY, ReplicaState, ReplicaStateError
+from nsqd_tw.core.replica import PRIMARY, STANDBY, STATE_FILE, SYNCED_FILE, ReplicaState, ReplicaStateError
 from nsqd_tw.core.topic import StandbyError
 from nsqd_tw.replication import wire
 from nsqd_tw.replication.link import Link
@@ -218,7 +219,7 @@ class ReplicationService(service.Service):
 
     def _save(self) -> None:
         try:
-            self.state.save(self.nsqd.data_path)
+            self.state.save_if_changed(self.nsqd.data_path)
         except OSError as e:
             raise StartError(f"failed to persist replication state - {e}") from None
 
@@ -452,13 +453,13 @@ class ReplicationService(service.Service):
     # -- the standby's snapshot -------------------------------------------------------------
 
     def snapshot_begins(self) -> None:
-        self.state.synced = False
-        self.state.save(self.nsqd.data_path)
+        self.diverged()
         self.log.info("REPLICATION: receiving the snapshot of primary {peer}", peer=self.state.peer)
 
     def snapshot_ends(self) -> None:
-        self.state.synced = True
-        self.state.save(self.nsqd.data_path)
+        """Raises OSError if the snapshot cannot be recorded as whole (the
+        standby then tells its primary it is not in sync)."""
+        self.state.mark_synced(self.nsqd.data_path)
         self.log.info("REPLICATION: in sync with primary {peer}", peer=self.state.peer)
 
     def witnesses(self, addresses: list[str]) -> None:
@@ -468,10 +469,14 @@ class ReplicationService(service.Service):
             self.state.save(self.nsqd.data_path)
 
     def diverged(self) -> None:
-        """An operation could not be applied: what is held here is not the
-        primary's any more (not promotable until the next snapshot is whole)."""
-        self.state.synced = False
-        self.state.save(self.nsqd.data_path)
+        """What is held here is not the primary's (a snapshot begins, an operation
+        could not be applied): not promotable until the next snapshot is whole.
+        Never raises: a full disk is said once a while, and the marker is gone."""
+        try:
+            self.state.mark_unsynced(self.nsqd.data_path)
+        except OSError as e:
+            why = f"REPLICATION: cannot write {STATE_FILE} - {e} ({SYNCED_FILE} is removed: not synced)"
+            self.nsqd.queue_events.emit(("replication", "unsynced"), LogLevel.warn, lambda n: why)
 
     # -- dialing (a primary reaches its standby) ---------------------------------------------
 

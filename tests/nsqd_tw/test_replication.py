@@ -11,7 +11,7 @@ from treq.testing import StubTreq
 from twisted.trial import unittest
 
 from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, MAGIC_V2
-from nsqd_tw.core.replica import STATE_FILE, StandbyApply
+from nsqd_tw.core.replica import STATE_FILE, SYNCED_FILE, ReplicaState, StandbyApply
 from nsqd_tw.core.topic import StandbyError
 from nsqd_tw.http.api import NSQDHTTPAPI
 from nsqd_tw.replication import wire
@@ -56,6 +56,46 @@ class LinkTests(unittest.TestCase):
             doc = json.load(f)
         self.assertEqual((doc["role"], doc["peer"]), ("primary", "127.0.0.1:4250"))
         self.assertNotEqual(doc["node"], pair.standby.repl.state.node)
+
+    def test_synced_is_said_by_replication_json_and_a_marker_file_both(self) -> None:
+        """The marker is created once a snapshot arrived whole and removed before
+        replication.json says otherwise: removing a file needs no free space."""
+        pair = ReplicaPair().start()
+        path = pair.standby.data_path
+        marker = os.path.join(path, SYNCED_FILE)
+        self.assertTrue(os.path.exists(marker))
+        self.assertTrue(ReplicaState.load(path, "standby").synced)
+        os.remove(marker)
+        self.assertFalse(ReplicaState.load(path, "standby").synced)
+        with open(marker, "w"):
+            pass
+        pair.standby.repl.diverged()
+        self.assertFalse(os.path.exists(marker))
+        with open(os.path.join(path, STATE_FILE)) as f:
+            self.assertFalse(json.load(f)["synced"])
+        with open(marker, "w"):
+            pass
+        self.assertFalse(ReplicaState.load(path, "standby").synced)  # replication.json says not
+        self.assertFalse(os.path.exists(os.path.join(pair.primary.data_path, SYNCED_FILE)))
+
+    def test_a_new_snapshot_removes_the_marker_until_it_ends(self) -> None:
+        pair = ReplicaPair().start()
+        marker = os.path.join(pair.standby.data_path, SYNCED_FILE)
+        present: list[bool] = []
+        apply = StandbyApply.topic_records
+
+        def topic_records(self: StandbyApply, *args: Any) -> None:
+            present.append(os.path.exists(marker))
+            apply(self, *args)
+
+        self.patch(StandbyApply, "topic_records", topic_records)
+        pair.primary.nsqd.publish("t", [b"held"])
+        pair.settle()
+        assert pair.primary.repl.link is not None
+        pair.primary.repl.link.transport.loseConnection()
+        pair.advance(1.0)
+        self.assertEqual((present, pair.standby.state), ([False], "in_sync"))
+        self.assertTrue(os.path.exists(marker))
 
     def test_a_wrong_secret_gets_nothing(self) -> None:
         pair = ReplicaPair()
