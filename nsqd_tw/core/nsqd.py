@@ -6,6 +6,7 @@ reactor (any ``IReactorTime``), so tests drive it with ``task.Clock``.
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 from collections.abc import Callable
@@ -659,7 +660,10 @@ class NSQD(service.Service):
             try:
                 self.persist_metadata()
             except OSError as e:
-                raise StartError(f"failed to persist metadata - {e}") from None
+                if not (self.opts.replicated and e.errno in (errno.ENOSPC, errno.EDQUOT)):
+                    raise StartError(f"failed to persist metadata - {e}") from None
+                # beyond Go: a node of a replication pair starts on a full disk, to say it is not in sync
+                self.log.error("failed to persist metadata - {err} (starting anyway: replication)", err=e)
         self.start_time = self.now()
         service.Service.startService(self)
 

@@ -27,6 +27,9 @@ DISCONNECTED, CATCHING_UP, IN_SYNC = "disconnected", "catching_up", "in_sync"
 FIN_FRAME_IDS = 4096  # IDs in one FIN frame at most
 SNAPSHOT_FRAMES_PER_TURN = 8  # then the reactor serves others
 SNAPSHOT_CHUNK = CHUNK  # bytes of records in one snapshot frame, about
+# a standby that could not store what it was sent is linked again after this long,
+# doubled at each failure up to the most (and from the least again after a quiet while)
+RETRY_FAILED_MIN, RETRY_FAILED_MAX = 1.0, 30.0
 
 
 class ReplicaLost(Exception):
@@ -63,6 +66,9 @@ class Primary:
         self.snapshot: SnapshotSender | None = None
         self.end_seq = 0  # the END of the snapshot: acknowledged, the standby is in sync
         self.witnesses_told: list[str] = []
+        self.standby_error = ""  # why the standby could not store what it was sent (until in sync again)
+        self.failed_at = float("-inf")
+        self.retry_after = 0.0
         self._set_refusal()
 
     # -- links ------------------------------------------------------------------------
@@ -109,6 +115,7 @@ class Primary:
         log = self.service.log
         peer = self.service.peer_address
         if state == IN_SYNC:
+            self.standby_error = ""
             log.info("REPLICATION: standby {peer} in sync", peer=peer)
         elif old == IN_SYNC:
             log.warn(
@@ -132,6 +139,20 @@ class Primary:
             self.refusal = NotInSync(
                 f"replication: standby {self.service.peer_address or '(none)'} is {self.state} (--replication-required)"
             )
+
+    def standby_failed(self, why: str) -> float:
+        """The standby could not store what it was sent: how long to wait before
+        linking again (1 s, doubled at each failure up to 30 s)."""
+        now = self.service.now()
+        quiet = now - self.failed_at > 2 * RETRY_FAILED_MAX
+        self.retry_after = RETRY_FAILED_MIN if quiet else min(self.retry_after * 2, RETRY_FAILED_MAX)
+        self.failed_at = now
+        self.standby_error = why
+        return self.retry_after
+
+    def hold_off(self) -> float:
+        """Seconds to wait before dialing the standby again (0: no reason to)."""
+        return max(0.0, self.failed_at + self.retry_after - self.service.now())
 
     # -- operations out -------------------------------------------------------------------
 
@@ -289,9 +310,23 @@ class PrimaryEnd:
             if self.primary.link is self.link:
                 self.primary.acknowledged(wire.ack_count(payload))
         elif kind == wire.ERROR:
-            why = wire.json_payload(payload).get("error", "")
-            self.primary.service.log.error("REPLICATION: standby {peer}: {why}", peer=self.link.address, why=why)
-            self.link.fail(f"closed by the standby - {why}", tell=False)
+            doc = wire.json_payload(payload)
+            why = doc.get("error", "")
+            primary, log = self.primary, self.primary.service.log
+            if doc.get("code") != wire.APPLY_FAILED or primary.link is not self.link:
+                log.error("REPLICATION: standby {peer}: {why}", peer=self.link.address, why=why)
+                self.link.fail(f"closed by the standby - {why}", tell=False)
+                return
+            # one line: the "degraded" one when it was in sync, else this one
+            why = f"{why}; linking again in {primary.standby_failed(str(why)):g}s"
+            if primary.state != IN_SYNC:
+                log.error(
+                    "REPLICATION: standby {peer} is {state}: {why}",
+                    peer=self.link.address,
+                    state=primary.state,
+                    why=why,
+                )
+            self.link.fail(why, tell=False)
         else:
             raise wire.LinkError(f"unexpected frame {kind:#x} from the standby")
 

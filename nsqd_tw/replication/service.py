@@ -442,8 +442,10 @@ class ReplicationService(service.Service):
         self.link = None
         self.unlinked_since = self.now()
         if self.standby_side is not None and self.standby_side.link is link:
+            said = self.standby_side.failed  # it said why itself
             self.standby_side = None
-            self.log.warn("REPLICATION: link to primary {peer} lost - {why}", peer=link.address, why=why)
+            if not said:
+                self.log.warn("REPLICATION: link to primary {peer} lost - {why}", peer=link.address, why=why)
         if self.running:
             self._schedule_dial()
 
@@ -485,7 +487,8 @@ class ReplicationService(service.Service):
 
     def _schedule_dial(self) -> None:
         if self._dial_call is None and self.state.role == PRIMARY:
-            self._dial_call = self.nsqd.reactor.callLater(self._redial, self._dial)
+            delay = max(self._redial, self.primary.hold_off())  # a standby that could not store: later
+            self._dial_call = self.nsqd.reactor.callLater(delay, self._dial)
             self._redial = min(self._redial * 2, REDIAL_MAX)
 
     def _dial(self) -> None:
@@ -688,6 +691,8 @@ class ReplicationService(service.Service):
         }
         if self.state.role == PRIMARY:
             out["lag"] = self.primary.lag()
+            if self.primary.standby_error:
+                out["standby_error"] = self.primary.standby_error
             if self.settling:
                 out["starting"] = True
             if self.fenced:
