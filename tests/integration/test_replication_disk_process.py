@@ -135,6 +135,48 @@ class ReplicationDiskProcessTests(unittest.TestCase):
             raise unittest.SkipTest(f"cannot mount a tmpfs: {done.stderr.strip()}")
         self.addCleanup(subprocess.run, ["umount", "-l", path], capture_output=True)
 
+    def test_a_standby_on_a_full_disk_tells_its_primary_and_is_never_promotable(self) -> None:
+        standby_path = os.path.join(self.dir, "standby")
+        self.small_disk(standby_path)
+        standby_args = ("--replication-role=standby", "--mem-queue-size=10")
+        standby = self.nsqd(standby_path, *standby_args)
+        primary = self.nsqd(
+            os.path.join(self.dir, "primary"), f"--replica={standby.addresses['TCP']}", "--mem-queue-size=10"
+        )
+        self.assertTrue(wait_until(lambda: status(primary).get("state") == "in_sync", 30))
+
+        def full() -> bool:
+            return any("REPLICATION: cannot store" in line for line in standby.lines)
+
+        producer = Producer(primary.addresses["TCP"], pub("t", b"x" * 10_000))
+        self.assertTrue(wait_until(full, 60), standby.lines[-20:])
+        failed_at = time.monotonic()
+        # told at once: degraded within a second or two
+        self.assertTrue(wait_until(lambda: status(primary).get("degraded") is True, 2.0))
+        self.assertTrue(any("cannot store" in line for line in primary.lines), primary.lines[-20:])
+        producer.stop()
+        self.assertEqual(producer.errors, [])  # acknowledged alone once the standby said it could not hold them
+
+        # and backs off: the snapshots that follow are seconds apart, not 9 a second
+        def snapshots() -> int:
+            return sum("sending its snapshot" in line for line in primary.lines)
+
+        before = snapshots()
+        self.assertTrue(wait_until(lambda: snapshots() >= before + 2, 60), primary.lines[-20:])
+        self.assertGreater(time.monotonic() - failed_at, 2.5)
+        tracebacks = [line for line in standby.lines if "Traceback" in line or "Unhandled Error" in line]
+        self.assertEqual(tracebacks, [])
+
+        # killed, the primary gone too, restarted on the disk still full: not synced, not promotable
+        standby.kill()
+        primary.kill()
+        standby = self.nsqd(standby_path, *standby_args)
+        state = status(standby)
+        self.assertEqual((state["role"], state["synced"]), ("standby", False))
+        code, body = call(standby, "POST", "/replication/promote")
+        self.assertEqual((code, json.loads(body)["message"]), (409, "NOT_IN_SYNC"))
+        self.assertEqual([line for line in standby.lines if "Traceback" in line], [])
+
     def test_a_stalled_standby_holds_the_primary_to_the_byte_bound(self) -> None:
         standby = self.nsqd(os.path.join(self.dir, "standby"), "--replication-role=standby", "--mem-queue-size=16")
         primary = self.nsqd(
