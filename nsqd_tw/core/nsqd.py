@@ -190,6 +190,7 @@ class NSQD(service.Service):
         # who is told of changes (see observe_changes, observe_options, set_channel_source)
         self._change_observers: list[Callable[[str, Topic | Channel], None]] = []
         self._option_observers: list[Callable[[str], None]] = []
+        self._closed_observers: list[Callable[[bool], None]] = []
         self._channel_source: Callable[[str], defer.Deferred[list[str]] | None] | None = None
 
     # -- observers ----------------------------------------------------------
@@ -202,6 +203,11 @@ class NSQD(service.Service):
     def observe_options(self, observer: Callable[[str], None]) -> None:
         """Call ``observer(name)`` when an option changes at run time (PUT /config)."""
         self._option_observers.append(observer)
+
+    def observe_closed(self, observer: Callable[[bool], None]) -> None:
+        """Call ``observer(clean)`` once the queues are closed at stop (``clean``:
+        everything they held was written)."""
+        self._closed_observers.append(observer)
 
     def set_channel_source(self, source: Callable[[str], defer.Deferred[list[str]] | None]) -> None:
         """``source(topic)`` names the channels a new topic must have before its
@@ -716,6 +722,9 @@ class NSQD(service.Service):
             except Exception as e:
                 self.stop_errors += 1
                 self.log.error("failed to persist metadata - {err}", err=e)
+        for observer in self._closed_observers:
+            observer(not self.stop_errors)
+        if self.backend_factory is None:
             self.dirlock.unlock()
         if self.stop_errors:
             # beyond Go, which exits 0 having lost what it could not write

@@ -112,19 +112,29 @@ class ReplicaState:
         if self._json() != self.saved:
             self.save(data_path)
 
-    def mark_synced(self, data_path: str) -> None:
+    def mark_synced(self, data_path: str, marker: bool = True) -> None:
         """A snapshot arrived whole: replication.json says so, then the marker is
-        created. Raises OSError (and is not synced) if either cannot be written."""
+        created (unless not ``marker``: what is held is not all on disk yet).
+        Raises OSError (and is not synced) if either cannot be written."""
         self.synced = True
         try:
             self.save(data_path)
-            os.close(os.open(os.path.join(data_path, SYNCED_FILE), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
-            fsync_dir(data_path)
+            if marker:
+                self.mark_held(data_path, True)
         except OSError:
             self.synced = False
             with contextlib.suppress(OSError):
                 _remove_marker(data_path)
             raise
+
+    def mark_held(self, data_path: str, held: bool) -> None:
+        """Whether a restart finds what a synced standby holds (on disk, or not:
+        memory queues die with the process): the marker is there only if so."""
+        if not (held and self.synced):
+            _remove_marker(data_path)
+            return
+        os.close(os.open(os.path.join(data_path, SYNCED_FILE), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        fsync_dir(data_path)
 
     def mark_unsynced(self, data_path: str) -> None:
         """Not promotable until a snapshot arrives whole: the marker is removed,

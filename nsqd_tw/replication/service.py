@@ -165,6 +165,8 @@ class ReplicationService(service.Service):
         if opts.replica:
             self.state.peer = opts.replica
         self._save()
+        self._held(False)  # a standby's memory queues die with this process: synced after a restart if it stops cleanly
+        self.nsqd.observe_closed(self._held)
         self.primary.refresh()
         self.nsqd.observe_changes(self._changed)
         observe = getattr(self.lookup, "observe_identified", None)
@@ -216,6 +218,15 @@ class ReplicationService(service.Service):
         for link in list(self.links):
             link.fail("nsqd is stopping")
         return None
+
+    def _held(self, held: bool) -> None:
+        """Whether all a standby that is not durable holds is on disk (it stopped
+        cleanly) or not (it runs): its synced marker says it for a restart."""
+        if self.state.role == STANDBY and not self.nsqd.durable:
+            try:
+                self.state.mark_held(self.nsqd.data_path, held)
+            except OSError as e:
+                self.log.error("REPLICATION: cannot mark {path} - {err}", path=SYNCED_FILE, err=e)
 
     def _save(self) -> None:
         try:
@@ -461,7 +472,7 @@ class ReplicationService(service.Service):
     def snapshot_ends(self) -> None:
         """Raises OSError if the snapshot cannot be recorded as whole (the
         standby then tells its primary it is not in sync)."""
-        self.state.mark_synced(self.nsqd.data_path)
+        self.state.mark_synced(self.nsqd.data_path, marker=self.nsqd.durable)
         self.log.info("REPLICATION: in sync with primary {peer}", peer=self.state.peer)
 
     def witnesses(self, addresses: list[str]) -> None:

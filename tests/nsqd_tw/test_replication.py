@@ -19,6 +19,8 @@ from nsqd_tw.replication.service import decide
 from tests.helpers import FakeClient
 from tests.nsqd_tw.replicas import ReplicaPair, held, live
 
+DURABLE = {"backend_factory": None, "mem_queue_size": 0, "sync_every": 1}
+
 
 def consume(nsqd: object, topic: str, channel: str, rdy: int = 100) -> FakeClient:
     client = FakeClient(nsqd)  # type: ignore[arg-type]
@@ -60,7 +62,7 @@ class LinkTests(unittest.TestCase):
     def test_synced_is_said_by_replication_json_and_a_marker_file_both(self) -> None:
         """The marker is created once a snapshot arrived whole and removed before
         replication.json says otherwise: removing a file needs no free space."""
-        pair = ReplicaPair().start()
+        pair = ReplicaPair(standby_opts=DURABLE).start()
         path = pair.standby.data_path
         marker = os.path.join(path, SYNCED_FILE)
         self.assertTrue(os.path.exists(marker))
@@ -79,7 +81,7 @@ class LinkTests(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(pair.primary.data_path, SYNCED_FILE)))
 
     def test_a_new_snapshot_removes_the_marker_until_it_ends(self) -> None:
-        pair = ReplicaPair().start()
+        pair = ReplicaPair(standby_opts=DURABLE).start()
         marker = os.path.join(pair.standby.data_path, SYNCED_FILE)
         present: list[bool] = []
         apply = StandbyApply.topic_records
@@ -96,6 +98,34 @@ class LinkTests(unittest.TestCase):
         pair.advance(1.0)
         self.assertEqual((present, pair.standby.state), ([False], "in_sync"))
         self.assertTrue(os.path.exists(marker))
+
+    def test_a_standby_not_durable_is_synced_after_a_restart_only_if_it_stopped_cleanly(self) -> None:
+        """Its memory queues die with its process: killed, it was not synced any more."""
+        pair = ReplicaPair(standby_opts={"backend_factory": None}).start()
+        marker = os.path.join(pair.standby.data_path, SYNCED_FILE)
+        self.assertTrue(pair.standby.repl.state.synced)
+        self.assertFalse(os.path.exists(marker))  # while it runs
+        pair.primary.nsqd.publish("t", [b"in its memory"])
+        pair.settle()
+        pair.standby.stop()  # what it holds goes to disk
+        self.assertTrue(os.path.exists(marker))
+        pair.primary.kill()
+        pair.standby.start()
+        self.assertTrue(pair.standby.repl.state.synced)
+        self.assertFalse(os.path.exists(marker))
+        self.assertEqual(pair.standby.nsqd.topics["t"].depth(), 1)  # written to disk as it stopped
+        pair.standby.kill()
+        pair.standby.start()
+        self.assertFalse(pair.standby.repl.state.synced)
+
+    def test_a_durable_standby_killed_is_still_synced(self) -> None:
+        pair = ReplicaPair(standby_opts=DURABLE).start()
+        pair.primary.nsqd.publish("t", [b"on its disk"])
+        pair.settle()
+        pair.standby.kill()
+        pair.primary.kill()
+        pair.standby.start()
+        self.assertTrue(pair.standby.repl.state.synced)
 
     def test_a_wrong_secret_gets_nothing(self) -> None:
         pair = ReplicaPair()
