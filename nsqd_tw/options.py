@@ -328,6 +328,13 @@ class NSQDOptions:
         10000,
         "beyond Go: async mode: operations sent and not acknowledged by the standby before publishes wait for it",
     )
+    replication_max_lag_bytes: int = opt(
+        "replication-max-lag-bytes",
+        INT,
+        64 << 20,
+        "beyond Go: bytes sent and not acknowledged by the standby before publishes wait for it (either mode), "
+        "and their producers are not read from meanwhile",
+    )
     promote_after: float = opt(
         "promote-after",
         DURATION,
@@ -508,6 +515,8 @@ class NSQDOptions:
             raise ConfigError("--replication-timeout must be > 0 and at most 1h (it is the primary's lease)")
         if self.replication_max_lag < 1:
             raise ConfigError("--replication-max-lag must be >= 1")
+        if self.replication_max_lag_bytes < 1:
+            raise ConfigError("--replication-max-lag-bytes must be >= 1")
         if self.promote_after < 0:
             raise ConfigError("--promote-after must be >= 0")
         if self.replicated and not self.replication_secret_file:

@@ -6,6 +6,7 @@ reactor (any ``IReactorTime``), so tests drive it with ``task.Clock``.
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 from collections.abc import Callable
@@ -81,8 +82,9 @@ class Shipper(Protocol):
 
 
 def both(a: defer.Deferred[None], b: defer.Deferred[None]) -> defer.Deferred[None]:
-    """A Deferred that fires once ``a`` and ``b`` have, failing with the first failure."""
-    d: defer.Deferred[None] = defer.Deferred()
+    """A Deferred that fires once ``a`` and ``b`` have, failing with the first
+    failure; of ``b``'s class (a standby's :class:`~nsqd_tw.core.replica.Backpressure`)."""
+    d: defer.Deferred[None] = type(b)()
     left = [2]
 
     def one(result: Any) -> None:
@@ -194,6 +196,7 @@ class NSQD(service.Service):
         # who is told of changes (see observe_changes, observe_options, set_channel_source)
         self._change_observers: list[Callable[[str, Topic | Channel], None]] = []
         self._option_observers: list[Callable[[str], None]] = []
+        self._closed_observers: list[Callable[[bool], None]] = []
         self._channel_source: Callable[[str], defer.Deferred[list[str]] | None] | None = None
 
     # -- observers ----------------------------------------------------------
@@ -206,6 +209,11 @@ class NSQD(service.Service):
     def observe_options(self, observer: Callable[[str], None]) -> None:
         """Call ``observer(name)`` when an option changes at run time (PUT /config)."""
         self._option_observers.append(observer)
+
+    def observe_closed(self, observer: Callable[[bool], None]) -> None:
+        """Call ``observer(clean)`` once the queues are closed at stop (``clean``:
+        everything they held was written)."""
+        self._closed_observers.append(observer)
 
     def set_channel_source(self, source: Callable[[str], defer.Deferred[list[str]] | None]) -> None:
         """``source(topic)`` names the channels a new topic must have before its
@@ -666,7 +674,10 @@ class NSQD(service.Service):
             try:
                 self.persist_metadata()
             except OSError as e:
-                raise StartError(f"failed to persist metadata - {e}") from None
+                if not (self.opts.replicated and e.errno in (errno.ENOSPC, errno.EDQUOT)):
+                    raise StartError(f"failed to persist metadata - {e}") from None
+                # beyond Go: a node of a replication pair starts on a full disk, to say it is not in sync
+                self.log.error("failed to persist metadata - {err} (starting anyway: replication)", err=e)
         self.start_time = self.now()
         service.Service.startService(self)
 
@@ -719,6 +730,9 @@ class NSQD(service.Service):
             except Exception as e:
                 self.stop_errors += 1
                 self.log.error("failed to persist metadata - {err}", err=e)
+        for observer in self._closed_observers:
+            observer(not self.stop_errors)
+        if self.backend_factory is None:
             self.dirlock.unlock()
         if self.stop_errors:
             # beyond Go, which exits 0 having lost what it could not write

@@ -7,12 +7,15 @@ The link itself (frames, handshake, acknowledgements, snapshots) is
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from twisted.internet import defer
 
 from nsq_wire.message import MESSAGE_HEADER_LENGTH
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
@@ -21,7 +24,7 @@ from nsqd_tw.core.queue import Item, body_size
 from nsqd_tw.core.settings import SettingsError, parse_settings
 from nsqd_tw.core.topic import Topic
 from nsqd_tw.storage.diskqueue import DiskQueue
-from nsqd_tw.storage.files import read_regular, write_atomic
+from nsqd_tw.storage.files import fsync_dir, read_regular, write_atomic
 from nsqd_tw.storage.layout import FramedRecords
 
 if TYPE_CHECKING:
@@ -29,7 +32,17 @@ if TYPE_CHECKING:
     from nsqd_tw.core.nsqd import NSQD
 
 STATE_FILE = "replication.json"
+# beyond Go, beside it: present only while a standby's last snapshot is known to have
+# arrived whole; removed before anything says otherwise (unlinking needs no free space)
+SYNCED_FILE = "replication.synced"
 PRIMARY, STANDBY = "primary", "standby"
+
+
+class Backpressure(defer.Deferred[None]):
+    """A publish's acknowledgement by a standby that is behind by more than
+    --replication-max-lag-bytes: besides waiting for it, its producer's connection
+    is not read from until it fires, so that what the primary holds for the
+    standby (the link's unsent and unacknowledged bytes) stays bounded."""
 
 
 class ReplicaStateError(Exception):
@@ -50,11 +63,13 @@ class ReplicaState:
     witnesses: int = 0  # a standby: how many lookupds its primary has (a majority of them must grant a takeover)
     lease: float = 0.0  # a standby: its primary's lease (seconds), which it waits out before taking over
     peer_node: str = ""  # the other node's own ID, once linked: the only one this node pairs with
+    saved: bytes = field(default=b"", compare=False, repr=False)  # replication.json as read or last written
 
     @classmethod
     def load(cls, data_path: str, default_role: str) -> ReplicaState:
         """The state kept under ``data_path``, or a new one with ``default_role``
-        (not written until :meth:`save`)."""
+        (not written until :meth:`save`). Synced only if replication.json says so
+        and the marker file is there."""
         path = os.path.join(data_path, STATE_FILE)
         try:
             raw = read_regular(path)
@@ -69,7 +84,7 @@ class ReplicaState:
                 str(doc["role"]),
                 int(doc["epoch"]),
                 str(doc.get("peer", "")),
-                bool(doc.get("synced", False)),
+                bool(doc.get("synced", False)) and os.path.isfile(os.path.join(data_path, SYNCED_FILE)),
                 [str(a) for a in doc.get("lookupd") or []],
                 str(doc.get("announced", "")),
                 max(0, int(doc.get("witnesses", 0))),
@@ -80,11 +95,67 @@ class ReplicaState:
             raise ReplicaStateError(f"failed to parse {path} - {e!r}") from None
         if state.role not in (PRIMARY, STANDBY) or state.epoch < 0:
             raise ReplicaStateError(f"failed to parse {path} - bad role or epoch")
+        state.saved = state._json()
         return state
 
+    def _json(self) -> bytes:
+        doc = asdict(self)
+        del doc["saved"]
+        return json.dumps(doc).encode() + b"\n"
+
     def save(self, data_path: str) -> None:
-        """Write it atomically (and fsynced) before acting on it."""
-        write_atomic(os.path.join(data_path, STATE_FILE), json.dumps(asdict(self)).encode() + b"\n")
+        """Write it atomically (and fsynced) before acting on it. Not synced: the
+        marker goes first, so that a disk too full for replication.json cannot
+        leave a standby that would read itself as synced after a restart."""
+        if not self.synced:
+            _remove_marker(data_path)
+        data = self._json()
+        write_atomic(os.path.join(data_path, STATE_FILE), data)
+        self.saved = data
+
+    def save_if_changed(self, data_path: str) -> None:
+        """:meth:`save`, unless replication.json holds this already (a start on a full disk)."""
+        if self._json() != self.saved:
+            self.save(data_path)
+
+    def mark_synced(self, data_path: str, marker: bool = True) -> None:
+        """A snapshot arrived whole: replication.json says so, then the marker is
+        created (unless not ``marker``: what is held is not all on disk yet).
+        Raises OSError (and is not synced) if either cannot be written."""
+        self.synced = True
+        try:
+            self.save(data_path)
+            if marker:
+                self.mark_held(data_path, True)
+        except OSError:
+            self.synced = False
+            with contextlib.suppress(OSError):
+                _remove_marker(data_path)
+            raise
+
+    def mark_held(self, data_path: str, held: bool) -> None:
+        """Whether a restart finds what a synced standby holds (on disk, or not:
+        memory queues die with the process): the marker is there only if so."""
+        if not (held and self.synced):
+            _remove_marker(data_path)
+            return
+        os.close(os.open(os.path.join(data_path, SYNCED_FILE), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        fsync_dir(data_path)
+
+    def mark_unsynced(self, data_path: str) -> None:
+        """Not promotable until a snapshot arrives whole: the marker is removed,
+        then replication.json written (which may raise OSError: the marker is
+        gone, so a restart reads not synced whatever the file says)."""
+        self.synced = False
+        self.save(data_path)
+
+
+def _remove_marker(data_path: str) -> None:
+    try:
+        os.remove(os.path.join(data_path, SYNCED_FILE))
+    except FileNotFoundError:
+        return
+    fsync_dir(data_path)
 
 
 def metadata_doc(topics: Sequence[Topic]) -> dict[str, Any]:

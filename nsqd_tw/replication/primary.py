@@ -15,7 +15,7 @@ from nsq_wire.names import is_ephemeral
 from nsqd_tw.core.channel import Channel
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.queue import Item
-from nsqd_tw.core.replica import metadata_doc
+from nsqd_tw.core.replica import Backpressure, metadata_doc
 from nsqd_tw.core.topic import Topic
 from nsqd_tw.replication import wire
 from nsqd_tw.storage.snapshot import CHUNK, QueueSnapshot
@@ -27,6 +27,9 @@ DISCONNECTED, CATCHING_UP, IN_SYNC = "disconnected", "catching_up", "in_sync"
 FIN_FRAME_IDS = 4096  # IDs in one FIN frame at most
 SNAPSHOT_FRAMES_PER_TURN = 8  # then the reactor serves others
 SNAPSHOT_CHUNK = CHUNK  # bytes of records in one snapshot frame, about
+# a standby that could not store what it was sent is linked again after this long,
+# doubled at each failure up to the most (and from the least again after a quiet while)
+RETRY_FAILED_MIN, RETRY_FAILED_MAX = 1.0, 30.0
 
 
 class ReplicaLost(Exception):
@@ -54,6 +57,7 @@ class Primary:
         self.sync = opts.replication_mode == "sync"
         self.required = opts.replication_required
         self.max_lag = opts.replication_max_lag
+        self.max_lag_bytes = opts.replication_max_lag_bytes
         self.link: Link | None = None
         self.state = DISCONNECTED
         self._refusal: Exception | None = None
@@ -68,6 +72,9 @@ class Primary:
         self.snapshot: SnapshotSender | None = None
         self.end_seq = 0  # the END of the snapshot: acknowledged, the standby is in sync
         self.witnesses_told: list[Any] = []
+        self.standby_error = ""  # why the standby could not store what it was sent (until in sync again)
+        self.failed_at = float("-inf")
+        self.retry_after = 0.0
         self._set_refusal()
 
     # -- links ------------------------------------------------------------------------
@@ -118,6 +125,7 @@ class Primary:
         log = self.service.log
         peer = self.service.peer_address
         if state == IN_SYNC:
+            self.standby_error = ""
             log.info("REPLICATION: standby {peer} in sync", peer=peer)
         elif old == IN_SYNC:
             log.warn(
@@ -168,6 +176,20 @@ class Primary:
             raise self.no_lease()
         return result
 
+    def standby_failed(self, why: str) -> float:
+        """The standby could not store what it was sent: how long to wait before
+        linking again (1 s, doubled at each failure up to 30 s)."""
+        now = self.service.now()
+        quiet = now - self.failed_at > 2 * RETRY_FAILED_MAX
+        self.retry_after = RETRY_FAILED_MIN if quiet else min(self.retry_after * 2, RETRY_FAILED_MAX)
+        self.failed_at = now
+        self.standby_error = why
+        return self.retry_after
+
+    def hold_off(self) -> float:
+        """Seconds to wait before dialing the standby again (0: no reason to)."""
+        return max(0.0, self.failed_at + self.retry_after - self.service.now())
+
     # -- operations out -------------------------------------------------------------------
 
     def _send(self, data: bytes, now: bool = False) -> None:
@@ -193,11 +215,14 @@ class Primary:
         else:
             delay_ns = int(first.deferred * 1e9)
             data = wire.dpub(topic.name, delay_ns, [m if isinstance(m, bytes) else m.encode() for m in items])
+        # past the byte bound (in any state): it waits, and its producer is not
+        # read from meanwhile, so what is held for the standby stays bounded
+        held = self.sent_bytes + len(data) - self.acked_bytes > self.max_lag_bytes
         # a producer that waits for the standby: its publish goes on the wire now
-        waits = self.state == IN_SYNC and (self.sync or self.sent + 1 - self.acked > self.max_lag)
+        waits = held or (self.state == IN_SYNC and (self.sync or self.sent + 1 - self.acked > self.max_lag))
         self._send(data, now=waits)
         self.sent_messages += len(items)
-        waiter: defer.Deferred[None] | None = defer.Deferred() if waits else None
+        waiter: defer.Deferred[None] | None = (Backpressure() if held else defer.Deferred()) if waits else None
         self._marks.append((self.sent, self.service.now(), self.sent_messages, self.sent_bytes, waiter))
         return waiter
 
@@ -324,9 +349,23 @@ class PrimaryEnd:
                 self.primary.service.lease.echoed(token)
                 self.primary.acknowledged(count)
         elif kind == wire.ERROR:
-            why = wire.json_payload(payload).get("error", "")
-            self.primary.service.log.error("REPLICATION: standby {peer}: {why}", peer=self.link.address, why=why)
-            self.link.fail(f"closed by the standby - {why}", tell=False)
+            doc = wire.json_payload(payload)
+            why = doc.get("error", "")
+            primary, log = self.primary, self.primary.service.log
+            if doc.get("code") != wire.APPLY_FAILED or primary.link is not self.link:
+                log.error("REPLICATION: standby {peer}: {why}", peer=self.link.address, why=why)
+                self.link.fail(f"closed by the standby - {why}", tell=False)
+                return
+            # one line: the "degraded" one when it was in sync, else this one
+            why = f"{why}; linking again in {primary.standby_failed(str(why)):g}s"
+            if primary.state != IN_SYNC:
+                log.error(
+                    "REPLICATION: standby {peer} is {state}: {why}",
+                    peer=self.link.address,
+                    state=primary.state,
+                    why=why,
+                )
+            self.link.fail(why, tell=False)
         else:
             raise wire.LinkError(f"unexpected frame {kind:#x} from the standby")
 

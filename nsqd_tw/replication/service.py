@@ -13,12 +13,13 @@ from twisted.application import service
 from twisted.internet import defer, endpoints, protocol
 from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.task import LoopingCall
+from twisted.logger import LogLevel
 
 from nsq_service.options import DURATION, ConfigError, StartError, split_address
 from nsq_service.web import http_client
 from nsq_wire.gofmt import join_host_port
 from nsqd_tw.core.nsqd import NSQD
-from nsqd_tw.core.replica import PRIMARY, STANDBY, ReplicaState, ReplicaStateError
+from nsqd_tw.core.replica import PRIMARY, STANDBY, STATE_FILE, SYNCED_FILE, ReplicaState, ReplicaStateError
 from nsqd_tw.core.topic import StandbyError
 from nsqd_tw.replication import wire
 from nsqd_tw.replication.admission import NEW, OK, Admission, check_peer
@@ -170,6 +171,8 @@ class ReplicationService(service.Service):
         if opts.replica:
             self.state.peer = opts.replica
         self._save()
+        self._held(False)  # a standby's memory queues die with this process: synced after a restart if it stops cleanly
+        self.nsqd.observe_closed(self._held)
         self.primary.refresh()
         self.nsqd.observe_changes(self._changed)
         observe = getattr(self.lookup, "observe_identified", None)
@@ -254,9 +257,18 @@ class ReplicationService(service.Service):
         self.admission.stop()
         return None
 
+    def _held(self, held: bool) -> None:
+        """Whether all a standby that is not durable holds is on disk (it stopped
+        cleanly) or not (it runs): its synced marker says it for a restart."""
+        if self.state.role == STANDBY and not self.nsqd.durable:
+            try:
+                self.state.mark_held(self.nsqd.data_path, held)
+            except OSError as e:
+                self.log.error("REPLICATION: cannot mark {path} - {err}", path=SYNCED_FILE, err=e)
+
     def _save(self) -> None:
         try:
-            self.state.save(self.nsqd.data_path)
+            self.state.save_if_changed(self.nsqd.data_path)
         except OSError as e:
             raise StartError(f"failed to persist replication state - {e}") from None
 
@@ -515,8 +527,10 @@ class ReplicationService(service.Service):
         self.link = None
         self.unlinked_since = self.now()
         if self.standby_side is not None and self.standby_side.link is link:
+            said = self.standby_side.failed  # it said why itself
             self.standby_side = None
-            self.log.warn("REPLICATION: link to primary {peer} lost - {why}", peer=link.address, why=why)
+            if not said:
+                self.log.warn("REPLICATION: link to primary {peer} lost - {why}", peer=link.address, why=why)
         if self.running:
             self._schedule_dial()
 
@@ -526,13 +540,13 @@ class ReplicationService(service.Service):
     # -- the standby's snapshot -------------------------------------------------------------
 
     def snapshot_begins(self) -> None:
-        self.state.synced = False
-        self.state.save(self.nsqd.data_path)
+        self.diverged()
         self.log.info("REPLICATION: receiving the snapshot of primary {peer}", peer=self.state.peer)
 
     def snapshot_ends(self) -> None:
-        self.state.synced = True
-        self.state.save(self.nsqd.data_path)
+        """Raises OSError if the snapshot cannot be recorded as whole (the
+        standby then tells its primary it is not in sync)."""
+        self.state.mark_synced(self.nsqd.data_path, marker=self.nsqd.durable)
         self.log.info("REPLICATION: in sync with primary {peer}", peer=self.state.peer)
 
     def witnesses(self, addresses: list[str], total: int = 0) -> None:
@@ -544,10 +558,14 @@ class ReplicationService(service.Service):
             self.state.save(self.nsqd.data_path)
 
     def diverged(self) -> None:
-        """An operation could not be applied: what is held here is not the
-        primary's any more (not promotable until the next snapshot is whole)."""
-        self.state.synced = False
-        self.state.save(self.nsqd.data_path)
+        """What is held here is not the primary's (a snapshot begins, an operation
+        could not be applied): not promotable until the next snapshot is whole.
+        Never raises: a full disk is said once a while, and the marker is gone."""
+        try:
+            self.state.mark_unsynced(self.nsqd.data_path)
+        except OSError as e:
+            why = f"REPLICATION: cannot write {STATE_FILE} - {e} ({SYNCED_FILE} is removed: not synced)"
+            self.nsqd.queue_events.emit(("replication", "unsynced"), LogLevel.warn, lambda n: why)
 
     # -- dialing (a primary reaches its standby) ---------------------------------------------
 
@@ -556,7 +574,8 @@ class ReplicationService(service.Service):
 
     def _schedule_dial(self) -> None:
         if self._dial_call is None and self.state.role == PRIMARY:
-            self._dial_call = self.nsqd.reactor.callLater(self._redial, self._dial)
+            delay = max(self._redial, self.primary.hold_off())  # a standby that could not store: later
+            self._dial_call = self.nsqd.reactor.callLater(delay, self._dial)
             self._redial = min(self._redial * 2, REDIAL_MAX)
 
     def _dial(self) -> None:
@@ -722,6 +741,8 @@ class ReplicationService(service.Service):
         if self.state.role == PRIMARY:
             out["lag"] = self.primary.lag()
             out.update(self.lease.status())
+            if self.primary.standby_error:
+                out["standby_error"] = self.primary.standby_error
             if self.settling:
                 out["starting"] = True
             if self.deposed_by is not None:

@@ -1,16 +1,68 @@
 """A standby's end of the stream: apply each operation, acknowledge what one
 read brought once it is held (in durable mode, once applied and fsynced;
-otherwise once received, before it is applied)."""
+otherwise once received, before it is applied, while it has room to spare, else
+once applied), and tell the primary at once what it could not store."""
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
+
+from twisted.logger import LogLevel
 
 from nsqd_tw.core.replica import StandbyApply
 from nsqd_tw.replication import wire
+from nsqd_tw.storage.errors import DiskQueueError
 
 if TYPE_CHECKING:
+    from nsqd_tw.core.nsqd import NSQD
     from nsqd_tw.replication.link import Link, Node
+
+HEADROOM = 64 << 20  # bytes free beyond what a read may write, to acknowledge it before it is stored
+LOOK_EVERY = 0.1  # seconds: how long a look at the free space (and the topics' fan-out) holds
+
+
+def free_bytes(path: str) -> int:
+    """Bytes an unprivileged process may still write on the filesystem of ``path``."""
+    st = os.statvfs(path or ".")
+    return st.f_bavail * st.f_frsize
+
+
+class Headroom:
+    """Whether a standby that is not durable may acknowledge a read before it
+    applies it (the fast path): only while no write of its has failed since, the
+    --max-disk-bytes budget has room and its data path has :data:`HEADROOM` free
+    beyond what the read may write (a copy for each channel of the widest topic).
+    Otherwise it applies the read first and acknowledges what it stored, so that
+    a full disk reaches the primary as an ERROR instead of an ACK."""
+
+    def __init__(self, nsqd: NSQD) -> None:
+        self.nsqd = nsqd
+        self.free = 0
+        self.fanout = 1
+        self.until = float("-inf")  # when to look again
+
+    def allows(self, size: int) -> bool:
+        nsqd = self.nsqd
+        if nsqd.health_error is not None:
+            return False
+        now = nsqd.now()
+        if now >= self.until:
+            self._look(now)
+        need = size * self.fanout
+        budget = nsqd.disk_budget
+        if (budget.limit and budget.used + need > budget.limit) or self.free - need < HEADROOM:
+            return False
+        self.free -= need
+        return True
+
+    def _look(self, now: float) -> None:
+        try:
+            self.free = free_bytes(self.nsqd.data_path)
+        except OSError:
+            self.free = 0
+        self.fanout = max((len(t.channels) for t in self.nsqd.topics.values()), default=1) or 1
+        self.until = now + LOOK_EVERY
 
 
 class StandbySide:
@@ -28,7 +80,9 @@ class StandbySide:
         self.token = 0  # the last PING's token, echoed by every ACK (the primary's lease)
         self.in_sync = False
         self.closed = False
-        self.received: list[tuple[int, bytes]] = []  # not durable: held, applied once acknowledged
+        self.failed = False  # it could not apply an operation (and said so)
+        self.room = Headroom(service.nsqd)
+        self.received: list[tuple[int, bytes]] = []  # not durable: held until the end of the read
 
     def frame(self, kind: int, payload: bytes) -> None:
         if kind == wire.PING:
@@ -45,6 +99,7 @@ class StandbySide:
         if not self.nsqd.durable:
             # held once received (a kill loses this process's memory either way):
             # acknowledged at the end of the read, before the work of applying it
+            # while there is room to spare for it (read_done)
             self.received.append((kind, payload))
             return
         self._apply_one(kind, payload)
@@ -56,13 +111,34 @@ class StandbySide:
         except wire.LinkError:
             raise
         except Exception as e:
-            # what the primary holds cannot be held here (a full disk, say): not in sync
-            self.service.log.error("REPLICATION: cannot apply an operation of the primary - {err}", err=e)
-            self.service.diverged()
-            self.link.fail(f"standby cannot apply an operation - {e}")
+            self._cannot_apply(e)
             return False
         self.applied += 1
         return True
+
+    def _cannot_apply(self, e: Exception) -> None:
+        """What the primary holds cannot be held here (a full disk, say): what was
+        stored before it is acknowledged, then the primary is told at once, and
+        this node is not in sync (nor promotable) until a snapshot arrives whole."""
+        self.failed = True
+        if not self.nsqd.durable:
+            self._confirm(self.applied)
+        self.service.diverged()
+        peer = self.service.peer_address
+        if not isinstance(e, (OSError, DiskQueueError)):  # not the disk's doing: a bug to see whole
+            self.service.log.failure("REPLICATION: cannot apply an operation of the primary")
+        self.nsqd.queue_events.emit(
+            ("replication", "apply"),
+            LogLevel.error,
+            lambda n: (
+                f"REPLICATION: cannot store what primary {peer} sends - {e}: told it, and not in sync until "
+                f"a snapshot arrives whole ({n['operations']} operation(s) refused)"
+            ),
+            operations=1,
+        )
+        why = f"standby cannot store what it is sent - {e}"
+        self.link.send_now(wire.json_frame(wire.ERROR, {"error": why, "code": wire.APPLY_FAILED}))
+        self.link.fail(why, tell=False)
 
     def _apply(self, kind: int, p: wire.Payload) -> None:
         apply = self.apply
@@ -104,26 +180,32 @@ class StandbySide:
             self.service.snapshot_begins()
             apply.begin(wire.json_payload(p.rest()))
         elif kind == wire.END:
-            self.in_sync = True
             self.service.snapshot_ends()
+            self.in_sync = True
 
     def read_done(self) -> None:
         """Everything one read brought is held: acknowledge it, in durable mode
         once applied and fsynced (one fsync for all of it: the group commit),
-        otherwise at once, put on the wire before the operations are applied.
-        A PING is answered with what is held already."""
+        otherwise at once, put on the wire before the operations are applied,
+        while there is room to spare for them, else once applied. A PING is
+        answered with what is held already."""
         received = self.received
         if not received:
             self._acknowledge(self.applied)
             return
         self.received = []
-        self._acknowledge(self.applied + len(received))
+        early = self.room.allows(sum(len(payload) for _, payload in received))
+        if early:
+            self._acknowledge(self.applied + len(received))
         try:
             for kind, payload in received:
                 if self.link.closed or not self._apply_one(kind, payload):
                     return
         except wire.LinkError as e:
             self.link.fail(f"bad frame - {e}")
+            return
+        if not early:
+            self._acknowledge(self.applied)
 
     def _acknowledge(self, n: int) -> None:
         if n > self.committing:

@@ -32,6 +32,10 @@ PING = 0x30
 # standby to primary
 ACK = 0x31
 
+# ERROR's JSON: {"error": text} and, from a standby that could not apply (store) an
+# operation, "code": APPLY_FAILED: the primary links again only after a while
+APPLY_FAILED = "apply_failed"
+
 OPERATIONS = frozenset((BEGIN, TOPIC_RECORDS, CHANNEL_RECORDS, END, PUB, DPUB, FIN, REQ, CTRL))
 
 MAX_FRAME = 64 << 20  # a frame bigger than this is a broken peer

@@ -399,6 +399,17 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
             self.transport.resumeProducing()
             self.setTimeout(self._read_timeout)
 
+    def read_after(self, d: defer.Deferred[Any]) -> None:
+        """Beyond Go: read nothing more from this client until ``d`` fires (a
+        publish held back for a replication standby that is far behind)."""
+        self._hold_reading()
+
+        def release(result: Any) -> Any:
+            self._release_reading()
+            return result
+
+        d.addBoth(release)
+
     def backed_up(self) -> None:
         if not self.closed:
             self._hold_reading()

@@ -27,6 +27,7 @@ from nsq_wire.parser import Command
 from nsqd_tw.auth import AuthClient, AuthState
 from nsqd_tw.core.channel import ChannelError
 from nsqd_tw.core.nsqd import NSQD
+from nsqd_tw.core.replica import Backpressure
 from nsqd_tw.core.topic import RefusedError
 from nsqd_tw.options import TLS_NOT_REQUIRED
 from nsqd_tw.tcp.client import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED
@@ -335,6 +336,8 @@ class V2Protocol(CommandConnection):
             for _ in bodies:
                 respond(FRAME_TYPE_RESPONSE, OK)
         else:
+            if isinstance(committed, Backpressure):
+                self.read_after(committed)
             self.responses.later(committed, "PUB", len(bodies))
 
     def MPUB(self, cmd: Command) -> bytes | defer.Deferred[None] | Pause:
@@ -362,7 +365,11 @@ class V2Protocol(CommandConnection):
         except Exception as e:
             raise FatalClientError(f"E_{verb}_FAILED", f"{verb} failed {e}") from None
         self.client.published(topic, len(bodies))
-        return OK if committed is None else committed
+        if committed is None:
+            return OK
+        if isinstance(committed, Backpressure):
+            self.read_after(committed)
+        return committed
 
 
 V2Protocol._headers = {

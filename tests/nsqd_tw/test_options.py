@@ -216,6 +216,12 @@ unknown_key = "ignored"
             'unknown sigterm mode "later" (shutdown or drain)',
         )
 
+    def test_replication_max_lag_bytes(self) -> None:
+        """Beyond Go: the async lag bound in bytes, 64 MiB unless told; flag and TOML key."""
+        self.assertEqual(parse().replication_max_lag_bytes, 64 << 20)
+        self.assertEqual(parse("--replication-max-lag-bytes", "1048576").replication_max_lag_bytes, 1 << 20)
+        self.assertEqual(parse(config="replication_max_lag_bytes = 4096\n").replication_max_lag_bytes, 4096)
+
 
 class ValidateTests(unittest.TestCase):
     def check(self, text: str, **kwargs) -> None:
@@ -232,6 +238,9 @@ class ValidateTests(unittest.TestCase):
     def test_drain_options(self) -> None:
         self.check('--sigterm-mode must be shutdown or drain, not "later"', sigterm_mode="later")
         self.check("--drain-timeout must be >= 0", drain_timeout=-1.0)
+
+    def test_replication_options(self) -> None:
+        self.check("--replication-max-lag-bytes must be >= 1", replication_max_lag_bytes=0)
 
     def test_client_auth_policy_implies_tls_required(self) -> None:
         o = NSQDOptions(tls_client_auth_policy="require", tls_cert="c", tls_key="k")

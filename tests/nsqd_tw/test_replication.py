@@ -13,13 +13,15 @@ from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 from twisted.trial import unittest
 
 from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, MAGIC_V2
-from nsqd_tw.core.replica import STATE_FILE, ReplicaState, StandbyApply
+from nsqd_tw.core.replica import STATE_FILE, SYNCED_FILE, ReplicaState, StandbyApply
 from nsqd_tw.core.topic import StandbyError
 from nsqd_tw.http.api import NSQDHTTPAPI
 from nsqd_tw.replication import wire
 from nsqd_tw.replication.service import decide
 from tests.helpers import FakeClient
 from tests.nsqd_tw.replicas import Node, RawLink, ReplicaPair, held, live
+
+DURABLE = {"backend_factory": None, "mem_queue_size": 0, "sync_every": 1}
 
 
 def consume(nsqd: object, topic: str, channel: str, rdy: int = 100) -> FakeClient:
@@ -58,6 +60,74 @@ class LinkTests(unittest.TestCase):
             doc = json.load(f)
         self.assertEqual((doc["role"], doc["peer"]), ("primary", "127.0.0.1:4250"))
         self.assertNotEqual(doc["node"], pair.standby.repl.state.node)
+
+    def test_synced_is_said_by_replication_json_and_a_marker_file_both(self) -> None:
+        """The marker is created once a snapshot arrived whole and removed before
+        replication.json says otherwise: removing a file needs no free space."""
+        pair = ReplicaPair(standby_opts=DURABLE).start()
+        path = pair.standby.data_path
+        marker = os.path.join(path, SYNCED_FILE)
+        self.assertTrue(os.path.exists(marker))
+        self.assertTrue(ReplicaState.load(path, "standby").synced)
+        os.remove(marker)
+        self.assertFalse(ReplicaState.load(path, "standby").synced)
+        with open(marker, "w"):
+            pass
+        pair.standby.repl.diverged()
+        self.assertFalse(os.path.exists(marker))
+        with open(os.path.join(path, STATE_FILE)) as f:
+            self.assertFalse(json.load(f)["synced"])
+        with open(marker, "w"):
+            pass
+        self.assertFalse(ReplicaState.load(path, "standby").synced)  # replication.json says not
+        self.assertFalse(os.path.exists(os.path.join(pair.primary.data_path, SYNCED_FILE)))
+
+    def test_a_new_snapshot_removes_the_marker_until_it_ends(self) -> None:
+        pair = ReplicaPair(standby_opts=DURABLE).start()
+        marker = os.path.join(pair.standby.data_path, SYNCED_FILE)
+        present: list[bool] = []
+        apply = StandbyApply.topic_records
+
+        def topic_records(self: StandbyApply, *args: Any) -> None:
+            present.append(os.path.exists(marker))
+            apply(self, *args)
+
+        self.patch(StandbyApply, "topic_records", topic_records)
+        pair.primary.nsqd.publish("t", [b"held"])
+        pair.settle()
+        assert pair.primary.repl.link is not None
+        pair.primary.repl.link.transport.loseConnection()
+        pair.advance(1.0)
+        self.assertEqual((present, pair.standby.state), ([False], "in_sync"))
+        self.assertTrue(os.path.exists(marker))
+
+    def test_a_standby_not_durable_is_synced_after_a_restart_only_if_it_stopped_cleanly(self) -> None:
+        """Its memory queues die with its process: killed, it was not synced any more."""
+        pair = ReplicaPair(standby_opts={"backend_factory": None}).start()
+        marker = os.path.join(pair.standby.data_path, SYNCED_FILE)
+        self.assertTrue(pair.standby.repl.state.synced)
+        self.assertFalse(os.path.exists(marker))  # while it runs
+        pair.primary.nsqd.publish("t", [b"in its memory"])
+        pair.settle()
+        pair.standby.stop()  # what it holds goes to disk
+        self.assertTrue(os.path.exists(marker))
+        pair.primary.kill()
+        pair.standby.start()
+        self.assertTrue(pair.standby.repl.state.synced)
+        self.assertFalse(os.path.exists(marker))
+        self.assertEqual(pair.standby.nsqd.topics["t"].depth(), 1)  # written to disk as it stopped
+        pair.standby.kill()
+        pair.standby.start()
+        self.assertFalse(pair.standby.repl.state.synced)
+
+    def test_a_durable_standby_killed_is_still_synced(self) -> None:
+        pair = ReplicaPair(standby_opts=DURABLE).start()
+        pair.primary.nsqd.publish("t", [b"on its disk"])
+        pair.settle()
+        pair.standby.kill()
+        pair.primary.kill()
+        pair.standby.start()
+        self.assertTrue(pair.standby.repl.state.synced)
 
     def test_a_wrong_secret_gets_nothing(self) -> None:
         pair = ReplicaPair()

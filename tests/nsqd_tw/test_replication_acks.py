@@ -4,16 +4,20 @@ in async mode at once, with the lag bounded and reported."""
 
 from __future__ import annotations
 
+import errno
 import os
+from typing import Any
 
 from treq.testing import StubTreq
 from twisted.trial import unittest
 
 from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
 from nsqd_tw.core.message import Message
+from nsqd_tw.core.replica import StandbyApply
 from nsqd_tw.core.topic import StandbyError
 from nsqd_tw.http.api import NSQDHTTPAPI
 from nsqd_tw.replication import link as link_module
+from nsqd_tw.replication import standby as standby_module
 from nsqd_tw.replication import wire
 from nsqd_tw.replication.link import Link
 from nsqd_tw.replication.standby import StandbySide
@@ -253,6 +257,52 @@ class AsyncModeTests(unittest.TestCase):
         self.assertEqual(client.frames(), [OK] * 2)
 
 
+class ByteBoundTests(unittest.TestCase):
+    """--replication-max-lag-bytes: past it a publish waits for the standby in
+    either mode, and its producer is not read from meanwhile, so that what the
+    primary holds for a standby that is behind stays bounded."""
+
+    def pair(self, mode: str) -> tuple[ReplicaPair, FakeClient]:
+        pair = ReplicaPair(primary_opts={"replication_mode": mode, "replication_max_lag_bytes": 3000}).start()
+        pair.primary.nsqd.get_topic("t")
+        pair.settle()
+        return pair, FakeClient(pair.primary.nsqd)
+
+    def test_in_async_mode_publishes_past_the_bound_wait_for_the_standby(self) -> None:
+        pair, client = self.pair("async")
+        for i in range(5):
+            client.command(b"PUB", "t", body=b"%d" % i * 1000)  # about 1,050 bytes on the link each
+            client.command(b"NOP")  # one PUB per batch
+        self.assertEqual(client.frames(), [OK] * 2)  # a third would leave more than 3,000 bytes unacknowledged
+        self.assertGreater(pair.primary.repl.status()["lag"]["bytes"], 3000)
+        pair.settle()
+        self.assertEqual(client.frames(), [OK] * 3)
+        self.assertEqual(pair.primary.repl.status()["lag"]["bytes"], 0)
+
+    def test_the_producer_is_not_read_from_while_its_publish_waits_for_the_bound(self) -> None:
+        for mode in ("async", "sync"):
+            pair, client = self.pair(mode)
+            client.command(b"PUB", "t", body=b"x" * 1000)
+            client.command(b"NOP")
+            self.assertEqual(client.transport.producerState, "producing")
+            client.command(b"MPUB", "t", body=mpub(b"y" * 1000, b"z" * 1000))
+            self.assertEqual(client.transport.producerState, "paused", mode)
+            pair.settle()
+            self.assertEqual(client.frames(), [OK, OK])
+            self.assertEqual(client.transport.producerState, "producing", mode)
+
+    def test_a_durable_primary_holds_its_producer_too(self) -> None:
+        pair = ReplicaPair(primary_opts={**DURABLE, "replication_max_lag_bytes": 3000})
+        syncs = pair.primary.run_blocking = HeldSyncs()
+        pair.start()
+        run_syncs(pair, syncs)
+        client = FakeClient(pair.primary.nsqd)
+        client.command(b"MPUB", "t", body=mpub(b"y" * 2000, b"z" * 2000))
+        self.assertEqual(client.transport.producerState, "paused")
+        run_syncs(pair, syncs)
+        self.assertEqual((client.frames(), client.transport.producerState), ([OK], "producing"))
+
+
 class _Link:
     """What a StandbySide writes to its link, in order with what it applies."""
 
@@ -272,6 +322,8 @@ class _Link:
 
 
 class _Service:
+    peer_address = "127.0.0.1:4150"
+
     def __init__(self, nsqd: object) -> None:
         self.nsqd = nsqd
         self.log = nsqd.log  # type: ignore[attr-defined]
@@ -280,8 +332,19 @@ class _Service:
         pass
 
 
+def no_space(*args: Any, **kwargs: Any) -> Any:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
 class AckOnReceiptTests(unittest.TestCase):
-    def test_not_durable_the_ack_is_on_the_wire_before_the_operations_are_applied(self) -> None:
+    """A standby that is not durable acknowledges a read as it arrives while it
+    has room to spare (the fast path), else once it has applied it; what it
+    cannot store reaches the primary as an ERROR that no ACK covers."""
+
+    def side(self, free: int = 1 << 40, fail_at: int = 0) -> tuple[StandbySide, list[object], Any]:
+        """A standby's side whose data path has ``free`` bytes free; the
+        ``fail_at``-th publish it applies (from 1) fails for want of space."""
+        self.patch(standby_module, "free_bytes", lambda path: free)
         nsqd = make_nsqd()
         events: list[object] = []
         side = StandbySide(_Service(nsqd), _Link(events))  # type: ignore[arg-type]
@@ -289,9 +352,24 @@ class AckOnReceiptTests(unittest.TestCase):
 
         def applying(topic: str, records: list[bytes], delay: float = 0.0) -> None:
             events.append("apply")
+            if len([e for e in events if e == "apply"]) == fail_at:
+                no_space()
             publish(topic, records, delay)
 
         side.apply.publish = applying  # type: ignore[method-assign]
+        return side, events, nsqd
+
+    def read(self, side: StandbySide, nsqd: Any, *counts: int) -> None:
+        """One read bringing a PUB of each of ``counts`` messages."""
+        reader = wire.FrameReader()
+        for n in counts:
+            reader.feed(wire.pub("t", [Message(nsqd.guid.new_id(), b"m", nsqd.now_ns()).encode() for _ in range(n)]))
+        while (item := reader.next()) is not None:
+            side.frame(*item)
+        side.read_done()
+
+    def test_not_durable_the_ack_is_on_the_wire_before_the_operations_are_applied(self) -> None:
+        side, events, nsqd = self.side()
         reader = wire.FrameReader()
         records = [Message(nsqd.guid.new_id(), b"m%d" % i, nsqd.now_ns()).encode() for i in range(3)]
         reader.feed(wire.pub("t", records[:2]) + wire.pub("t", records[2:]))
@@ -302,6 +380,59 @@ class AckOnReceiptTests(unittest.TestCase):
         self.assertEqual(events, [("send_now", wire.ack(2)), "apply", "apply"])
         self.assertEqual(nsqd.topics["t"].depth(), 3)
         self.assertEqual((side.applied, side.confirmed), (2, 2))
+
+    def test_without_room_to_spare_it_acknowledges_what_it_applied(self) -> None:
+        side, events, nsqd = self.side(free=standby_module.HEADROOM)
+        self.read(side, nsqd, 2, 1)
+        self.assertEqual(events, ["apply", "apply", ("send_now", wire.ack(2))])
+        self.assertEqual(nsqd.topics["t"].depth(), 3)
+
+    def test_after_a_failed_write_it_applies_first(self) -> None:
+        side, events, nsqd = self.side()
+        nsqd.set_health(OSError(errno.EIO, "Input/output error"))
+        self.read(side, nsqd, 1)
+        self.assertEqual(events, ["apply", ("send_now", wire.ack(1))])
+
+    def test_what_it_cannot_store_is_an_error_no_ack_covers(self) -> None:
+        side, events, nsqd = self.side(free=standby_module.HEADROOM, fail_at=2)
+        self.read(side, nsqd, 1, 1, 1)
+        acks = [e for e in events if isinstance(e, tuple) and e[1][4:5] == bytes((wire.ACK,))]
+        self.assertEqual(acks, [("send_now", wire.ack(1))])  # the first, stored; never the second
+        errors = [
+            wire.json_payload(e[1][5:]) for e in events if isinstance(e, tuple) and e[1][4:5] == bytes((wire.ERROR,))
+        ]
+        self.assertEqual(len(errors), 1, events)
+        self.assertEqual(errors[0]["code"], wire.APPLY_FAILED)
+        self.assertIn("No space left on device", errors[0]["error"])
+        self.assertEqual(events[-1][0], "fail")  # type: ignore[index]
+        self.assertEqual(nsqd.topics["t"].depth(), 1)
+        self.assertEqual(side.applied, 1)
+
+
+class StoredOnlyTests(unittest.TestCase):
+    def test_with_replication_required_a_publish_the_standby_cannot_store_fails(self) -> None:
+        pair = ReplicaPair(primary_opts={"replication_required": True}).start()
+        pair.primary.nsqd.get_topic("t")
+        pair.settle()
+        self.patch(standby_module, "free_bytes", lambda path: 0)  # the standby's disk is full
+        self.patch(StandbyApply, "publish", no_space)
+        pair.advance(standby_module.LOOK_EVERY)  # as the standby sees it
+        client = FakeClient(pair.primary.nsqd)
+        client.command(b"PUB", "t", body=b"x")
+        pair.settle()
+        self.assertEqual(
+            client.frames(),
+            [
+                (
+                    FRAME_TYPE_ERROR,
+                    b"E_PUB_FAILED PUB failed replication: standby 127.0.0.1:4250 lost before it held the message",
+                )
+            ],
+        )
+        self.assertEqual(pair.primary.nsqd.topics["t"].depth(), 1)  # held here: a retry is a duplicate
+        status = pair.primary.repl.status()
+        self.assertEqual((status["state"], status["degraded"]), ("disconnected", True))
+        self.assertIn("no space left on device", status["standby_error"].lower())
 
 
 class StandbySyncCadenceTests(unittest.TestCase):

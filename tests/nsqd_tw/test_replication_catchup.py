@@ -4,14 +4,23 @@ degraded and, with --replication-required, refuses publishes."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+from typing import Any
 
 from treq.testing import StubTreq
+from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial import unittest
 
 from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
+from nsqd_tw.core import nsqd as nsqd_module
+from nsqd_tw.core import replica as replica_module
+from nsqd_tw.core.replica import STATE_FILE, SYNCED_FILE, StandbyApply
 from nsqd_tw.http.api import NSQDHTTPAPI
 from nsqd_tw.replication import primary as primary_module
+from nsqd_tw.replication import standby as standby_module
+from nsqd_tw.storage.files import PathError
 from tests.helpers import FakeClient, make_nsqd
 from tests.nsqd_tw.replicas import ReplicaPair, held, live
 from tests.nsqd_tw.test_replication import consume
@@ -213,6 +222,114 @@ class FallingBehindTests(unittest.TestCase):
         self.assertIn(pair.primary.state, ("disconnected", "catching_up"))
         self.assertEqual(pair.primary.nsqd.topics["t"].channels["c"].depth(), 1)
         self.assertFalse(pair.standby.repl.state.synced)  # not promotable as it is
+
+
+def no_space(*args: Any, **kwargs: Any) -> Any:
+    raise PathError("write", "(the disk)", OSError(errno.ENOSPC, "No space left on device"))
+
+
+class FullDiskTests(unittest.TestCase):
+    """A standby whose disk is full: it tells its primary at once, which goes
+    degraded and links again later and later; it never reads itself as synced
+    after a restart; it logs a line, never a traceback (trial fails a test
+    that logs one)."""
+
+    def setUp(self) -> None:
+        self.pair = ReplicaPair().start()
+        self.pair.primary.nsqd.get_topic("t")
+        self.pair.settle()
+        self.events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(self.events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+
+    def full(self) -> list[Any]:
+        """Nothing the standby writes fits any more: queues, replication.json,
+        nsqd.dat (until the patches returned are restored)."""
+        patches = [self.patch(standby_module, "free_bytes", lambda path: 0)]
+        for method in ("publish", "topic_records", "channel_records"):
+            patches.append(self.patch(StandbyApply, method, no_space))
+        patches.append(self.patch(replica_module, "write_atomic", no_space))
+        patches.append(self.patch(nsqd_module, "write_atomic", no_space))
+        self.pair.advance(standby_module.LOOK_EVERY)  # as the standby sees it
+        return patches
+
+    def lines(self, text: str) -> list[str]:
+        return [line for e in self.events if text in (line := formatEvent(e))]
+
+    def snapshots(self) -> int:
+        return len(self.lines("sending its snapshot"))
+
+    def test_the_primary_is_told_at_once_goes_degraded_and_backs_off(self) -> None:
+        pair = self.pair
+        self.full()
+        self.assertEqual(pub(pair, b"x"), [OK])  # held here, acknowledged alone
+        status = pair.primary.repl.status()
+        self.assertEqual((status["state"], status["degraded"]), ("disconnected", True))
+        self.assertIn("no space left on device", status["standby_error"].lower())
+        told = self.lines("cannot store what it is sent")
+        self.assertEqual(len(told), 1, told)  # one line on the primary
+        self.assertIn("linking again in 1s", told[0])
+        self.assertEqual(len(self.lines("REPLICATION: cannot store what primary")), 1)  # one on the standby
+        self.assertEqual(self.lines("link to primary"), [])
+        linked, clock = self.snapshots(), pair.net.reactor
+        failed_at = clock.seconds()
+        for wait in (1, 2, 4, 8, 16, 30, 30):  # each attempt fails on the snapshot (the topic holds x)
+            pair.advance(failed_at + wait - 0.05 - clock.seconds())
+            self.assertEqual(self.snapshots(), linked)
+            pair.advance(0.1)
+            self.assertEqual(self.snapshots(), linked + 1, wait)
+            linked += 1
+            failed_at += wait
+        self.assertEqual(pair.primary.state, "disconnected")
+
+    def test_once_it_has_room_again_it_catches_up(self) -> None:
+        pair = self.pair
+        patches = self.full()
+        pub(pair, b"x")
+        for patch in patches:
+            patch.restore()
+        pair.advance(1.1)
+        self.assertEqual(pair.primary.state, "in_sync")
+        self.assertNotIn("standby_error", pair.primary.repl.status())
+        self.assertTrue(pair.standby.repl.state.synced)
+        self.assertEqual([m.body for m in pair.standby.nsqd.topics["t"].queued()], [b"x"])
+
+    def test_restarted_on_the_full_disk_it_is_not_synced(self) -> None:
+        pair = self.pair
+        self.full()
+        pub(pair, b"x")
+        path = pair.standby.data_path
+        with open(os.path.join(path, STATE_FILE)) as f:
+            self.assertTrue(json.load(f)["synced"])  # could not be written...
+        self.assertFalse(os.path.exists(os.path.join(path, SYNCED_FILE)))  # ...but this is gone
+        pair.standby.kill()
+        pair.primary.kill()
+        pair.standby.start()
+        self.assertFalse(pair.standby.repl.state.synced)
+        self.assertEqual(http(pair.standby.nsqd, "POST", "/replication/promote")[0], 409)
+
+    def test_a_snapshot_it_cannot_say_is_whole_does_not_make_it_in_sync(self) -> None:
+        pair = self.pair
+        self.patch(replica_module, "write_atomic", no_space)
+        self.patch(standby_module, "free_bytes", lambda path: 0)
+        link = pair.primary.repl.link
+        assert link is not None
+        link.transport.loseConnection()
+        pair.advance(1.0)  # linked again: BEGIN, ..., END, which it cannot write down
+        self.assertNotEqual(pair.primary.state, "in_sync")
+        self.assertFalse(pair.standby.repl.state.synced)
+        self.assertIn("no space left on device", pair.primary.repl.status()["standby_error"].lower())
+
+
+class FullDiskStartTests(unittest.TestCase):
+    def test_a_node_of_a_pair_starts_on_a_full_disk(self) -> None:
+        pair = ReplicaPair(standby_opts={"backend_factory": None}).start()
+        pair.standby.kill()
+        self.patch(replica_module, "write_atomic", no_space)
+        self.patch(nsqd_module, "write_atomic", no_space)
+        pair.standby.start()
+        self.assertEqual(pair.standby.repl.state.role, "standby")
+        self.assertTrue(pair.standby.nsqd.running)
 
 
 class ReportingTests(unittest.TestCase):
