@@ -186,6 +186,7 @@ class Witnesses:
         self.reactor = reactor
         self.witnesses: dict[str, Witness] = {}
         self.down: set[str] = set()
+        self.go: set[str] = set()  # Go's nsqlookupd there: 404 to /witness
         self.calls: list[tuple[str, str]] = []
         for address in addresses:
             self.add(address)
@@ -205,6 +206,8 @@ class Witnesses:
         parts = urlsplit(url)
         address, path = parts.netloc, parts.path
         self.calls.append((address, path))
+        if address in self.go:
+            return defer.succeed(_Answer(b"404 page not found", 404))
         witness = self.witnesses.get(address)
         if witness is None or address in self.down:
             return defer.fail(ConnectionRefusedError(address))
@@ -224,10 +227,9 @@ class Witnesses:
 
 
 class _Answer:
-    code = 200
-
-    def __init__(self, body: bytes) -> None:
+    def __init__(self, body: bytes, code: int = 200) -> None:
         self.body = body
+        self.code = code
 
     def content(self) -> Any:
         from twisted.internet import defer

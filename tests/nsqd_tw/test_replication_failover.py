@@ -322,3 +322,24 @@ class AutomaticPromotionTests(unittest.TestCase):
         self.wait(8.0)
         consumer = consume(self.pair.standby.nsqd, "t", "c", rdy=100)
         self.assertEqual(sorted(m.body for m in consumer.messages()), [b"%02d" % i for i in range(1, 50, 2)])
+
+
+class GoLookupdTests(unittest.TestCase):
+    def test_gos_nsqlookupd_is_no_witness_and_says_so_once(self) -> None:
+        from twisted.logger import LogLevel
+
+        from tests.nsqd_tw.test_replication import Logged
+
+        log = Logged(self)
+        pair = ReplicaPair(standby_opts={"promote_after": 1.0})
+        pair.witnesses.go.add("127.0.0.1:4161")
+        pair.start()
+        for _ in range(100):
+            pair.advance(0.1)
+        lines = log.lines("REPLICATION: nsqlookupd 127.0.0.1:4161 cannot witness a failover", LogLevel.error)
+        self.assertEqual(len(lines), 1)
+        self.assertEqual(pair.primary.repl.lease.witness_until(), 0.0, "no lease from it")
+        pair.primary.kill()
+        for _ in range(150):
+            pair.advance(0.1)
+        self.assertEqual(pair.standby.repl.state.role, "standby", "no takeover on Go's nsqlookupd's word")
