@@ -470,7 +470,8 @@ class ReplicationService(service.Service):
             self.log.warn("REPLICATION: {text}", text=text)
         if node and me.peer_node != node:
             me.peer_node = node
-            self.state.save(self.nsqd.data_path)
+            if not self._saved(link):
+                return
         link.prove()
         old = self.link
         if old is not None and old is not link:
@@ -487,7 +488,8 @@ class ReplicationService(service.Service):
             self._retick()
             if not self.nsqd.opts.replica:
                 me.peer = link.address
-                self.state.save(self.nsqd.data_path)
+                if not self._saved(link):
+                    return
             self.log.info(
                 "REPLICATION: standby {peer} linked{tls}, sending its snapshot",
                 peer=link.address,
@@ -503,7 +505,8 @@ class ReplicationService(service.Service):
                 lease = 0.0
             if their_epoch != me.epoch or me.peer != link.address or me.announced != link.address or me.lease != lease:
                 me.epoch, me.peer, me.announced, me.lease = their_epoch, link.address, link.address, lease
-                self.state.save(self.nsqd.data_path)
+                if not self._saved(link):
+                    return
             self.takeover.granted()  # linked: as if its first PING had come
             self.witnesses([a for a in peer.get("lookupd") or [] if isinstance(a, str)])
             self.log.info(
@@ -555,7 +558,27 @@ class ReplicationService(service.Service):
         total = max(total, len(addresses))
         if addresses and (addresses != self.state.lookupd or total != self.state.witnesses):
             self.state.lookupd, self.state.witnesses = addresses, total
+            try:
+                self.state.save(self.nsqd.data_path)
+            except OSError as e:  # kept in memory; written with the next save that works
+                why = f"REPLICATION: cannot write {STATE_FILE} - {e} (the primary's witnesses are kept in memory)"
+                self.nsqd.queue_events.emit(("replication", "witnesses"), LogLevel.error, lambda n: why)
+
+    def _saved(self, link: Link) -> bool:
+        """Persist the state before acting on a link; a disk that cannot take it
+        (full) fails the link with one line, not a traceback."""
+        try:
             self.state.save(self.nsqd.data_path)
+            return True
+        except OSError as e:
+            why = f"REPLICATION: cannot write {STATE_FILE} - {e}: link to {link.address} dropped"
+            self.nsqd.queue_events.emit(("replication", "save"), LogLevel.error, lambda n: why)
+            try:
+                self.state.mark_unsynced(self.nsqd.data_path)  # the marker goes first: not synced
+            except OSError:
+                pass  # said above
+            link.fail(f"cannot save {STATE_FILE} - {e}")
+            return False
 
     def diverged(self) -> None:
         """What is held here is not the primary's (a snapshot begins, an operation
