@@ -148,6 +148,50 @@ class ServerProcess:
             raise AssertionError("; ".join(self.unsafe))
 
 
+def call(proc: ServerProcess, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+    """One HTTP request to ``proc``'s HTTP port (blocking): status and body."""
+    import http.client
+
+    host, port = proc.addresses["HTTP"].rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request(method, path, body=body)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def replication_status(proc: ServerProcess) -> dict[str, Any]:
+    """``GET /replication`` of ``proc`` ({} when it does not answer 200)."""
+    import json
+
+    try:
+        code, body = call(proc, "GET", "/replication")
+    except OSError:
+        return {}
+    return dict(json.loads(body)) if code == 200 else {}
+
+
+def secret_dir(case: Any) -> tuple[str, str]:
+    """A fresh directory for a test of a replication pair, and the pair's secret file in it."""
+    path = os.path.abspath(case.mktemp())
+    os.makedirs(path)
+    secret = os.path.join(path, "secret")
+    with open(secret, "w") as f:
+        f.write("the pair's secret\n")
+    return path, secret
+
+
+def rss_mb(pid: int) -> float:
+    """The resident memory (VmRSS) of process ``pid``, in MB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def eventually(check: Any, timeout: float = 60.0, step: float = 0.1) -> Any:
     """Poll ``check()`` (which may return a Deferred) on the reactor until it is true;
     a Deferred that fires with that value.

@@ -22,18 +22,10 @@ from twisted.trial import unittest
 
 from nsq_client.twisted_client import Consumer
 from nsq_wire.commands import encode_command, mpub
-from tests.integration.procs import ServerProcess
+from tests.integration.procs import ServerProcess, rss_mb
 
 LOOPBACK = ("-tcp-address", "127.0.0.1:0", "-http-address", "127.0.0.1:0")
 MB = 1024 * 1024
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def v2(port: int, identify: dict | None = None, rcvbuf: int | None = None) -> socket.socket:

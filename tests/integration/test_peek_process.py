@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import gc
 import json
-import os
 import select
 import socket
 import time
@@ -21,49 +20,20 @@ from nsq_service.listen import server_endpoint
 from nsqd_tw.http.api import make_site
 from nsqd_tw.http.inspect import PEEK_BYTES
 from tests.helpers import make_nsqd
-from tests.integration.procs import ServerProcess, eventually
+from tests.integration.procs import eventually, rss_mb
+from tests.integration.test_queue_settings_process import QueueSettingsProcessTestCase
 
-LOOPBACK = ("-tcp-address", "127.0.0.1:0", "-http-address", "127.0.0.1:0")
 MIB = 1 << 20
 PEEK_ALL = b"GET /channel/peek?topic=big&channel=c&n=1000 HTTP/1.1\r\nHost: nsqd\r\n\r\n"
 
 
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
-class PeekProcessTestCase(unittest.TestCase):
-    timeout = 180
-
-    def setUp(self) -> None:
-        self.dir = os.path.abspath(self.mktemp())
-        os.makedirs(self.dir)
-
-    def start(self, *args: str) -> ServerProcess:
-        proc = ServerProcess("nsqd", *LOOPBACK, "--data-path", self.dir, *args).start()
-        self.addCleanup(proc.kill)
-        self.http = f"127.0.0.1:{proc.port('HTTP')}"
-        return proc
-
+class PeekProcessTestCase(QueueSettingsProcessTestCase):
     @defer.inlineCallbacks
     def get(self, path: str, method: str = "GET") -> Any:
         resp = yield treq.request(method, f"http://{self.http}{path}", persistent=False)
         content = yield resp.content()
         self.assertEqual(resp.code, 200, content)
         return content
-
-    @defer.inlineCallbacks
-    def publish(self, port: int, topic: str, bodies: list[bytes], batch: int = 500) -> Any:
-        p = yield connect(reactor, "127.0.0.1", port)
-        for i in range(0, len(bodies), batch):
-            answer = yield p.mpub(topic, bodies[i : i + batch])
-            self.assertEqual(answer, b"OK")
-        p.close()
-        yield p.closed_d
 
 
 class BoundedPeekProcessTests(PeekProcessTestCase):

@@ -62,10 +62,10 @@ class QueueSettingsProcessTestCase(unittest.TestCase):
         return [f for f in os.listdir(self.dir) if f.startswith(prefix) and not f.endswith(".meta.dat")]
 
     @defer.inlineCallbacks
-    def publish(self, port: int, topic: str, bodies: list[bytes]) -> Any:
+    def publish(self, port: int, topic: str, bodies: list[bytes], batch: int = 500) -> Any:
         p = yield connect(reactor, "127.0.0.1", port)
-        for i in range(0, len(bodies), 500):
-            answer = yield p.mpub(topic, bodies[i : i + 500])
+        for i in range(0, len(bodies), batch):
+            answer = yield p.mpub(topic, bodies[i : i + batch])
             self.assertEqual(answer, b"OK")
         p.close()
         yield p.closed_d

@@ -6,7 +6,6 @@ to --replication-max-lag-bytes of memory, not to what its producers send."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import signal
@@ -19,37 +18,11 @@ import time
 from twisted.trial import unittest
 
 from tests.integration.failover_load import wait_until
-from tests.integration.procs import ServerProcess
+from tests.integration.procs import ServerProcess, call, rss_mb, secret_dir
+from tests.integration.procs import replication_status as status
 
 LOOPBACK = ("--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0", "--broadcast-address", "127.0.0.1")
 MAX_LAG_BYTES = 64 << 20  # --replication-max-lag-bytes' default
-
-
-def call(proc: ServerProcess, method: str, path: str) -> tuple[int, bytes]:
-    host, port = proc.addresses["HTTP"].rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=10)
-    try:
-        conn.request(method, path)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
-
-
-def status(proc: ServerProcess) -> dict:
-    try:
-        code, body = call(proc, "GET", "/replication")
-    except OSError:
-        return {}
-    return json.loads(body) if code == 200 else {}
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 class Producer:
@@ -109,11 +82,7 @@ class ReplicationDiskProcessTests(unittest.TestCase):
     timeout = 180
 
     def setUp(self) -> None:
-        self.dir = os.path.abspath(self.mktemp())
-        os.makedirs(self.dir)
-        self.secret = os.path.join(self.dir, "secret")
-        with open(self.secret, "w") as f:
-            f.write("the pair's secret\n")
+        self.dir, self.secret = secret_dir(self)
 
     def nsqd(self, path: str, *args: str) -> ServerProcess:
         os.makedirs(path, exist_ok=True)

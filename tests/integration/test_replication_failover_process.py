@@ -7,7 +7,6 @@ the first delivery from the other node are reported (not asserted: figures)."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import time
@@ -15,29 +14,11 @@ import time
 from twisted.trial import unittest
 
 from tests.integration.failover_load import Consumer, Proxy, Publishers, wait_until
-from tests.integration.procs import ServerProcess
+from tests.integration.procs import ServerProcess, call, secret_dir
+from tests.integration.procs import replication_status as status
 
 LOOPBACK = ("--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0", "--broadcast-address", "127.0.0.1")
 LOAD = 3.0  # seconds of load between the steps of a scenario
-
-
-def call(proc: ServerProcess, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
-    host, port = proc.addresses["HTTP"].rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=10)
-    try:
-        conn.request(method, path, body=body)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
-
-
-def status(proc: ServerProcess) -> dict:
-    try:
-        code, body = call(proc, "GET", "/replication")
-    except OSError:
-        return {}
-    return json.loads(body) if code == 200 else {}
 
 
 class Probes:
@@ -68,11 +49,7 @@ class PairCase(unittest.TestCase):
     timeout = 300
 
     def setUp(self) -> None:
-        self.dir = os.path.abspath(self.mktemp())
-        os.makedirs(self.dir)
-        self.secret = os.path.join(self.dir, "secret")
-        with open(self.secret, "w") as f:
-            f.write("the pair's secret\n")
+        self.dir, self.secret = secret_dir(self)
         self.lookupd = self.server("nsqlookupd", *LOOPBACK)
         self.figures: list[str] = []
 

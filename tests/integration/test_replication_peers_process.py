@@ -6,7 +6,6 @@ take the standby from its primary."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import select
@@ -20,40 +19,12 @@ from twisted.trial import unittest
 from nsqd_tw.replication import wire
 from tests.certs import make_certs
 from tests.integration.failover_load import wait_until
-from tests.integration.procs import ServerProcess
+from tests.integration.procs import ServerProcess, call, rss_mb, secret_dir
+from tests.integration.procs import replication_status as status
 
 LOOPBACK = ("--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0", "--broadcast-address", "127.0.0.1")
 MAGIC, HELLO, ERROR = b"  R1", 0x01, 0x03
 BIG = 64 << 20  # the largest frame a link takes once authenticated
-
-
-def call(proc: ServerProcess, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
-    host, port = proc.addresses["HTTP"].rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=10)
-    try:
-        conn.request(method, path, body=body)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
-
-
-def status(proc: ServerProcess) -> dict:
-    try:
-        code, body = call(proc, "GET", "/replication")
-    except OSError:
-        return {}
-    return json.loads(body) if code == 200 else {}
-
-
-def rss_mb(proc: ServerProcess) -> float:
-    """The process's resident memory (VmRSS), in MB."""
-    assert proc.proc is not None
-    with open(f"/proc/{proc.proc.pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 def errors(answer: bytes) -> list[str]:
@@ -131,11 +102,7 @@ class PeerProcessTests(unittest.TestCase):
     timeout = 180
 
     def setUp(self) -> None:
-        self.dir = os.path.abspath(self.mktemp())
-        os.makedirs(self.dir)
-        self.secret = os.path.join(self.dir, "secret")
-        with open(self.secret, "w") as f:
-            f.write("the pair's secret\n")
+        self.dir, self.secret = secret_dir(self)
 
     def nsqd(self, data: str, *args: str) -> ServerProcess:
         cwd = os.path.join(self.dir, data)
@@ -165,14 +132,14 @@ class PeerProcessTests(unittest.TestCase):
         standby = self.nsqd("s", "--replication-role=standby")
         primary = self.nsqd("p", f"--replica={standby.addresses['TCP']}")
         self.assertTrue(wait_until(lambda: status(standby).get("state") == "in_sync", 30))
-        before = rss_mb(standby)
+        before = rss_mb(standby.proc.pid)
         attack = self.intruders(8, standby.addresses["TCP"], size=BIG, body=BIG - 4096)
         peak = before
         deadline = time.monotonic() + 5.0 + 5.0  # --replication-timeout, and time to spare
         while time.monotonic() < deadline and not all(i.closed for i in attack):
-            peak = max(peak, rss_mb(standby))
+            peak = max(peak, rss_mb(standby.proc.pid))
             time.sleep(0.1)
-        peak = max(peak, rss_mb(standby))
+        peak = max(peak, rss_mb(standby.proc.pid))
         print(f"\n    standby RSS {before:.0f} MB before the attack, at most {peak:.0f} MB during it", end="")
         self.assertLess(peak - before, 30)
         self.assertEqual([i for i in attack if not i.closed], [])
