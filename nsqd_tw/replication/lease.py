@@ -85,6 +85,7 @@ class PrimaryLease:
         self.length = service.timeout
         self.standby_until = 0.0  # monotonic
         self.witness_ok: dict[str, float] = {}  # witness -> send time of the last heartbeat it answered ok
+        self._witness_until = 0.0  # what witness_ok makes of the lease: worked out as answers come, not per publish
         self._asking: set[str] = set()
         self._told: dict[str, str] = {}  # witness -> what was last logged of it
 
@@ -105,12 +106,16 @@ class PrimaryLease:
     # -- from the witnesses -----------------------------------------------------------
 
     def witness_until(self) -> float:
+        return self._witness_until
+
+    def witnessed(self, answers: dict[str, float] | None = None) -> None:
+        """``answers`` (witness -> send time of an ok) taken in; the witnesses' lease worked out again."""
+        if answers:
+            self.witness_ok.update(answers)
         addresses = self.service.witness_addresses()
-        if not addresses:
-            return 0.0
         need = majority(self.service.witness_total())
         times = sorted((self.witness_ok[a] for a in addresses if a in self.witness_ok), reverse=True)
-        return times[need - 1] + self.length if len(times) >= need else 0.0
+        self._witness_until = times[need - 1] + self.length if addresses and len(times) >= need else 0.0
 
     def heartbeat(self) -> None:
         """Tell every witness this node is alive as the primary at its epoch."""
@@ -123,6 +128,7 @@ class PrimaryLease:
             "address": service.announced_address(),
             "lease_ms": int(self.length * 1000),
         }
+        self.witnessed()  # the witnesses may have changed (PUT /config/nsqlookupd_tcp_addresses)
         for address in service.witness_addresses():
             if address in self._asking:
                 continue
@@ -141,10 +147,11 @@ class PrimaryLease:
         if self.service.state.epoch != epoch:
             return  # promoted or demoted meanwhile
         if status == "ok":
-            self.witness_ok[address] = sent
+            self.witnessed({address: sent})
             self._note(address, "ok")
         elif status == "deposed":
             self.witness_ok.pop(address, None)
+            self.witnessed()
             self.service.deposed(address, doc)
         else:  # starting, reserved: no renewal from it now
             self._note(address, str(status))
@@ -178,6 +185,7 @@ class PrimaryLease:
         """A new epoch (a promotion): leases of the old one do not carry over."""
         self.standby_until = 0.0
         self.witness_ok.clear()
+        self._witness_until = 0.0
 
     def status(self) -> dict[str, Any]:
         left = self.until() - self.mono()

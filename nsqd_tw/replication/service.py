@@ -349,7 +349,7 @@ class ReplicationService(service.Service):
         self.primary.refresh()
         self.lease.reset()
         if claimed:  # the witnesses that granted the claim reserved the pair for this node: its first lease
-            self.lease.witness_ok.update(self.takeover.granted_by)
+            self.lease.witnessed(self.takeover.granted_by)
         self._serve_as_primary()
         self.unlinked_since = self.now()
         self.unlinked_mono = self.mono()
