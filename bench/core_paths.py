@@ -6,12 +6,15 @@
     python bench/core_paths.py --disk [--calls]     # consume with half the backlog in a disk queue
     python bench/core_paths.py --retention          # publish with a retained log (issue 24) too
     python bench/core_paths.py --overflow           # publish to a channel whose memory queue is full
+    python bench/core_paths.py --parse              # the V2 parser alone, on MPUB bytes
 
 ``publish``: 500,000 messages of 200 bytes as MPUBs of 200 straight into
 ``NSQD.publish_to`` (a topic with no channel: what bench_writer measures).
 ``consume``: 200,000 queued messages delivered to a consumer on a test transport
 (``tests.helpers.FakeClient``) with RDY 2500, each read of frames answered with
-one batch of FINs. A figure per run, msg/s; ``--tree`` measures another checkout
+one batch of FINs. ``parse``: the same 500,000 messages as the bytes of MPUB
+commands, fed to ``V2Parser`` in reads of 64 KiB (what a publisher's socket gives
+nsqd) until every command is out. A figure per run, msg/s; ``--tree`` measures another checkout
 (its own code and test helpers), for a before/after on one machine.
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
+import struct
 import sys
 import tempfile
 import time
@@ -83,6 +87,27 @@ def consume(make_nsqd: Any, fake_client: Any, message_type: int, profile: Any = 
     return n if profile is not None else n / elapsed
 
 
+def parse(parser_class: Any) -> float:
+    """MPUBs of 200 messages of 200 bytes through the V2 parser, read by read."""
+    one = struct.pack(">I", len(BODY)) + BODY
+    payload = struct.pack(">I", 200) + one * 200
+    command = b"MPUB t\n" + struct.pack(">I", len(payload)) + payload
+    data = command * 2500
+    reads = [data[at : at + 65536] for at in range(0, len(data), 65536)]
+    parser = parser_class(1 << 20, 5 << 20)
+    n = 0
+    started = time.perf_counter()
+    for read in reads:
+        parser.feed(read)
+        while (cmd := parser.next()) is not None:
+            if cmd.complete:
+                n += len(cmd.bodies)
+    elapsed = time.perf_counter() - started
+    if n != 500_000:
+        raise AssertionError(f"parsed {n} messages")
+    return n / elapsed
+
+
 def calls_per_message(make_nsqd: Any, fake_client: Any, message_type: int, disk: bool = False) -> float:
     """Function calls (Python and built-in, cProfile's count) per message delivered and FINed,
     the harness's two (a list comprehension and a generator expression) included."""
@@ -102,8 +127,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--disk", action="store_true", help="consume: half the backlog in a disk queue (100K in memory)")
     p.add_argument("--retention", action="store_true", help="publish: also with a retained log (this tree only)")
     p.add_argument("--overflow", action="store_true", help="publish: to a channel whose memory queue is full (disk)")
+    p.add_argument("--parse", action="store_true", help="time the V2 parser on MPUB bytes instead")
     a = p.parse_args(argv)
     sys.path.insert(0, a.tree)
+    if a.parse:
+        from nsq_wire.parser import V2Parser
+
+        rates = []
+        for _ in range(a.runs):
+            rates.append(parse(V2Parser))
+            print(f"parse MPUB {rates[-1]:,.0f} msg/s", flush=True)
+        print(f"median: parse MPUB {statistics.median(rates):,.0f} msg/s")
+        return
     from nsq_wire.frames import FRAME_TYPE_MESSAGE
     from tests.helpers import FakeClient, make_nsqd
 
