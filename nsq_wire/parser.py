@@ -83,8 +83,7 @@ class V2Parser:
         self._need = 0
         self._mpub_left = 0
         self._mpub_index = 0
-        self._mpub_declared = 0  # the MPUB's body size, as its sender declared it
-        self._mpub_used = 0  # bytes of that body its messages take so far
+        self._mpub_bodies = 0  # bytes of message bodies the MPUB has announced so far
 
     def feed(self, data: bytes) -> None:
         if self._pos >= len(self._buf) and not self._parts:
@@ -203,8 +202,7 @@ class V2Parser:
                 self._check_size(self._cmd.name, size)
                 if self._cmd.name == b"MPUB":
                     self._cmd.bodies = []
-                    self._mpub_declared = size
-                    self._mpub_used = 4
+                    self._mpub_bodies = 0
                     self._state = _MPUB_COUNT
                 else:
                     self._need = size
@@ -242,6 +240,7 @@ class V2Parser:
         assert cmd is not None and cmd.bodies is not None
         bodies = cmd.bodies
         max_msg_size = self.max_msg_size
+        max_body_size = self.max_body_size
         unpack_from = _INT32.unpack_from
         append = bodies.append
         while self._mpub_left:
@@ -251,23 +250,23 @@ class V2Parser:
                 end = len(buf)
                 # fast path: whole (size, body) pairs already in the buffer, the
                 # counters in locals (written back before an error is raised)
-                left, used, declared = self._mpub_left, self._mpub_used, self._mpub_declared
+                left, used = self._mpub_left, self._mpub_bodies
                 first = left
                 while left and end - pos >= 4:
                     (size,) = unpack_from(buf, pos)
-                    if size <= 0 or size > max_msg_size or used + 4 + size > declared:
-                        self._pos, self._mpub_used = pos, used
+                    if size <= 0 or size > max_msg_size or used + size > max_body_size:
+                        self._pos, self._mpub_bodies = pos, used
                         self._mpub_index += first - left
                         self._mpub_left = left
                         self._check_message_size(size)
                     if end - pos - 4 < size:
                         break
-                    used += 4 + size
+                    used += size
                     start = pos + 4
                     pos = start + size
                     append(buf[start:pos])
                     left -= 1
-                self._pos, self._mpub_used = pos, used
+                self._pos, self._mpub_bodies = pos, used
                 self._mpub_index += first - left
                 self._mpub_left = left
                 if not self._mpub_left:
@@ -276,7 +275,7 @@ class V2Parser:
                 if size is None:
                     return None
                 self._check_message_size(size)
-                self._mpub_used += 4 + size
+                self._mpub_bodies += size
                 self._need = size
                 self._state = _MPUB_BODY
             body = self._read_bytes(self._need)
@@ -296,11 +295,14 @@ class V2Parser:
             raise FatalClientError("E_BAD_MESSAGE", f"MPUB invalid message({self._mpub_index}) body size {size}")
         if size > self.max_msg_size:
             raise FatalClientError("E_BAD_MESSAGE", f"MPUB message too big {size} > {self.max_msg_size}")
-        # beyond Go (which reads on past the declared size): an MPUB holds only the
-        # bytes it declared, which --max-body-size bounds, however it is compressed
-        used = self._mpub_used + 4 + size
-        if used > self._mpub_declared:
-            raise FatalClientError("E_BAD_BODY", f"MPUB body too big {used} > {self._mpub_declared}")
+        # Go reads the messages by their count whatever body size was declared (a
+        # client that counts only the bodies is served). Beyond Go, what is read is
+        # bounded by real bytes: the bodies of one MPUB total at most --max-body-size
+        # (its framing, 4 bytes a message, adds less than that again), however it
+        # is compressed and whatever it declared
+        bodies = self._mpub_bodies + size
+        if bodies > self.max_body_size:
+            raise FatalClientError("E_BAD_BODY", f"MPUB body too big {bodies} > {self.max_body_size}")
 
     def _check_size(self, name: bytes, size: int) -> None:
         verb = name.decode()

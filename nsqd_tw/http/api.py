@@ -637,8 +637,8 @@ def _read_binary_mpub(data: bytes, max_msg: int, max_body: int) -> list[bytes]:
     from nsq_wire.parser import V2Parser
 
     parser = V2Parser(max_msg, max_body)
-    # the body is whole already: declare the most it may be, so that a message
-    # cut short is Go's BAD_MESSAGE (a read past its end), not a size mismatch
+    # the body is whole already (at most max_body bytes): any declared size the
+    # parser accepts will do, as the messages are read by their count
     parser.feed(b"MPUB x\n" + max(max_body, 1).to_bytes(4, "big") + data)
     try:
         cmd = parser.next()  # the line

@@ -8,6 +8,7 @@ reads, floods error frames or lies about an MPUB's size does its worst.
 from __future__ import annotations
 
 import json
+import select
 import socket
 import struct
 import threading
@@ -190,18 +191,44 @@ class ErrorFloodTests(AbuseTestCase):
 
 class MPUBSizeTests(AbuseTestCase):
     @defer.inlineCallbacks
-    def test_an_mpub_bigger_than_declared_is_refused_at_once(self):
+    def test_an_mpub_that_declares_little_and_streams_more_is_bounded_by_real_bytes(self):
+        """Go reads an MPUB by its message count whatever size it declared; nsqd
+        does, but stops at --max-body-size of bodies read (5 MiB), however compressed."""
         proc = self.start()
         for deflate in (False, True):
             watch = RSSWatch(proc.proc.pid)
-            answer = yield deferToThread(self._lie, proc.port(), deflate)
+            answer, sent = yield deferToThread(self._lie, proc.port(), deflate)
             growth = watch.stop()
-            self.assertEqual(answer, (1, b"E_BAD_BODY MPUB body too big 1048584 > 100"), deflate)
+            self.assertEqual(answer, (1, b"E_BAD_BODY MPUB body too big 6291456 > 5242880"), deflate)
+            self.assertLess(sent, 100 * MB, "nsqd stopped reading it")
             self.assertLess(growth, 50, f"deflate={deflate}: {growth:.0f} MB")
         yield self.bystander_pub(proc)
 
+    @defer.inlineCallbacks
+    def test_an_mpub_whose_size_counts_only_the_bodies_is_served(self):
+        proc = self.start()
+        answer = yield deferToThread(self._bodies_only, proc.port())
+        self.assertEqual(answer, b"\x00\x00\x00\x06\x00\x00\x00\x00OK" * 2)
+
     @staticmethod
-    def _lie(port: int, deflate: bool) -> tuple[int, bytes]:
+    def _bodies_only(port: int) -> bytes:
+        s = v2(port)
+        one = b"\x00\x00\x00\x01" + b"x"
+        s.sendall(b"MPUB t\n\x00\x00\x00\x0a\x00\x00\x00\x0a" + one * 10 + b"PUB t\n" + one)
+        got = b""
+        try:
+            while len(got) < 20:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+            return got
+        finally:
+            s.close()
+
+    @staticmethod
+    def _lie(port: int, deflate: bool) -> tuple[tuple[int, bytes], int]:
+        """300 messages of 1 MB said to fit in 100 bytes, sent until nsqd answers."""
         s = v2(port)
         send = s.sendall
         reader = FrameReader(s)
@@ -213,10 +240,21 @@ class MPUBSizeTests(AbuseTestCase):
             reader.inflate()
             if reader.frame() != (0, b"OK"):
                 raise AssertionError("deflate upgrade failed")
-        # 300 messages of 1 MB said to fit in 100 bytes: nsqd answers at the first one
-        send(b"MPUB lie\n" + struct.pack(">II", 100, 300) + struct.pack(">I", MB) + b"z" * 65536)
+        sent = 0
         try:
-            return reader.frame()
+            send(b"MPUB lie\n" + struct.pack(">II", 100, 300))
+            for _ in range(300):
+                readable, _, _ = select.select([s], [], [], 0)
+                if readable:
+                    break  # nsqd has answered
+                send(struct.pack(">I", MB))
+                for _ in range(16):
+                    send(b"z" * (MB // 16))
+                    sent += MB // 16
+        except OSError:
+            pass  # nsqd closed the connection: its answer was sent before
+        try:
+            return reader.frame(), sent
         finally:
             s.close()
 

@@ -243,6 +243,24 @@ class PubTests(ProtocolTestCase):
             c.send(data)
             self.assertFatal(c, text)
 
+    def test_mpub_whose_size_counts_only_the_bodies(self) -> None:
+        """segmentio/nsq-go's MultiPublish: the size field is the sum of the bodies
+        (10 one-byte messages: 0x0a, the real body 54 bytes). Go reads the messages
+        by their count and answers OK; so does nsqd, and the next command follows."""
+        c = self.consumer(rdy=100)
+        p = self.client()
+        p.send(
+            b"MPUB t\n"
+            b"\x00\x00\x00\x0a"  # the size: 10, the bodies only
+            b"\x00\x00\x00\x0a"  # 10 messages
+            + b"".join(b"\x00\x00\x00\x01" + b"%d" % i for i in range(10))
+            + b"PUB t\n\x00\x00\x00\x01x"
+        )
+        self.clock.advance(0)
+        self.assertEqual(p.transport.value(), b"\x00\x00\x00\x06\x00\x00\x00\x00OK" * 2)
+        self.assertFalse(p.disconnected)
+        self.assertEqual([m.body for m in c.messages()], [b"%d" % i for i in range(10)] + [b"x"])
+
     def test_dpub(self) -> None:
         self.nsqd.opts.queue_scan_selection_count = 20
         c = self.consumer()

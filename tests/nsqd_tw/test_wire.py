@@ -222,6 +222,36 @@ class ParserTests(unittest.TestCase):
         self.assertEqual([c.name for c in cmds], [b"MPUB", b"NOP"])
         self.assertEqual(cmds[0].bodies, [b"hi"])
 
+    def test_mpub_whose_size_counts_only_the_bodies(self) -> None:
+        # segmentio/nsq-go declares the sum of the bodies: 10 one-byte messages say
+        # 0x0a of a 54-byte body. Go reads them by their count, and so does nsqd
+        bodies = [b"%d" % i for i in range(10)]
+        payload = struct.pack(">I", 10) + b"".join(struct.pack(">I", 1) + b for b in bodies)
+        self.assertEqual(len(payload), 54)
+        data = b"MPUB t\n\x00\x00\x00\x0a" + payload + b"NOP\n"
+        for step in (len(data), 1):
+            p = self.parser()
+            cmds: list[Command] = []
+            for i in range(0, len(data), step):
+                cmds += parse_all(p, data[i : i + step])
+            self.assertEqual([c.name for c in cmds], [b"MPUB", b"NOP"], step)
+            self.assertEqual(cmds[0].bodies, bodies, step)
+
+    def test_mpub_bodies_are_bounded_by_max_body_size(self) -> None:
+        # whatever it declared, an MPUB's bodies total at most --max-body-size (4096):
+        # the one that would pass it is refused at its size, before its body is read
+        data = b"MPUB t\n" + struct.pack(">II", 8, 5) + (struct.pack(">I", 1024) + b"x" * 1024) * 4
+        data += struct.pack(">I", 1024)
+        self.assertFatal(data, "E_BAD_BODY MPUB body too big 5120 > 4096")
+        p = self.parser()
+        with self.assertRaises(FatalClientError) as e:
+            for i in range(len(data)):
+                parse_all(p, data[i : i + 1])
+        self.assertEqual(str(e.exception), "E_BAD_BODY MPUB body too big 5120 > 4096")
+        self.assertEqual(i, len(data) - 1, "refused at the last byte of its size")
+        exact = b"MPUB t\n" + struct.pack(">II", 8, 4) + (struct.pack(">I", 1024) + b"x" * 1024) * 4
+        self.assertEqual(len(parse_all(self.parser(), exact)[0].bodies or []), 4, "4096 bytes of bodies are read")
+
     def assertFatal(self, data: bytes, text: str, parser: V2Parser | None = None) -> None:
         p = parser or self.parser()
         e = self.assertRaises(FatalClientError, parse_all, p, data)
