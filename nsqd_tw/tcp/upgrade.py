@@ -5,6 +5,14 @@ ClientHello on the same connection (5 s), starts TLS and sends OK over it;
 heartbeats due meanwhile are held and follow the OK. Then snappy or deflate:
 their OK is the first compressed frame, and bytes the client pipelined after
 IDENTIFY are compressed already.
+
+Without TLS, Go writes the answer and the compressed OK in two writes, and some
+clients parse the answer from their first read (anything after it in that read
+is taken for clear text). nsqd sends the answer at once, in a write of its own,
+and the OK only after the reactor has slept (:data:`ANSWER_ALONE`): a client
+woken by the answer gets to run and read it before the compressed bytes are
+written. With TLS, the TLS OK and the compressed OK leave in one TLS record (the
+transport aggregates the writes of a turn), which pynsq 0.9.1 on tornado 6.1 expects.
 """
 
 from __future__ import annotations
@@ -29,7 +37,10 @@ if TYPE_CHECKING:
     from nsqd_tw.tcp.responses import Responses
 
 TLS_HANDSHAKE_TIMEOUT = 5.0
-_NONE, _AWAIT_HELLO, _HANDSHAKE, _DONE = range(4)
+# how long the compressed OK waits after IDENTIFY's answer without TLS: long
+# enough for a real sleep of the reactor (epoll's resolution is 1 ms)
+ANSWER_ALONE = 0.001
+_NONE, _AWAIT_HELLO, _HANDSHAKE, _DONE, _ALONE = range(5)
 
 
 def tls_error_text(e: BaseException) -> str:
@@ -50,6 +61,7 @@ class Upgrading(Protocol):
     parser: V2Parser | None
     codec: SnappyCodec | DeflateCodec | None
     log: Any
+    closed: bool
 
     def unreadable(self, e: CompressionError) -> None: ...
     def abort(self) -> None: ...
@@ -73,12 +85,15 @@ class Upgrade:
 
         def send_answer(_: Any) -> Any:
             conn.output.frame(FRAME_TYPE_RESPONSE, features.body)
-            conn.output.flush()
             if features.tls_v1:
+                conn.output.flush()
                 return self._start_tls()
-            return None
+            conn.output.flush_now()  # on the wire now, in a write of its own
+            return self._answer_alone()
 
         def compress(_: Any) -> None:
+            if conn.closed:
+                return
             if features.snappy:
                 conn.log.info("PROTOCOL(V2): [{client}] upgrading connection to snappy", client=conn.client)
                 self._set_codec(SnappyCodec())
@@ -97,15 +112,35 @@ class Upgrade:
         d.addCallback(compress)
         return d
 
+    def _answer_alone(self) -> defer.Deferred[None]:
+        """Fires once the reactor has slept after IDENTIFY's answer; what is due
+        meanwhile (heartbeats) is held, to follow the compressed OK."""
+        conn = self.conn
+        d: defer.Deferred[None] = defer.Deferred()
+        self._done = d
+        self._state = _ALONE
+        conn.output.held = True
+        self._timer = conn.nsqd.reactor.callLater(ANSWER_ALONE, self._answered_alone)
+        return d
+
+    def _answered_alone(self) -> None:
+        self._timer = None
+        self._state = _NONE
+        self.conn.output.held = False
+        d, self._done = self._done, None
+        if d is not None:
+            d.callback(None)
+
     def _set_codec(self, codec: SnappyCodec | DeflateCodec) -> None:
         conn = self.conn
         output, parser = conn.output, conn.parser
         assert parser is not None
-        output.flush()
         output.codec = codec
         conn.codec = codec
         rest = parser.take_remainder()
-        output.frame(FRAME_TYPE_RESPONSE, OK)
+        # the first compressed frame, before anything held meanwhile (after TLS,
+        # what the handshake held went out with the TLS OK already)
+        output.first(FRAME_TYPE_RESPONSE, OK)
         output.flush()
         if rest:  # bytes pipelined after IDENTIFY are compressed already
             try:
@@ -187,6 +222,9 @@ class Upgrade:
 
     def connection_lost(self, reason: BaseException) -> None:
         """The connection went away: mid-upgrade, that is IDENTIFY failing."""
+        if self._state == _ALONE:
+            self._cancel_timer()
+            self._state = _NONE
         if self._state in (_AWAIT_HELLO, _HANDSHAKE):
             self._cancel_timer()
             self._state = _NONE

@@ -1,19 +1,26 @@
 """nsqd as a real process: flags, log lines, signals, restarts, bad clients."""
 
+import json
+import os
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import time
+import zlib
 
 import treq
 from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
 from nsq_client.twisted_client import Consumer, connect
+from nsq_wire.commands import encode_command
+from tests.certs import make_certs
 from tests.integration.procs import ServerProcess, command
 
 LOOPBACK = ("-tcp-address", "127.0.0.1:0", "-http-address", "127.0.0.1:0")
+OK_FRAME = b"\x00\x00\x00\x06\x00\x00\x00\x00OK"
 
 
 class ProcessTestCase(unittest.TestCase):
@@ -137,6 +144,72 @@ class LifecycleTests(ProcessTestCase):
         self.assertEqual((yield producer.pub("t", b"still fine")), b"OK")
         producer.close()
         yield producer.closed_d
+
+
+SNAPPY_OK = b"\xff\x06\x00\x00sNaPpY\x01\x0e\x00\x00\x26\x98\x2b\xcf" + OK_FRAME
+
+
+def identify(port: int, **fields: bool) -> tuple[socket.socket, bytes]:
+    """A connection that sent IDENTIFY, and its first read."""
+    s = socket.create_connection(("127.0.0.1", port))
+    s.settimeout(10)
+    s.sendall(b"  V2" + encode_command(b"IDENTIFY", body=json.dumps({"feature_negotiation": True, **fields}).encode()))
+    return s, s.recv(65536)
+
+
+def whole_frame(s: socket.socket, data: bytes) -> bytes:
+    while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
+        data += s.recv(65536)
+    return data
+
+
+class IdentifyWritesTests(ProcessTestCase):
+    """The write boundaries a client sees after IDENTIFY negotiates compression.
+
+    Without TLS, Go writes IDENTIFY's answer and the first compressed frame in two
+    writes, and an asyncio client parses the answer from its first read: nsqd sends
+    the answer alone and the compressed OK once its reactor has slept, so the first
+    read holds the answer only. With TLS, the TLS OK and the compressed OK share one
+    TLS record (pynsq 0.9.1 on tornado 6.1 copes only with that)."""
+
+    def test_without_tls_the_first_read_is_the_answer_alone(self) -> None:
+        port = self.start(*LOOPBACK).port()
+        for codec in ("snappy", "deflate"):
+            alone = 0
+            for _ in range(50):
+                s, first = identify(port, **{codec: True})
+                answer = whole_frame(s, first)
+                rest = answer[4 + struct.unpack(">i", answer[:4])[0] :]
+                alone += first == answer
+                self.assertTrue(json.loads(answer[8:])[codec])
+                while len(rest) < (len(SNAPPY_OK) if codec == "snappy" else 11):
+                    rest += s.recv(65536)
+                s.close()
+                if codec == "snappy":
+                    self.assertEqual(rest, SNAPPY_OK)
+                else:
+                    self.assertEqual(zlib.decompressobj(-15).decompress(rest), OK_FRAME)
+            self.assertEqual(alone, 50, codec)
+
+    def test_with_tls_the_tls_ok_and_the_compressed_ok_are_one_record(self) -> None:
+        files = make_certs(os.path.abspath(self.mktemp_dir()))
+        tls = ("--tls-cert", files.cert, "--tls-key", files.key, "-https-address", "127.0.0.1:0")
+        port = self.start(*LOOPBACK, *tls).port()
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        ctx.maximum_version = ssl.TLSVersion.TLSv1_2  # as clients force
+        for codec in ("snappy", "deflate"):
+            s, first = identify(port, tls_v1=True, **{codec: True})
+            answer = whole_frame(s, first)
+            self.assertEqual(len(answer), 4 + struct.unpack(">i", answer[:4])[0], "nothing more before TLS")
+            with ctx.wrap_socket(s) as t:
+                record = t.recv(65536)  # one TLS record's plaintext
+            self.assertEqual(record[:10], OK_FRAME)
+            if codec == "snappy":
+                self.assertEqual(record[10:], SNAPPY_OK)
+            else:
+                self.assertEqual(zlib.decompressobj(-15).decompress(record[10:]), OK_FRAME)
 
 
 class TwistdTests(ProcessTestCase):

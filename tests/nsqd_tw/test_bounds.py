@@ -16,6 +16,7 @@ from twisted.trial import unittest
 
 from nsq_wire.compression import SnappyCodec
 from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, FrameReader
+from nsqd_tw.tcp.upgrade import ANSWER_ALONE
 from tests.helpers import FakeClient, make_nsqd
 
 OK = (FRAME_TYPE_RESPONSE, b"OK")
@@ -190,7 +191,7 @@ class BadInputTests(BoundsTestCase):
         identify = b'{"feature_negotiation":true,"snappy":true}'
         c.command(b"IDENTIFY", body=identify)
         c.send(b"\x00\x05\x00\x00abcde")  # pipelined: a snappy chunk with a bad checksum
-        self.clock.advance(0)
+        self.clock.advance(ANSWER_ALONE)
         raw = c.transport.value()
         reader = FrameReader()
         reader.feed(raw)

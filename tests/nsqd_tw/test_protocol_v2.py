@@ -4,13 +4,17 @@ import gc
 import json
 import struct
 import weakref
+import zlib
+from typing import Any
 
 from twisted.trial import unittest
 
 from nsq_wire.commands import encode_command, mpub
-from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
+from nsq_wire.compression import SnappyCodec
+from nsq_wire.frames import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, FrameReader
 from nsq_wire.parser import MAX_LINE_LENGTH
 from nsqd_tw.core.message import Message
+from nsqd_tw.tcp import upgrade
 from nsqd_tw.tcp.protocol import decode_identify
 from tests.helpers import FakeClient, make_nsqd
 
@@ -130,6 +134,100 @@ class IdentifyTests(ProtocolTestCase):
         self.assertRaises(ValueError, decode_identify, b'{"sample_rate": 4294967296}')
         self.assertRaises(ValueError, decode_identify, b"[]")
         self.assertEqual(decode_identify(b"null")["hostname"], "")
+
+
+class WriteLog:
+    """Each write a connection makes to its transport, as one bytes object."""
+
+    def __init__(self, transport: Any) -> None:
+        self.writes: list[bytes] = []
+        write, write_sequence = transport.write, transport.writeSequence
+
+        def logged_write(data: bytes) -> None:
+            self.writes.append(bytes(data))
+            write(data)
+
+        def logged_sequence(seq: Any) -> None:
+            seq = list(seq)
+            self.writes.append(b"".join(seq))
+            write_sequence(seq)
+
+        transport.write, transport.writeSequence = logged_write, logged_sequence
+
+
+class CompressionUpgradeTests(ProtocolTestCase):
+    """Without TLS, Go writes IDENTIFY's answer and the first compressed frame in
+    two writes, and clients parse the answer from their first read: the answer goes
+    out alone, and the compressed OK only once the reactor has slept (ANSWER_ALONE)."""
+
+    ANSWER = (
+        b'{"max_rdy_count":2500,"version":"1.3.0","max_msg_timeout":900000,"msg_timeout":60000,'
+        b'"tls_v1":false,"deflate":false,"deflate_level":6,"max_deflate_level":6,"snappy":true,'
+        b'"sample_rate":0,"auth_required":false,"output_buffer_size":16384,"output_buffer_timeout":250}'
+    )
+
+    def test_snappy_bytes(self) -> None:
+        c = self.client()
+        log = WriteLog(c.transport)
+        c.send(b"IDENTIFY\n" + struct.pack(">I", 42) + b'{"feature_negotiation":true,"snappy":true}')
+        self.clock.advance(0)
+        self.assertEqual(log.writes, [b"\x00\x00\x01\x0b\x00\x00\x00\x00" + self.ANSWER])
+        self.clock.advance(upgrade.ANSWER_ALONE)
+        self.assertEqual(
+            log.writes[1:],
+            [
+                b"\xff\x06\x00\x00sNaPpY"  # the snappy stream's identifier
+                b"\x01\x0e\x00\x00\x26\x98\x2b\xcf"  # an uncompressed chunk of 10 bytes and its masked CRC
+                b"\x00\x00\x00\x06\x00\x00\x00\x00OK"
+            ],
+        )
+        self.assertTrue(c.proto.client.snappy)
+
+    def test_deflate_answer_alone_then_the_compressed_ok(self) -> None:
+        c = self.client()
+        log = WriteLog(c.transport)
+        c.command(b"IDENTIFY", body=b'{"feature_negotiation":true,"deflate":true}')
+        self.clock.advance(0)
+        self.assertEqual(len(log.writes), 1)
+        self.assertEqual(json.loads(log.writes[0][8:])["deflate"], True)
+        self.clock.advance(upgrade.ANSWER_ALONE)
+        self.assertEqual(len(log.writes), 2)
+        inflate = zlib.decompressobj(-15)
+        self.assertEqual(inflate.decompress(log.writes[1]), b"\x00\x00\x00\x06\x00\x00\x00\x00OK")
+
+    def test_commands_pipelined_after_identify_are_answered_after_the_ok(self) -> None:
+        c = self.client()
+        log = WriteLog(c.transport)
+        codec = SnappyCodec()
+        c.command(b"IDENTIFY", body=b'{"feature_negotiation":true,"snappy":true}')
+        c.send(codec.encode(encode_command(b"PUB", "t", body=b"x")))
+        self.clock.advance(0)
+        self.assertEqual(len(log.writes), 1, "the answer alone")
+        self.clock.advance(upgrade.ANSWER_ALONE)
+        reader = FrameReader()
+        reader.feed(b"".join(SnappyCodec().decode(b"".join(log.writes[1:]))))
+        self.assertEqual(reader.frames(), [OK, OK])
+        self.assertEqual(self.nsqd.topics["t"].message_count, 1)
+
+    def test_a_heartbeat_due_meanwhile_follows_the_compressed_ok(self) -> None:
+        c = self.client()
+        self.assertEqual(c.identify(heartbeat_interval=1000), OK)
+        self.clock.advance(1.0 - upgrade.ANSWER_ALONE / 2)
+        log = WriteLog(c.transport)
+        c.command(b"IDENTIFY", body=b'{"feature_negotiation":true,"snappy":true}')
+        self.clock.advance(0)
+        self.clock.advance(upgrade.ANSWER_ALONE)
+        self.assertEqual(len(log.writes), 2, "nothing in clear after the answer")
+        reader = FrameReader()
+        reader.feed(b"".join(SnappyCodec().decode(log.writes[1])))
+        self.assertEqual(reader.frames(), [OK, (FRAME_TYPE_RESPONSE, b"_heartbeat_")])
+
+    def test_a_client_gone_before_the_ok_is_forgotten(self) -> None:
+        c = self.client()
+        c.command(b"IDENTIFY", body=b'{"feature_negotiation":true,"deflate":true}')
+        self.clock.advance(0)
+        c.lose()
+        self.assertEqual(self.clock.getDelayedCalls(), [])
 
 
 class SubTests(ProtocolTestCase):
