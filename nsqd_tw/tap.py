@@ -100,7 +100,7 @@ def makeService(config: Any, reactor: Any = None) -> ServerService:
     def https_bound(host: Any) -> None:
         bound.https = Bound.of(host)
 
-    tls = server_tls(opts)
+    tls = server_tls(opts, nsqd.log_gate.logger("nsqd_tw.tls"))
     log = nsqd.log_gate.logger("nsq_service.listen")
     v2 = V2Factory(nsqd, tls)
     tcp = ListeningService("TCP", reactor, opts.tcp_address, v2, tcp_bound, log=log)

@@ -3,14 +3,24 @@
 ``--tls-cert``/``--tls-key`` (PEM), ``--tls-min-version``, and the client
 certificate policy: none by default, ``require`` (any certificate) or
 ``require-verify`` (signed by ``--tls-root-ca-file``).
+
+Go's crypto/tls loads any certificate chain and key it can parse (RSA of any
+size, ECDSA, Ed25519; PKCS#1, PKCS#8 or SEC1 keys); OpenSSL's security level
+refuses weak ones at load (a 1024-bit RSA key: ``ee key too small``). nsqd starts
+with what Go starts with: it lowers the level only as far as the files need,
+keeps the ciphers it had, and the lowest TLS version (OpenSSL refuses TLS 1.0 and
+1.1 at every level but 0), and says so in one WARNING naming the weak key.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
-from OpenSSL import SSL
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
+from OpenSSL import SSL, crypto
 from twisted.internet.interfaces import IOpenSSLContextFactory
 from zope.interface import implementer
 
@@ -29,19 +39,19 @@ MIN_VERSIONS = {
 class ServerTLS:
     """A context factory for Twisted's TLS (``getContext``), built once."""
 
-    def __init__(self, opts: NSQDOptions) -> None:
-        ctx = SSL.Context(SSL.TLS_SERVER_METHOD)
-        ctx.set_min_proto_version(MIN_VERSIONS[opts.tls_min_version])
-        ctx.set_options(SSL.OP_NO_COMPRESSION | SSL.OP_CIPHER_SERVER_PREFERENCE)
+    def __init__(self, opts: NSQDOptions, log: Any = None) -> None:
+        """``log`` hears of a key OpenSSL would refuse at its default security level."""
+
+        def make() -> SSL.Context:
+            ctx = SSL.Context(SSL.TLS_SERVER_METHOD)
+            ctx.set_min_proto_version(MIN_VERSIONS[opts.tls_min_version])
+            ctx.set_options(SSL.OP_NO_COMPRESSION | SSL.OP_CIPHER_SERVER_PREFERENCE)
+            return ctx
+
         for path in (opts.tls_cert, opts.tls_key, opts.tls_root_ca_file):
             if path:
                 _check_readable(path)
-        try:
-            ctx.use_certificate_chain_file(opts.tls_cert.encode())
-            ctx.use_privatekey_file(opts.tls_key.encode())
-            ctx.check_privatekey()
-        except (SSL.Error, OSError) as e:
-            raise ConfigError(f"failed to build TLS config - {ssl_error(e)}") from None
+        ctx = with_identity(make, opts, log)
         if opts.tls_root_ca_file:
             try:
                 ctx.load_verify_locations(opts.tls_root_ca_file.encode())
@@ -66,12 +76,14 @@ class ClientTLS:
     checked against ``--tls-root-ca-file`` when one is given."""
 
     def __init__(self, opts: NSQDOptions) -> None:
-        ctx = SSL.Context(SSL.TLS_CLIENT_METHOD)
-        ctx.set_min_proto_version(MIN_VERSIONS[opts.tls_min_version])
+        def make() -> SSL.Context:
+            ctx = SSL.Context(SSL.TLS_CLIENT_METHOD)
+            ctx.set_min_proto_version(MIN_VERSIONS[opts.tls_min_version])
+            return ctx
+
+        # the level nsqd's own certificate needs (ServerTLS said so at start)
+        ctx = with_identity(make, opts, None) if opts.tls_cert and opts.tls_key else make()
         try:
-            if opts.tls_cert and opts.tls_key:
-                ctx.use_certificate_chain_file(opts.tls_cert.encode())
-                ctx.use_privatekey_file(opts.tls_key.encode())
             if opts.tls_root_ca_file:
                 ctx.load_verify_locations(opts.tls_root_ca_file.encode())
                 ctx.set_verify(SSL.VERIFY_PEER, _verified)
@@ -83,6 +95,91 @@ class ClientTLS:
 
     def getContext(self) -> SSL.Context:
         return self.context
+
+
+def with_identity(make: Callable[[], SSL.Context], opts: NSQDOptions, log: Any) -> SSL.Context:
+    """A context from ``make()`` holding --tls-cert's chain and --tls-key: at
+    OpenSSL's default security level, or at the highest level below it that
+    accepts them (what Go loads, OpenSSL may refuse)."""
+    try:
+        return _load_identity(make(), opts)
+    except SSL.Error as e:
+        if not _too_weak(e):
+            raise ConfigError(f"failed to build TLS config - {ssl_error(e)}") from None
+        refused = e
+    except OSError as e:
+        raise ConfigError(f"failed to build TLS config - {ssl_error(e)}") from None
+    # the same ciphers, in the same order (a context that made a Connection is frozen)
+    ciphers = ":".join(SSL.Connection(make()).get_cipher_list())
+    for level in range(4, -1, -1):  # the first to accept is at most the default
+        try:
+            ctx = make()
+            ctx.set_cipher_list(f"{ciphers}:@SECLEVEL={level}".encode())
+            if level == 0:  # TLS 1.0 and 1.1 stay refused, as at every other level
+                ctx.set_min_proto_version(max(MIN_VERSIONS[opts.tls_min_version], SSL.TLS1_2_VERSION))
+            ctx = _load_identity(ctx, opts)
+        except SSL.Error as e:
+            if _too_weak(e):
+                continue
+            raise ConfigError(f"failed to build TLS config - {ssl_error(e)}") from None
+        if log is not None:
+            log.warn(
+                "TLS: --tls-cert {path}: {what} ({reason} at OpenSSL's default security level): "
+                "using security level {seclevel}, as Go's crypto/tls loads it",
+                path=opts.tls_cert,
+                what=weak_part(opts.tls_cert),
+                reason=ssl_error(refused),
+                seclevel=level,
+            )
+        return ctx
+    raise ConfigError(f"failed to build TLS config - {ssl_error(refused)}") from None
+
+
+def _load_identity(ctx: SSL.Context, opts: NSQDOptions) -> SSL.Context:
+    ctx.use_certificate_chain_file(opts.tls_cert.encode())
+    ctx.use_privatekey_file(opts.tls_key.encode())
+    ctx.check_privatekey()
+    return ctx
+
+
+def _too_weak(e: SSL.Error) -> bool:
+    """A refusal of the security level ("ee key too small", "ca md too weak")."""
+    text = ssl_error(e)
+    return "too small" in text or "too weak" in text
+
+
+def weak_part(cert_path: str) -> str:
+    """What OpenSSL's default security level refuses in a chain file: ``its key is
+    a 1024-bit RSA key``, ``certificate 2 of the chain is signed with SHA1``..."""
+    try:
+        with open(cert_path, "rb") as f:
+            chain = x509.load_pem_x509_certificates(f.read())
+    except (OSError, ValueError):
+        return "refused"
+    for i, cert in enumerate(chain):
+        probe = SSL.Context(SSL.TLS_SERVER_METHOD)
+        try:
+            probe.use_certificate(crypto.X509.from_cryptography(cert))
+        except SSL.Error as e:
+            if "md too weak" in ssl_error(e):
+                digest = cert.signature_hash_algorithm
+                signed = f"signed with {digest.name.upper() if digest else 'a weak digest'}"
+                return f"its certificate is {signed}" if i == 0 else f"certificate {i + 1} of the chain is {signed}"
+            key = describe_key(cert.public_key())
+            return f"its key is {key}" if i == 0 else f"certificate {i + 1} of the chain has {key}"
+    return "refused"
+
+
+def describe_key(key: Any) -> str:
+    if isinstance(key, rsa.RSAPublicKey):
+        return f"a {key.key_size}-bit RSA key"
+    if isinstance(key, ec.EllipticCurvePublicKey):
+        return f"a {key.curve.key_size}-bit ECDSA key ({key.curve.name})"
+    if isinstance(key, dsa.DSAPublicKey):
+        return f"a {key.key_size}-bit DSA key"
+    if isinstance(key, (ed25519.Ed25519PublicKey, ed448.Ed448PublicKey)):
+        return f"an {type(key).__name__.removesuffix('PublicKey')} key"
+    return f"a {type(key).__name__} key"
 
 
 def _accept_any(conn: Any, cert: Any, errnum: int, depth: int, ok: int) -> bool:
@@ -109,10 +206,10 @@ def ssl_error(e: BaseException) -> str:
     return str(e)
 
 
-def server_tls(opts: NSQDOptions) -> ServerTLS | None:
+def server_tls(opts: NSQDOptions, log: Any = None) -> ServerTLS | None:
     if not opts.tls_cert and not opts.tls_key:
         return None
-    return ServerTLS(opts)
+    return ServerTLS(opts, log)
 
 
 # crypto/tls names nsqd 1.3 reports in /stats; other suites are "Unknown <id>"

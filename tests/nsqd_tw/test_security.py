@@ -26,14 +26,16 @@ from twisted.trial import unittest
 from twisted.web.server import Site
 
 from nsq_client.twisted_client import NSQClientProtocol, connect
+from nsq_service.options import ConfigError
 from nsq_wire.commands import encode_command
 from nsq_wire.errors import NSQError
 from nsqd_tw.auth import AuthClient
 from nsqd_tw.http.stats import get_stats
-from nsqd_tw.options import TLS_REQUIRED, TLS_REQUIRED_EXCEPT_HTTP
+from nsqd_tw.options import TLS_REQUIRED, TLS_REQUIRED_EXCEPT_HTTP, NSQDOptions
 from nsqd_tw.tcp import upgrade
 from nsqd_tw.tcp.protocol import V2Factory
-from tests.certs import Files, make_certs
+from nsqd_tw.tls import ServerTLS
+from tests.certs import Files, Identity, make_certs, make_identity
 from tests.helpers import InProcessNSQD, MemoryNetwork, make_nsqd
 
 _CERTS: Files | None = None
@@ -274,6 +276,57 @@ class TLSTests(NSQDTestCase):
         conn = yield self.connect(server, tls_v1=True, tls_options=client_tls(), heartbeat_interval=1000)
         yield deferLater(reactor, 1.2, lambda: None)
         self.assertEqual((yield conn.pub("hb", b"x")), b"OK")
+
+
+class Warnings:
+    """A logger that keeps the text of its warnings."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def warn(self, fmt: str, **kw: Any) -> None:
+        self.lines.append(fmt.format(**kw))
+
+
+class CertificateLevelTests(unittest.TestCase):
+    """What Go loads and OpenSSL's default security level refuses: nsqd lowers the
+    level as far as the files need, keeps its ciphers, and names the weak part."""
+
+    def server_tls(self, kind: str, **kwargs: Any) -> tuple[ServerTLS, Warnings, Identity]:
+        identity = make_identity(self.mktemp(), kind)
+        log = Warnings()
+        tls = ServerTLS(NSQDOptions(tls_cert=identity.cert, tls_key=identity.key, **kwargs), log)
+        return tls, log, identity
+
+    def test_a_strong_key_is_loaded_at_the_default_level_in_silence(self) -> None:
+        _, log, _ = self.server_tls("rsa2048-pkcs8")
+        self.assertEqual(log.lines, [])
+
+    def test_a_weak_intermediate_is_named(self) -> None:
+        _, log, identity = self.server_tls("weak-intermediate")
+        self.assertEqual(
+            log.lines,
+            [
+                f"TLS: --tls-cert {identity.cert}: certificate 2 of the chain has a 1024-bit RSA key "
+                "(ca key too small at OpenSSL's default security level): using security level 1, "
+                "as Go's crypto/tls loads it"
+            ],
+        )
+
+    def test_the_ciphers_are_those_of_the_default_level(self) -> None:
+        strong, _, _ = self.server_tls("rsa2048-pkcs8")
+        weak, _, _ = self.server_tls("rsa1024-pkcs1")
+        self.assertEqual(
+            SSL.Connection(weak.getContext()).get_cipher_list(), SSL.Connection(strong.getContext()).get_cipher_list()
+        )
+
+    def test_other_refusals_are_fatal_as_before(self) -> None:
+        one = make_identity(self.mktemp(), "rsa1024-pkcs1")
+        other = make_identity(self.mktemp(), "rsa2048-pkcs8")
+        with self.assertRaises(ConfigError) as e:
+            ServerTLS(NSQDOptions(tls_cert=one.cert, tls_key=other.key), Warnings())
+        self.assertTrue(str(e.exception).startswith("failed to build TLS config - "), str(e.exception))
+        self.assertNotIn("too small", str(e.exception))
 
 
 class CompressionTests(NSQDTestCase):
