@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from lookupd_tw.options import DEPRECATED_FLAGS, NSQLookupdOptions
 from nsq_service.cli import fatal, run_server
@@ -21,9 +22,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(version_string("nsqlookupd"))
         return 0
-    from lookupd_tw.tap import makeService
+    listen = [opts.tcp_address, opts.http_address]
+    return run_server("nsqlookupd", opts, _make_service, "failed to instantiate nsqlookupd", listen)
 
-    return run_server("nsqlookupd", opts, makeService, "failed to instantiate nsqlookupd")
+
+def _make_service(opts: Any, reactor: Any) -> Any:
+    from lookupd_tw.tap import makeService  # after the listening sockets are bound (run_server)
+
+    return makeService(opts, reactor)
 
 
 if __name__ == "__main__":

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 from nsq_service.golog import go_log_line
 from nsq_service.options import ConfigError, start_error_text
+from nsq_service.prebind import Prebound
 
 
 def fatal(prefix: str, text: str) -> int:
@@ -20,12 +22,27 @@ def run_server(
     opts: Any,
     make_service: Any,
     instantiate_error: str,
+    listen: Iterable[str] = (),
 ) -> int:
     """Log to stderr as Go does, start the services, run the reactor.
+
+    The TCP addresses in ``listen`` are listened on first, before Twisted is
+    loaded (nsq_service.prebind): a client that connects during the start waits
+    in the backlog instead of being refused. The listeners of the service tree
+    adopt those sockets; one that none adopts is closed once the start is over.
 
     A failed start prints one FATAL line and returns 1 without stopping
     anything: nothing was handed over yet, and stopping would write files.
     """
+    prebound = Prebound()
+    prebound.listen(listen)
+    try:
+        return _serve(opts, make_service, instantiate_error, prebound)
+    finally:
+        prebound.close()
+
+
+def _serve(opts: Any, make_service: Any, instantiate_error: str, prebound: Prebound) -> int:
     # Twisted only now: --version, --help and a refused flag never load it
     from twisted.internet import reactor
     from twisted.logger import globalLogBeginner
@@ -41,11 +58,16 @@ def run_server(
     except ConfigError as e:
         return fatal(opts.log_prefix, f"{instantiate_error} - {e}")
     signals.serve(top)
+    for child in top:
+        adopt = getattr(child, "adopt", None)  # a ListeningService
+        if adopt is not None:
+            adopt(prebound.take(child.address))
     try:
         top.privilegedStartService()
         top.startService()
     except Exception as e:
         return fatal(opts.log_prefix, start_error_text(e, instantiate_error))
+    prebound.close()
     reactor.addSystemEventTrigger("before", "shutdown", top.stopService)
     reactor.run()
     ignore_stop_signals()

@@ -20,7 +20,6 @@ from __future__ import annotations
 import errno
 import os
 import resource
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,20 +28,12 @@ from twisted.logger import ILogObserver, LogLevel
 from zope.interface import implementer
 
 from nsq_service.log import Logger
+from nsq_service.prebind import listen_backlog
+
+__all__ = ["RateLimitedLog", "listen_backlog", "raise_fd_limit", "watch_accept_errors"]
 
 # accept() failures that mean the process or the system is out of a resource
 _EXHAUSTION = {"EMFILE", "ENFILE", "ENOBUFS", "ENOMEM"}
-
-
-def listen_backlog(path: str = "/proc/sys/net/core/somaxconn") -> int:
-    """The listen backlog: ``somaxconn`` as the kernel says, as Go reads it, or
-    ``SOMAXCONN`` where it cannot be read."""
-    try:
-        with open(path, "rb") as f:
-            n = int(f.readline().split()[0])
-    except (OSError, ValueError, IndexError):
-        n = 0
-    return n if n > 0 else socket.SOMAXCONN
 
 
 def raise_fd_limit(log: Logger) -> tuple[int, int] | None:

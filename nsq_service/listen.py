@@ -150,11 +150,15 @@ class TCPServerEndpoint:
     """TCP (v4 or v6, by the interface) with :class:`_Connection` reads and a
     backlog of the kernel's somaxconn; ``tls``: a server context (HTTPS)."""
 
-    def __init__(self, reactor: Any, port: int, interface: str, tls: Any = None) -> None:
+    def __init__(
+        self, reactor: Any, port: int, interface: str, tls: Any = None, prebound: socket.socket | None = None
+    ) -> None:
+        """``prebound``: a socket listening on this address already (see nsq_service.prebind)."""
         self.reactor = reactor
         self.port = port
         self.interface = interface
         self.tls = tls
+        self.prebound = prebound
 
     def listen(self, factory: Any) -> defer.Deferred[Any]:
         return defer.execute(self._listen, factory)
@@ -165,16 +169,21 @@ class TCPServerEndpoint:
 
             factory = TLSMemoryBIOFactory(self.tls, False, factory)
         port = _Port(self.port, factory, listen_backlog(), self.interface, self.reactor)
+        if self.prebound is not None:
+            port._preexistingSocket, self.prebound = self.prebound, None
+            port.startListening()
+            port._shouldShutdown = True  # closed as a socket the port bound itself is
+            return port
         port.startListening()
         return port
 
 
-def server_endpoint(reactor: Any, address: str, tls: Any = None) -> Any:
+def server_endpoint(reactor: Any, address: str, tls: Any = None, prebound: socket.socket | None = None) -> Any:
     parsed = split_address(address)
     if parsed is None:
         return endpoints.UNIXServerEndpoint(reactor, address, backlog=listen_backlog())
     host, port = parsed
-    return TCPServerEndpoint(reactor, port, "::" if host == "" else host, tls)
+    return TCPServerEndpoint(reactor, port, "::" if host == "" else host, tls, prebound)
 
 
 class ListeningService(service.Service):
@@ -205,12 +214,19 @@ class ListeningService(service.Service):
         self.bound = bound
         self.port: IListeningPort | None = None
         self.shown = address
+        self.prebound: socket.socket | None = None
+
+    def adopt(self, sock: socket.socket | None) -> None:
+        """Listen on ``sock`` at start, a socket already listening on this address
+        (bound before Twisted was loaded: nsq_service.prebind), instead of binding."""
+        self.prebound = sock
 
     def privilegedStartService(self) -> None:
         if not self.unix and split_address(self.address) is None:
             raise ListenError(missing_port(self.address))
         result: list[Any] = []
-        server_endpoint(self.reactor, self.address, self.tls).listen(self.factory).addBoth(result.append)
+        prebound, self.prebound = self.prebound, None
+        server_endpoint(self.reactor, self.address, self.tls, prebound).listen(self.factory).addBoth(result.append)
         if not result:
             raise RuntimeError(f"listen ({self.address}) did not complete")
         if isinstance(result[0], Failure):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from nsq_service.cli import fatal, run_server
 from nsq_service.options import ConfigError, parse_command_line
@@ -25,9 +26,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(version_string("nsqd"))
         return 0
-    from nsqd_tw.tap import makeService
+    listen = [opts.tcp_address, opts.http_address]
+    if opts.tls_cert or opts.tls_key:  # the HTTPS listener exists only then
+        listen.append(opts.https_address)
+    return run_server("nsqd", opts, _make_service, "failed to instantiate nsqd", listen)
 
-    return run_server("nsqd", opts, makeService, "failed to instantiate nsqd")
+
+def _make_service(opts: Any, reactor: Any) -> Any:
+    from nsqd_tw.tap import makeService  # after the listening sockets are bound (run_server)
+
+    return makeService(opts, reactor)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from twisted.internet.threads import deferToThread
 from twisted.trial import unittest
 
 from nsq_service import listen
+from nsq_service.log import LogGate
 from tests.certs import make_certs
 
 
@@ -232,3 +233,70 @@ class ReadNowTests(_Loopback):
 
     def test_a_transport_that_is_not_plain_tcp_is_left_alone(self) -> None:
         self.assertIsNone(listen.read_now(_TLS(_Descriptor())))
+
+
+class PreboundTests(unittest.TestCase):
+    """nsq_service.prebind: sockets listening before Twisted, adopted by the listeners."""
+
+    def prebound(self, *addresses: str) -> Any:
+        from nsq_service.prebind import Prebound
+
+        bound = Prebound()
+        self.addCleanup(bound.close)
+        bound.listen(addresses, backlog=5)
+        return bound
+
+    @defer.inlineCallbacks
+    def test_a_listener_adopts_the_socket_and_serves_what_waited_in_the_backlog(self) -> Any:
+        bound = self.prebound("127.0.0.1:0")
+        sock = bound.take("127.0.0.1:0")
+        self.assertIsNotNone(sock)
+        port_number = sock.getsockname()[1]
+        early = socket.create_connection(("127.0.0.1", port_number))  # before any listener exists
+        self.addCleanup(early.close)
+        early.sendall(b"waited")
+        done: defer.Deferred[list[bytes]] = defer.Deferred()
+        factory = protocol.Factory.forProtocol(lambda: Collect(done, 6))
+        log = LogGate().logger("nsq_service.listen")
+        service = listen.ListeningService("TCP", reactor, "127.0.0.1:0", factory, log=log)
+        service.adopt(sock)
+        service.startService()
+        self.addCleanup(service.stopService)
+        self.assertEqual(service.shown, f"127.0.0.1:{port_number}")
+        self.assertEqual(service.port.socket.fileno(), sock.fileno())  # type: ignore[union-attr]
+        self.assertEqual(b"".join((yield done)), b"waited")
+
+    def test_an_empty_host_is_every_interface_as_the_listeners_bind_it(self) -> None:
+        bound = self.prebound(":0")
+        sock = bound.take(":0")
+        self.assertEqual(sock.family, socket.AF_INET6)
+        self.assertEqual(sock.getsockname()[0], "::")
+        self.assertEqual(sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR), 1)
+        self.assertFalse(sock.getblocking())
+        self.assertFalse(sock.get_inheritable())
+
+    def test_what_cannot_be_bound_now_is_left_to_the_listener(self) -> None:
+        busy = socket.socket()
+        self.addCleanup(busy.close)
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        in_use = "127.0.0.1:%d" % busy.getsockname()[1]
+        bound = self.prebound(in_use, "/tmp/a-unix-socket-path", "no.such.host.invalid:4150", "")
+        self.assertEqual(len(bound), 0)
+        log = LogGate().logger("nsq_service.listen")
+        service = listen.ListeningService("TCP", reactor, in_use, protocol.Factory(), log=log)
+        service.adopt(bound.take(in_use))
+        with self.assertRaises(listen.ListenError) as caught:
+            service.privilegedStartService()
+        self.assertEqual(
+            str(caught.exception), f"listen ({in_use}) failed - listen tcp {in_use}: bind: address already in use"
+        )
+
+    def test_what_is_not_taken_is_closed(self) -> None:
+        bound = self.prebound("127.0.0.1:0")
+        sock = bound._sockets["127.0.0.1:0"]
+        port_number = sock.getsockname()[1]
+        bound.close()
+        self.assertEqual(sock.fileno(), -1)
+        with self.assertRaises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port_number)).close()
