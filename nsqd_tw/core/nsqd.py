@@ -198,6 +198,8 @@ class NSQD(service.Service):
         self._option_observers: list[Callable[[str], None]] = []
         self._closed_observers: list[Callable[[bool], None]] = []
         self._channel_source: Callable[[str], defer.Deferred[list[str]] | None] | None = None
+        # topics waiting for their channels from the lookupds, and who waits for their start
+        self._starting: dict[Topic, list[defer.Deferred[None]]] = {}
 
     # -- observers ----------------------------------------------------------
 
@@ -382,6 +384,8 @@ class NSQD(service.Service):
             return topic
 
         # messages published meanwhile are held by the topic, not lost
+        self._starting[topic] = []
+
         def create(channels: list[str]) -> None:
             if self.topics.get(name) is not topic or topic.exiting:
                 return
@@ -395,9 +399,31 @@ class NSQD(service.Service):
                 self.log.failure("failed to pre-create channels for topic {name}", result, name=name)
             if not topic.exiting:
                 topic.start()
+            for waiter in self._starting.pop(topic, ()):
+                waiter.callback(None)
 
         query.addCallback(create).addBoth(start)
         return topic
+
+    def topic_ready(self, name: str) -> defer.Deferred[None] | None:
+        """Create the topic if it does not exist (as :meth:`get_topic`); a Deferred
+        that fires once it has started if this call created it and it waits for the
+        lookupds' channels, else None.
+
+        Go's GetTopic returns only then, so the command that creates a topic is
+        answered after the topic's channels exist and its messages flow: a client
+        that publishes and then subscribes finds them flowing. Other commands
+        meanwhile do not wait (their messages are held by the topic), as in Go.
+        """
+        if name in self.topics:
+            return None
+        topic = self.get_topic(name)
+        waiters = self._starting.get(topic)
+        if waiters is None:
+            return None
+        d: defer.Deferred[None] = defer.Deferred()
+        waiters.append(d)
+        return d
 
     def publish(self, topic_name: str, bodies: list[bytes], delay: float = 0.0) -> defer.Deferred[None] | None:
         """Publish message bodies to a topic (created if needed): :meth:`publish_to`

@@ -169,6 +169,8 @@ class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes):
 
     def _publish(self, topic: str, bodies: list[bytes], delay: float = 0.0) -> Any:
         try:
+            # a topic this request creates: answered once the lookupds' channels exist (Go's GetTopic)
+            started = self.nsqd.topic_ready(topic) if is_valid_topic_name(topic) else None
             committed = self.nsqd.publish(topic, bodies, delay)
         except DrainingError:
             raise HTTPError(503, DRAINING) from None
@@ -177,7 +179,7 @@ class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes):
             # Go answers EXITING to any failed put; the budget and the bounds (beyond Go) are named
             raise HTTPError(503, _publish_refusal(e)) from None
         if committed is None:
-            return "OK"
+            return "OK" if started is None else started.addCallback(lambda _: "OK")
 
         def failed(f: Any) -> None:
             self.log.error("HTTP: publish to {topic} not synced - {err}", topic=topic, err=f.value)
@@ -190,7 +192,8 @@ class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes):
                 else "EXITING",
             )
 
-        return committed.addCallbacks(lambda _: "OK", failed)
+        committed.addCallbacks(lambda _: "OK", failed)
+        return committed if started is None else started.addCallback(lambda _: committed)
 
     @route("/pub", "POST", access_log=False, body=lambda api: api.nsqd.opts.max_msg_size)
     def pub(self, request: Request) -> Any:
@@ -249,10 +252,10 @@ class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes):
         return self._publish(topic, bodies)
 
     @route("/topic/create", "POST")
-    def topic_create(self, request: Request) -> None:
+    def topic_create(self, request: Request) -> Any:
         _, name = self._topic_from_query(request)
         try:
-            self.nsqd.get_topic(name)
+            return self.nsqd.topic_ready(name)  # answered once started, as Go's GetTopic returns
         except DrainingError:
             raise HTTPError(503, DRAINING) from None
 

@@ -367,6 +367,9 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
 
         def done(response: Any) -> None:
             if resume():
+                if isinstance(response, Pause):  # the handler waits again (AUTH, then a new topic)
+                    self._pause(response, name)
+                    return
                 if response is not None:
                     self._answer(response, name)
                 self._process()

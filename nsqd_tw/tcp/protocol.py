@@ -79,10 +79,13 @@ class V2Protocol(CommandConnection):
             return None
         return Pause(wait.addCallback(lambda _: self._mpub_topic(topic)), pause_reading=True)
 
-    def _mpub_topic(self, topic: str) -> None:
+    def _mpub_topic(self, topic: str) -> Pause | None:
         nsqd = self.nsqd
         if not nsqd.draining and nsqd.standby is None:  # else the body's publish is refused (E_MPUB_FAILED)
-            nsqd.get_topic(topic)
+            started = nsqd.topic_ready(topic)
+            if started is not None:  # Go's GetTopic returns once the lookupds' channels exist
+                return Pause(started, pause_reading=True)
+        return None
 
     def _topic_name(self, verb: bytes, raw: bytes) -> str:
         if not is_valid_topic_name(raw):
@@ -180,7 +183,18 @@ class V2Protocol(CommandConnection):
             return self._subscribe(topic, channel)
         return Pause(wait.addCallback(lambda _: self._subscribe(topic, channel)), pause_reading=True)
 
-    def _subscribe(self, topic_name: str, channel_name: str) -> bytes:
+    def _subscribe(self, topic_name: str, channel_name: str) -> bytes | Pause:
+        try:
+            started = self.nsqd.topic_ready(topic_name)
+        except RefusedError as e:
+            raise FatalClientError("E_SUB_FAILED", f"SUB failed {e}") from None
+        if started is not None:
+            # a topic this SUB created: joined once the lookupds' channels exist, as
+            # Go's GetTopic returns only then; nothing more is read meanwhile
+            return Pause(started.addCallback(lambda _: self._join(topic_name, channel_name)), pause_reading=True)
+        return self._join(topic_name, channel_name)
+
+    def _join(self, topic_name: str, channel_name: str) -> bytes:
         try:
             channel = self.nsqd.get_topic(topic_name).get_channel(channel_name)
             channel.add_client(self.client)
@@ -323,6 +337,7 @@ class V2Protocol(CommandConnection):
             self._answer(self._put("PUB", topic, bodies, 0.0), b"PUB")
             return
         try:
+            started = self.nsqd.topic_ready(topic)
             committed = self.nsqd.publish_to(self.nsqd.get_topic(topic), bodies, 0.0)
         except Exception:
             # refused whole (a batch is all or nothing): one by one, so that each
@@ -331,14 +346,14 @@ class V2Protocol(CommandConnection):
                 self._answer(self._put("PUB", topic, [body], 0.0), b"PUB")
             return
         self.client.published(topic, len(bodies))
-        if committed is None:
+        if committed is None and started is None:
             respond = self.responses.respond
             for _ in bodies:
                 respond(FRAME_TYPE_RESPONSE, OK)
         else:
             if isinstance(committed, Backpressure):
                 self.read_after(committed)
-            self.responses.later(committed, "PUB", len(bodies))
+            self.responses.later(_both(started, committed), "PUB", len(bodies))
 
     def MPUB(self, cmd: Command) -> bytes | defer.Deferred[None] | Pause:
         assert cmd.bodies is not None
@@ -361,15 +376,27 @@ class V2Protocol(CommandConnection):
 
     def _put(self, verb: str, topic: str, bodies: list[bytes], delay: float) -> bytes | defer.Deferred[None]:
         try:
+            started = self.nsqd.topic_ready(topic)
             committed = self.nsqd.publish_to(self.nsqd.get_topic(topic), bodies, delay)
         except Exception as e:
             raise FatalClientError(f"E_{verb}_FAILED", f"{verb} failed {e}") from None
         self.client.published(topic, len(bodies))
-        if committed is None:
+        if committed is None and started is None:
             return OK
         if isinstance(committed, Backpressure):
             self.read_after(committed)
+        return _both(started, committed)
+
+
+def _both(started: defer.Deferred[None] | None, committed: defer.Deferred[None] | None) -> defer.Deferred[None]:
+    """A publish's answer: once the topic it created has started (as Go's GetTopic
+    returns then) and its messages are stored (durable mode)."""
+    if started is None:
+        assert committed is not None
         return committed
+    if committed is None:
+        return started
+    return started.addCallback(lambda _: committed)
 
 
 V2Protocol._headers = {

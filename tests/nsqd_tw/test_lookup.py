@@ -13,12 +13,17 @@ from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.task import deferLater
 from twisted.trial import unittest
 from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET
 
 from lookupd_tw.options import NSQLookupdOptions
 from lookupd_tw.tap import makeService as make_lookupd
+from nsq_wire.frames import FRAME_TYPE_RESPONSE
+from nsqd_tw.core.message import Message
 from nsqd_tw.core.nsqd import NSQD
 from nsqd_tw.lookup import LookupService
-from tests.helpers import InProcessNSQD, MemoryNetwork, make_nsqd
+from tests.helpers import FakeClient, InProcessNSQD, MemoryNetwork, make_nsqd
+
+OK = (FRAME_TYPE_RESPONSE, b"OK")
 
 GO_IDENTIFY = b'{"broadcast_address":"127.0.0.1","hostname":"vm","http_port":24171,"tcp_port":24170,"version":"1.3.0"}'
 
@@ -73,6 +78,8 @@ class LookupTests(unittest.TestCase):
         self.lookupds: dict[int, protocol.Factory] = {}
         self.channels: dict[str, list[str]] = {}  # what the lookupds' /channels answers
         self.asked: list[bytes] = []
+        self.hold = False  # /channels answers only at release()
+        self.held: list[Any] = []
 
     def fake_lookupd(self, port: int = 4160) -> protocol.Factory:
         factory = protocol.Factory.forProtocol(RecordingLookupd)
@@ -98,16 +105,31 @@ class LookupTests(unittest.TestCase):
         class Channels(Resource):
             isLeaf = True
 
-            def render_GET(self, request: Any) -> bytes:
+            def render_GET(self, request: Any) -> Any:
                 test.asked.append(request.uri)
-                topic = request.args[b"topic"][0].decode()
-                return json.dumps({"channels": test.channels.get(topic, [])}).encode()
+                if test.hold:
+                    test.held.append(request)
+                    return NOT_DONE_YET
+                return test.answer(request)
 
-        self.lookup = LookupService(nsqd, self.endpoint, StubTreq(Channels()))
+        self.stub = StubTreq(Channels())
+        self.lookup = LookupService(nsqd, self.endpoint, self.stub)
         self.lookup.startService()
         self.addCleanup(self.stop)
         self.net.settle()
         return nsqd
+
+    def answer(self, request: Any) -> bytes:
+        topic = request.args[b"topic"][0].decode()
+        return json.dumps({"channels": self.channels.get(topic, [])}).encode()
+
+    def release(self) -> None:
+        """The lookupds answer the /channels queries held so far."""
+        held, self.held = self.held, []
+        for request in held:
+            request.write(self.answer(request))
+            request.finish()
+        self.stub.flush()
 
     def stop(self) -> None:
         d = self.lookup.stopService()
@@ -194,6 +216,60 @@ class LookupTests(unittest.TestCase):
         self.assertEqual(self.asked, [b"/channels?topic=pre"])
         self.assertTrue(topic.started)
         self.assertEqual(list(topic.channels), ["archive"], "ephemeral channels are not pre-created")
+
+    def test_the_publish_that_creates_a_topic_is_answered_once_its_channels_exist(self):
+        """As Go's GetTopic returns only then: a client that publishes, then
+        subscribes, finds the topic flowing. Its RDY has its message at once, with
+        the lookupd's answers to the channel's REGISTER not even read yet."""
+        factory = self.fake_lookupd()
+        self.channels["t"] = ["archive"]
+        nsqd = self.nsqd(4160)
+        self.hold = True
+        producer = FakeClient(nsqd)
+        producer.command(b"PUB", "t", body=b"early")
+        self.net.settle()
+        self.assertEqual(self.asked, [b"/channels?topic=t"])
+        self.assertEqual(producer.frames(), [], "not answered while the lookupd is asked")
+        self.release()
+        self.assertEqual(producer.frames(), [OK])
+        topic = nsqd.topics["t"]
+        self.assertTrue(topic.started)
+        self.assertEqual(list(topic.channels), ["archive"])
+        self.assertEqual(topic.channels["archive"].depth(), 1)
+        self.net.settle()
+        # another topic, on which the consumer will be the first
+        self.channels["u"] = []
+        producer.command(b"PUB", "u", body=b"early")
+        self.net.settle()
+        self.assertEqual(producer.frames(), [])
+        self.release()
+        self.assertEqual(producer.frames(), [OK])
+
+        consumer = FakeClient(nsqd)
+        consumer.command(b"SUB", "u", "c")
+        self.assertEqual(consumer.frames(), [OK])
+        producer.command(b"PUB", "u", body=b"later")  # the topic exists: answered at once
+        self.assertEqual(producer.frames(), [OK])
+        consumer.command(b"RDY", "2")
+        self.assertEqual([m.body for m in consumer.messages()], [b"early", b"later"])
+        self.net.settle()
+        self.assertEqual(factory.sessions[0].commands[-2:], [b"REGISTER u", b"REGISTER u c"])
+
+    def test_the_sub_that_creates_a_topic_reads_on_once_its_channels_exist(self):
+        self.fake_lookupd()
+        nsqd = self.nsqd(4160)
+        self.hold = True
+        consumer = FakeClient(nsqd)
+        consumer.send(b"SUB t c\nRDY 1\n")  # as clients do, RDY right behind SUB
+        self.net.settle()
+        self.assertEqual(consumer.frames(), [])
+        producer = FakeClient(nsqd)
+        producer.command(b"PUB", "t", body=b"meanwhile")  # not the creator: answered, held by the topic
+        self.assertEqual(producer.frames(), [OK])
+        self.release()
+        frames = consumer.frames()
+        self.assertEqual(frames[0], OK)
+        self.assertEqual([Message.decode(data).body for _, data in frames[1:]], [b"meanwhile"])
 
 
 class LookupdIntegrationTests(unittest.TestCase):
