@@ -18,13 +18,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from twisted.application import service
-from twisted.internet import defer, endpoints, protocol
+from twisted.internet import defer, protocol
 from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
 
+from nsq_service.httpget import QuickHTTPClient
 from nsq_service.options import hostname
-from nsq_service.web import http_client
 from nsq_wire import lookupd, v1
 from nsq_wire.gofmt import join_host_port
 from nsq_wire.names import is_ephemeral
@@ -316,11 +316,13 @@ class LookupService(service.MultiService):
         return super().stopService()
 
     def _endpoint(self, host: str, port: int) -> IStreamClientEndpoint:
+        from twisted.internet import endpoints  # with the first peer: it loads pyOpenSSL
+
         return endpoints.HostnameEndpoint(self.nsqd.reactor, host, port, timeout=1)
 
     def _http_client(self) -> Any:
         if self._http is None:
-            self._http = http_client(self.nsqd.reactor, self.nsqd.opts.http_client_connect_timeout)
+            self._http = QuickHTTPClient(self.nsqd.reactor, self.nsqd.opts.http_client_connect_timeout)
         return self._http
 
     def observe_identified(self, observer: Callable[[], None]) -> None:
