@@ -23,7 +23,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(version_string("nsqlookupd"))
         return 0
     listen = [opts.tcp_address, opts.http_address]
-    return run_server("nsqlookupd", opts, _make_service, "failed to instantiate nsqlookupd", listen)
+    return run_server("nsqlookupd", opts, _make_service, "failed to instantiate nsqlookupd", listen, tls=False)
 
 
 def _make_service(opts: Any, reactor: Any) -> Any:

@@ -23,6 +23,7 @@ def run_server(
     make_service: Any,
     instantiate_error: str,
     listen: Iterable[str] = (),
+    tls: bool = True,
 ) -> int:
     """Log to stderr as Go does, start the services, run the reactor.
 
@@ -31,20 +32,25 @@ def run_server(
     in the backlog instead of being refused. The listeners of the service tree
     adopt those sockets; one that none adopts is closed once the start is over.
 
+    ``tls``: whether the server may use TLS on its TCP connections (startTLS);
+    without it the reactor is imported without pyOpenSSL (nsq_service.runtime).
+
     A failed start prints one FATAL line and returns 1 without stopping
     anything: nothing was handed over yet, and stopping would write files.
     """
     prebound = Prebound()
     prebound.listen(listen)
     try:
-        return _serve(opts, make_service, instantiate_error, prebound)
+        return _serve(opts, make_service, instantiate_error, prebound, tls)
     finally:
         prebound.close()
 
 
-def _serve(opts: Any, make_service: Any, instantiate_error: str, prebound: Prebound) -> int:
+def _serve(opts: Any, make_service: Any, instantiate_error: str, prebound: Prebound, tls: bool) -> int:
     # Twisted only now: --version, --help and a refused flag never load it
-    from twisted.internet import reactor
+    from nsq_service.runtime import import_reactor
+
+    reactor = import_reactor(tls)
     from twisted.logger import globalLogBeginner
 
     from nsq_service.log import GoLogObserver

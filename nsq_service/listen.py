@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from twisted.application import service
-from twisted.internet import defer, endpoints, main, tcp
+from twisted.internet import defer, main, tcp
 from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -181,6 +181,9 @@ class TCPServerEndpoint:
 def server_endpoint(reactor: Any, address: str, tls: Any = None, prebound: socket.socket | None = None) -> Any:
     parsed = split_address(address)
     if parsed is None:
+        # only then: twisted.internet.endpoints loads pyOpenSSL (see nsq_service.runtime.import_reactor)
+        from twisted.internet import endpoints
+
         return endpoints.UNIXServerEndpoint(reactor, address, backlog=listen_backlog())
     host, port = parsed
     return TCPServerEndpoint(reactor, port, "::" if host == "" else host, tls, prebound)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import sys
+from typing import Any
 
 
 def tune_gc() -> None:
@@ -21,3 +23,38 @@ def tune_gc() -> None:
     """
     gc.freeze()
     gc.set_threshold(25_000, 20, 10)
+
+
+# Twisted's modules that load pyOpenSSL (and cryptography) when the reactor is imported:
+# tcp's startTLS, the reactor's listenSSL/connectSSL. Each is optional in Twisted.
+_TLS_MODULES = ("twisted.internet._newtls", "twisted.protocols.tls", "twisted.internet.ssl")
+
+
+def import_reactor(tls: bool) -> Any:
+    """The global reactor; with ``tls`` False, imported as Twisted is when pyOpenSSL
+    is not installed.
+
+    Importing the reactor loads pyOpenSSL and cryptography, a quarter of a
+    server's start, for startTLS on TCP connections (nsqd's IDENTIFY tls_v1,
+    which needs ``--tls-cert``) and the reactor's listenSSL/connectSSL (unused).
+    Without TLS configured those imports are refused for the time of the
+    reactor's import, which Twisted takes as pyOpenSSL being absent: its TCP
+    connections have no startTLS (``TLS`` is False) and the reactor no
+    IReactorSSL. Anything imported later (treq and twisted.internet.endpoints,
+    for an ``https://`` auth server) loads pyOpenSSL and has TLS as usual: TLS
+    over a connection is a protocol wrapper (TLSMemoryBIOFactory), not startTLS.
+    """
+    if tls or "twisted.internet.reactor" in sys.modules:
+        from twisted.internet import reactor
+
+        return reactor
+    refused = [name for name in _TLS_MODULES if name not in sys.modules]
+    for name in refused:
+        sys.modules[name] = None  # type: ignore[assignment]  # import raises ImportError
+    try:
+        from twisted.internet import reactor
+    finally:
+        for name in refused:
+            if sys.modules.get(name, 0) is None:
+                del sys.modules[name]
+    return reactor

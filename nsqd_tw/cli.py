@@ -26,10 +26,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(version_string("nsqd"))
         return 0
+    tls = bool(opts.tls_cert or opts.tls_key)
     listen = [opts.tcp_address, opts.http_address]
-    if opts.tls_cert or opts.tls_key:  # the HTTPS listener exists only then
+    if tls:  # the HTTPS listener exists only then
         listen.append(opts.https_address)
-    return run_server("nsqd", opts, _make_service, "failed to instantiate nsqd", listen)
+    return run_server("nsqd", opts, _make_service, "failed to instantiate nsqd", listen, tls)
 
 
 def _make_service(opts: Any, reactor: Any) -> Any:

@@ -75,7 +75,6 @@ def makeService(config: Any, reactor: Any = None) -> ServerService:
     from nsqd_tw.http.statsd import StatsdService
     from nsqd_tw.lookup import LookupService
     from nsqd_tw.tcp.protocol import V2Factory
-    from nsqd_tw.tls import server_tls
 
     top = ServerService("failed to instantiate nsqd", opts.log_prefix)
     nsqd = NSQD(opts, reactor)
@@ -100,7 +99,11 @@ def makeService(config: Any, reactor: Any = None) -> ServerService:
     def https_bound(host: Any) -> None:
         bound.https = Bound.of(host)
 
-    tls = server_tls(opts, nsqd.log_gate.logger("nsqd_tw.tls"))
+    tls = None
+    if opts.tls_cert or opts.tls_key:  # pyOpenSSL only then (nsq_service.runtime.import_reactor)
+        from nsqd_tw.tls import server_tls
+
+        tls = server_tls(opts, nsqd.log_gate.logger("nsqd_tw.tls"))
     log = nsqd.log_gate.logger("nsq_service.listen")
     v2 = V2Factory(nsqd, tls)
     tcp = ListeningService("TCP", reactor, opts.tcp_address, v2, tcp_bound, log=log)

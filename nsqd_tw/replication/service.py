@@ -10,7 +10,7 @@ from functools import cached_property
 from typing import Any
 
 from twisted.application import service
-from twisted.internet import defer, endpoints, protocol
+from twisted.internet import defer, protocol
 from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.task import LoopingCall
 from twisted.logger import LogLevel
@@ -593,6 +593,8 @@ class ReplicationService(service.Service):
     # -- dialing (a primary reaches its standby) ---------------------------------------------
 
     def _endpoint(self, host: str, port: int) -> IStreamClientEndpoint:
+        from twisted.internet import endpoints  # with the first link: it loads pyOpenSSL
+
         return endpoints.HostnameEndpoint(self.nsqd.reactor, host, port, timeout=self.timeout)
 
     def _schedule_dial(self) -> None:

@@ -16,7 +16,6 @@ from twisted.python.failure import Failure
 from nsq_wire.errors import FatalClientError
 from nsq_wire.gofmt import go_quote
 from nsq_wire.message import frames
-from nsqd_tw import tls as tls_sessions
 from nsqd_tw.auth import AuthClient, AuthState
 from nsqd_tw.core.message import Message
 
@@ -125,11 +124,19 @@ class ClientV2:
 
     def tls_info(self) -> dict[str, Any]:
         """Cipher suite, version and ALPN of the TLS session (for /stats)."""
-        return tls_sessions.session_info(self.conn.transport) if self.tls else {}
+        if not self.tls:
+            return {}
+        from nsqd_tw.tls import session_info  # pyOpenSSL: loaded when TLS is configured
+
+        return session_info(self.conn.transport)
 
     def peer_common_name(self) -> str:
         """The subject common name of the client's TLS certificate, if any."""
-        return tls_sessions.peer_common_name(self.conn.transport) if self.tls else ""
+        if not self.tls:
+            return ""
+        from nsqd_tw.tls import peer_common_name
+
+        return peer_common_name(self.conn.transport)
 
     # -- AUTH -----------------------------------------------------------------------
 

@@ -27,7 +27,6 @@ from nsq_wire.frames import FRAME_TYPE_RESPONSE, OK
 from nsq_wire.gofmt import join_host_port
 from nsqd_tw.tcp.identify import Features
 from nsqd_tw.tcp.output import cancel
-from nsqd_tw.tls import ssl_error
 
 if TYPE_CHECKING:
     from nsq_wire.parser import V2Parser
@@ -46,6 +45,8 @@ _NONE, _AWAIT_HELLO, _HANDSHAKE, _DONE, _ALONE = range(5)
 def tls_error_text(e: BaseException) -> str:
     if isinstance(e, (error.ConnectionDone, error.ConnectionLost)):
         return "EOF"
+    from nsqd_tw.tls import ssl_error  # pyOpenSSL: loaded when TLS is configured
+
     return ssl_error(e)
 
 
