@@ -10,6 +10,7 @@ the server does before that (parse its flags, listen), it has done.
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import socket
@@ -18,12 +19,16 @@ import subprocess
 import sys
 import time
 
+from twisted.internet import defer
+from twisted.internet.threads import deferToThread
 from twisted.trial import unittest
 
-from nsq_wire.commands import pub
+from nsq_wire.commands import auth as auth_command
+from nsq_wire.commands import identify, pub
 from nsq_wire.frames import MAGIC_V2
 from nsq_wire.v1 import MAGIC_V1
 from tests.integration.procs import ServerProcess, command
+from tests.nsqd_tw.test_security import AuthServer, certs
 
 _GATE = '''
 import os
@@ -241,6 +246,53 @@ class ListenFirstTests(unittest.TestCase):
         self.assertEqual(len(fatal), 1, out.stderr)
         self.assertIn("failed to instantiate nsqd - failed to lock data-path: ", fatal[0])
         self.assertIn("(possibly in use by another instance of nsqd)", fatal[0])
+
+
+class WithoutTLSTests(unittest.TestCase):
+    """Without --tls-cert, nsqd starts without pyOpenSSL (nsq_service.runtime.import_reactor)."""
+
+    timeout = 120
+
+    @defer.inlineCallbacks
+    def test_an_https_auth_server_is_still_asked(self):
+        auth = AuthServer()
+        url = auth.listen(tls=True)
+        self.addCleanup(auth.port.stopListening)
+        auth.response = {
+            "ttl": 3600,
+            "identity": "alice",
+            "authorizations": [{"topic": "^granted$", "channels": [".*"], "permissions": ["publish"]}],
+        }
+        proc = ServerProcess(
+            "nsqd",
+            *("-tcp-address", "127.0.0.1:0", "-http-address", "127.0.0.1:0"),
+            *("-auth-http-address", url, "-tls-root-ca-file", certs().ca),
+            cwd=os.path.abspath(self.mktemp()),
+        )
+        os.makedirs(proc.cwd)  # type: ignore[arg-type]
+        proc.start()
+        self.addCleanup(proc.kill)
+        with open(f"/proc/{proc.proc.pid}/maps") as f:  # type: ignore[union-attr]
+            self.assertNotIn("cryptography", f.read(), "pyOpenSSL loaded at start")
+
+        def exchange() -> list[bytes]:
+            with socket.create_connection(("127.0.0.1", proc.port()), timeout=30) as s:
+                s.sendall(MAGIC_V2 + identify({"feature_negotiation": True}) + auth_command(b"secret"))
+                answers = [read_frame(s), read_frame(s)]
+                s.sendall(pub("granted", b"x"))
+                answers.append(read_frame(s))
+                return answers
+
+        identified, authed, published = yield deferToThread(exchange)
+        self.assertTrue(json.loads(identified)["auth_required"])
+        self.assertEqual(json.loads(authed)["identity"], "alice")
+        self.assertEqual(published, b"OK")
+        self.assertEqual(auth.queries[0]["secret"], "secret")
+
+
+def read_frame(s: socket.socket) -> bytes:
+    size = struct.unpack(">i", read_all(s, 4))[0]
+    return read_all(s, size)[4:]
 
 
 if sys.platform != "linux":  # os.mkfifo and the listen backlog as on Linux
