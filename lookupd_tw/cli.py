@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
-from typing import Any
 
 from lookupd_tw.options import DEPRECATED_FLAGS, NSQLookupdOptions
 from nsq_service.cli import fatal, run_server
 from nsq_service.options import ConfigError, parse_command_line
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
 
 
 def main(argv: Sequence[str] | None = None) -> int:

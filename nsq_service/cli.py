@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
-from typing import Any
 
 from nsq_service.golog import go_log_line
 from nsq_service.options import ConfigError, start_error_text
 from nsq_service.prebind import Prebound
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any
 
 
 def fatal(prefix: str, text: str) -> int:

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import socket
 import sys
-from collections.abc import Callable, Sequence
 from dataclasses import field
-from typing import Any, NoReturn, TypeVar
 
 from nsq_service.golog import LEVEL_NUMBERS, go_log_line
 from nsq_wire.gofmt import MAX_DURATION_NS, DurationError, go_duration, parse_duration
+
+# typing, json: not loaded for a start's flags (nsq_service.prebind listens right after them)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any, NoReturn, TypeVar
+
+    T = TypeVar("T")
 
 
 class ConfigError(Exception):
@@ -184,6 +189,8 @@ class _StringList(Kind):
 
     def from_http(self, body: bytes) -> list[str]:
         """A JSON array of strings (``null``: none)."""
+        import json
+
         try:
             value = json.loads(body)
         except ValueError:
@@ -286,9 +293,6 @@ def hostname() -> str:
     return socket.gethostname()
 
 
-T = TypeVar("T")
-
-
 def option_fields(cls: type) -> list[dataclasses.Field[Any]]:
     return list(dataclasses.fields(cls))
 
@@ -310,6 +314,29 @@ class _GoArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> Any:
         self.exit(2, f"{message}\nRun '{self.prog} -help' for usage.\n")
+
+    def _get_formatter(self) -> Any:
+        # argparse makes one per add_argument too, where the width does not matter:
+        # the terminal's (shutil) only for text that is shown
+        if self._showing:
+            return super()._get_formatter()
+        return argparse.HelpFormatter(self.prog, width=80)
+
+    _showing = False
+
+    def format_help(self) -> str:
+        self._showing = True
+        try:
+            return super().format_help()
+        finally:
+            self._showing = False
+
+    def format_usage(self) -> str:
+        self._showing = True
+        try:
+            return super().format_usage()
+        finally:
+            self._showing = False
 
 
 def _kind_type(kind: Kind, flag: str) -> Any:
@@ -421,6 +448,7 @@ def unknown_config_keys(cls: type, cfg: dict[str, Any], deprecated: dict[str, st
 def warn_unknown_keys(path: str, keys: Sequence[str], known: set[str]) -> None:
     """Go ignores a key it does not know without a word; we say so."""
     import difflib
+    import json
 
     from twisted.logger import Logger  # only then: --version and --help import no Twisted
 

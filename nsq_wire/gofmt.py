@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import calendar
 import errno
 import re
 import time
@@ -199,6 +198,8 @@ _RFC3339 = re.compile(
 def parse_rfc3339_ns(text: str) -> int:
     """Unix nanoseconds of an RFC 3339 time (Go's ``time.RFC3339Nano`` layout:
     ``2026-11-26T10:00:00Z``, ``...00.123456789+01:00``); ValueError otherwise."""
+    import calendar  # only here: not loaded for a start's flags
+
     m = _RFC3339.fullmatch(text)
     if m is None:
         raise ValueError(f"not an RFC 3339 time: {text!r}")

@@ -7,12 +7,15 @@ may SIGKILL its PID and restart on the same ports at once.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
-from typing import Any
 
 from nsq_service.cli import fatal, run_server
 from nsq_service.options import ConfigError, parse_command_line
 from nsqd_tw.options import NSQD_DEPRECATED_FLAGS, NSQDOptions
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
 
 
 def main(argv: Sequence[str] | None = None) -> int:

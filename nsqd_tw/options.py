@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Any
 
 from nsq_service.options import (
     BOOL,
@@ -32,6 +31,10 @@ from nsq_service.options import (
     opt,
     split_address,
 )
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 # -- Go's time.ParseDuration ---------------------------------------------
 
@@ -127,9 +130,12 @@ SIGTERM_MODE = _SigtermMode()
 
 def default_node_id() -> int:
     """Go's default: crc32(md5(hostname)) % 1024."""
-    import hashlib  # when the default is needed: not for --version
+    try:  # CPython's own md5: hashlib's is OpenSSL's, whose library takes ms to load
+        from _md5 import md5
+    except ImportError:
+        from hashlib import md5
 
-    return zlib.crc32(hashlib.md5(hostname().encode()).digest()) % 1024
+    return zlib.crc32(md5(hostname().encode()).digest()) % 1024
 
 
 @dataclass
