@@ -19,9 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.application import service
 from twisted.internet import defer, protocol
-from twisted.internet.interfaces import IStreamClientEndpoint
+from twisted.internet.abstract import isIPAddress, isIPv6Address
+from twisted.internet.interfaces import IProtocolFactory, IStreamClientEndpoint
 from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from nsq_service.httpget import QuickHTTPClient
 from nsq_service.options import hostname
@@ -80,6 +82,70 @@ def split_host_port(address: str) -> tuple[str, int]:
     if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
         raise bad("invalid port")
     return host, int(port)
+
+
+@implementer(IStreamClientEndpoint)
+class AddressEndpoint:
+    """A TCP connection to an IP address: what HostnameEndpoint makes of one,
+    without importing twisted.internet.endpoints, which loads pyOpenSSL, tens of
+    ms of a start with ``--lookupd-tcp-address`` (its peers connect at start)."""
+
+    def __init__(self, reactor: Any, host: str, port: int, timeout: float) -> None:
+        self.reactor = reactor
+        self.host = host
+        self.port = port
+        self.timeout = timeout
+
+    def connect(self, factory: IProtocolFactory) -> defer.Deferred[Any]:
+        connector: list[Any] = []
+
+        def cancel(d: defer.Deferred[Any]) -> None:
+            d.errback(defer.CancelledError())  # before stopConnecting's own failure
+            connector[0].stopConnecting()
+
+        d: defer.Deferred[Any] = defer.Deferred(cancel)
+        connector.append(self.reactor.connectTCP(self.host, self.port, _Connecting(factory, d), timeout=self.timeout))
+        return d
+
+
+class _Connecting(protocol.ClientFactory):
+    """Builds ``factory``'s protocol and fires ``ready`` with it once connected."""
+
+    noisy = False
+
+    def __init__(self, factory: IProtocolFactory, ready: defer.Deferred[Any]) -> None:
+        self.factory = factory
+        self.ready = ready
+
+    def buildProtocol(self, addr: Any) -> Any:
+        inner = self.factory.buildProtocol(addr)
+        if inner is None:
+            self.ready.errback(LookupdError("connection refused by the protocol factory"))
+            return None
+        return _Connected(inner, self.ready)
+
+    def clientConnectionFailed(self, connector: Any, reason: Failure) -> None:
+        if not self.ready.called:
+            self.ready.errback(reason)
+
+
+class _Connected(protocol.Protocol):
+    """The transport's protocol: hands everything to ``inner``."""
+
+    def __init__(self, inner: Any, ready: defer.Deferred[Any]) -> None:
+        self.inner = inner
+        self.ready = ready
+
+    def connectionMade(self) -> None:
+        self.inner.makeConnection(self.transport)
+        if not self.ready.called:
+            self.ready.callback(self.inner)
+
+    def dataReceived(self, data: bytes) -> None:
+        self.inner.dataReceived(data)
+
+    def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
+        self.inner.connectionLost(reason)
 
 
 class LookupPeerProtocol(protocol.Protocol):
@@ -316,7 +382,9 @@ class LookupService(service.MultiService):
         return super().stopService()
 
     def _endpoint(self, host: str, port: int) -> IStreamClientEndpoint:
-        from twisted.internet import endpoints  # with the first peer: it loads pyOpenSSL
+        if isIPAddress(host) or isIPv6Address(host):
+            return AddressEndpoint(self.nsqd.reactor, host, port, timeout=1)
+        from twisted.internet import endpoints  # a name to resolve: it loads pyOpenSSL (tens of ms)
 
         return endpoints.HostnameEndpoint(self.nsqd.reactor, host, port, timeout=1)
 

@@ -313,6 +313,57 @@ class LookupdIntegrationTests(unittest.TestCase):
         self.assertEqual(topic.channels["archive"].depth(), 1)
 
 
+class AddressEndpointTests(unittest.TestCase):
+    """The endpoint to a lookupd at an IP address (no twisted.internet.endpoints)."""
+
+    @defer.inlineCallbacks
+    def test_connects_and_hands_everything_to_the_protocol(self):
+        from nsqd_tw.lookup import AddressEndpoint
+
+        class Echo(protocol.Protocol):
+            def dataReceived(self, data: bytes) -> None:
+                self.transport.write(data.upper())
+                self.transport.loseConnection()
+
+        port = reactor.listenTCP(0, protocol.Factory.forProtocol(Echo), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        lost: defer.Deferred = defer.Deferred()
+
+        class Client(protocol.Protocol):
+            def connectionMade(self) -> None:
+                self.got = b""
+                self.transport.write(b"v1")
+
+            def dataReceived(self, data: bytes) -> None:
+                self.got += data
+
+            def connectionLost(self, reason: Any = None) -> None:
+                lost.callback(self.got)
+
+        endpoint = AddressEndpoint(reactor, "127.0.0.1", port.getHost().port, timeout=5)
+        proto = yield endpoint.connect(protocol.Factory.forProtocol(Client))
+        self.assertIsInstance(proto, Client)
+        self.assertEqual((yield lost), b"V1")
+
+    @defer.inlineCallbacks
+    def test_a_refused_connection_fails_and_a_cancelled_one_stops(self):
+        import socket
+
+        from twisted.internet.error import ConnectionRefusedError
+
+        from nsqd_tw.lookup import AddressEndpoint
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            free = s.getsockname()[1]
+        with self.assertRaises(ConnectionRefusedError):
+            yield AddressEndpoint(reactor, "127.0.0.1", free, timeout=5).connect(protocol.Factory())
+        d = AddressEndpoint(reactor, "127.0.0.1", free, timeout=5).connect(protocol.Factory())
+        d.cancel()
+        with self.assertRaises(defer.CancelledError):
+            yield d
+
+
 class PeerInfoLogTests(unittest.TestCase):
     def test_logged_as_go_prints_the_struct(self):
         from nsqd_tw.lookup import go_peer_info
