@@ -1,4 +1,4 @@
-"""nsqlookupd's HTTP API (Klein): discovery for consumers, administration.
+"""nsqlookupd's HTTP API: discovery for consumers, administration.
 
 Go nsqlookupd 1.3's routes, statuses and JSON; the response conventions are
 :mod:`nsq_service.web`'s, shared with nsqd.

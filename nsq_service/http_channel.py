@@ -136,10 +136,10 @@ class BoundedRequest(Request):
 
     def _cleanup(self) -> None:
         super()._cleanup()
-        # Klein keeps each request in a closure that refers to itself (its error
-        # handler), so the request is freed only by a collection of the youngest
-        # generation, up to ~1,600 requests later. What it holds goes now, once
-        # answered and logged, leaving that collection an empty shell.
+        # What an answered request holds goes now, once answered and logged: should
+        # anything keep the request itself in a reference cycle (Klein did, in its
+        # error handler's closure), a collection of the youngest generation, up to
+        # ~1,600 requests later, finds only an empty shell.
         for name in _ANSWERED_REQUEST_SHEDS:
             self.__dict__.pop(name, None)
 

@@ -16,7 +16,7 @@ def tune_gc() -> None:
     off again and again. Collect it every 25,000 instead (the benchmarks do
     not tell 25,000 from 100,000 apart) and freeze what start-up created; the
     25% rule still bounds full collections. Not higher: what lives in a cycle
-    (each HTTP request, held by Klein's error handler) waits for that
+    (each HTTP request, while Klein's error handler held it) waits for that
     collection, and at 100,000 a steady HTTP load kept 13 MB of such garbage
     (2 MB at 25,000). No collection first: it took 25 ms of the start, to
     free some 40 objects.

@@ -445,7 +445,7 @@ class GoHTTPAPI:
 
         def failed(f: Any) -> Any:
             if f.check(defer.CancelledError):
-                return f  # the client went away (Klein cancels): nothing to answer
+                return f  # the client went away (_APIResource cancels): nothing to answer
             extra = None
             if f.check(HTTPError):
                 code, text, extra = f.value.code, f.value.text, f.value.extra

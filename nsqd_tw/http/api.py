@@ -1,4 +1,4 @@
-"""nsqd's HTTP API: a Klein app answering every route of Go nsqd 1.3 as Go does.
+"""nsqd's HTTP API: routes answering every route of Go nsqd 1.3 as Go does.
 
 Go's response conventions and httprouter's routing come from
 :mod:`nsq_service.web`; this module has nsqd's routes.
