@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from lookupd_tw.options import DEPRECATED_FLAGS, NSQLookupdOptions
-from nsq_service.cli import fatal, run_server
-from nsq_service.options import ConfigError, parse_command_line
+from nsq_wire.version import version_string
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -16,13 +14,18 @@ if TYPE_CHECKING:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if list(argv) in (["--version"], ["-version"]):  # the answer the options table would give
+        print(version_string("nsqlookupd"))
+        return 0
+    from lookupd_tw.options import DEPRECATED_FLAGS, NSQLookupdOptions
+    from nsq_service.cli import fatal, run_server
+    from nsq_service.options import ConfigError, parse_command_line
+
     try:
         opts, _ = parse_command_line("nsqlookupd", NSQLookupdOptions, argv, DEPRECATED_FLAGS)
     except ConfigError as e:
         return fatal("[nsqlookupd] ", str(e))
     if opts is None:
-        from nsq_wire.version import version_string
-
         print(version_string("nsqlookupd"))
         return 0
     listen = [opts.tcp_address, opts.http_address]

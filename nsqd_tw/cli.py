@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from nsq_service.cli import fatal, run_server
-from nsq_service.options import ConfigError, parse_command_line
-from nsqd_tw.options import NSQD_DEPRECATED_FLAGS, NSQDOptions
+from nsq_wire.version import version_string
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -20,13 +18,18 @@ if TYPE_CHECKING:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if list(argv) in (["--version"], ["-version"]):  # the answer the options table would give
+        print(version_string("nsqd"))
+        return 0
+    from nsq_service.cli import fatal, run_server
+    from nsq_service.options import ConfigError, parse_command_line
+    from nsqd_tw.options import NSQD_DEPRECATED_FLAGS, NSQDOptions
+
     try:
         opts, _ = parse_command_line("nsqd", NSQDOptions, argv, NSQD_DEPRECATED_FLAGS)
     except ConfigError as e:
         return fatal("[nsqd] ", str(e))
     if opts is None:
-        from nsq_wire.version import version_string
-
         print(version_string("nsqd"))
         return 0
     tls = bool(opts.tls_cert or opts.tls_key)
