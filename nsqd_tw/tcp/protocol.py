@@ -455,7 +455,10 @@ class V2Factory(protocol.ServerFactory):
         return p
 
     def want_flush(self, output: Output) -> None:
-        """Flush ``output`` at the end of this reactor turn."""
+        """Flush ``output`` at the end of this reactor turn, onto the wire from there
+        (:func:`nsq_service.listen.write_now`): not at the reactor's next poll for
+        writable sockets, behind whatever else that poll brings (a lookupd's answer
+        to a REGISTER came between a consumer's RDY and its first message)."""
         self._flush_queue.append(output)
         if self._flush_call is None:
             self._flush_call = self.nsqd.reactor.callLater(0, self._flush_all)
@@ -464,4 +467,4 @@ class V2Factory(protocol.ServerFactory):
         self._flush_call = None
         queue, self._flush_queue = self._flush_queue, []
         for output in queue:
-            output.flush()
+            output.flush_now()
