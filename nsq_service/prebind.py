@@ -53,22 +53,22 @@ def _family(interface: str) -> socket.AddressFamily:
 
 
 class Prebound:
-    """Listening sockets bound ahead of the server, by the address they were asked for."""
+    """Listening sockets bound ahead of the server, by the address they were asked for
+    (one each: ``127.0.0.1:0`` for TCP and for HTTP are two ports, as the listeners
+    would bind them)."""
 
     def __init__(self) -> None:
-        self._sockets: dict[str, socket.socket] = {}
+        self._sockets: dict[str, list[socket.socket]] = {}
 
     def listen(self, addresses: Iterable[str], backlog: int | None = None) -> None:
         """Bind and listen on each TCP address that can be; skip the others."""
         for address in addresses:
-            if not address or address in self._sockets:
-                continue
-            where = tcp_interface(address)
+            where = tcp_interface(address) if address else None
             if where is None:
                 continue
             sock = self._bind(*where, backlog if backlog is not None else listen_backlog())
             if sock is not None:
-                self._sockets[address] = sock
+                self._sockets.setdefault(address, []).append(sock)
 
     @staticmethod
     def _bind(interface: str, port: int, backlog: int) -> socket.socket | None:
@@ -94,14 +94,18 @@ class Prebound:
         return sock
 
     def take(self, address: str) -> socket.socket | None:
-        """The socket listening for ``address``, now the caller's; None if there is none."""
-        return self._sockets.pop(address, None)
+        """A socket listening for ``address``, now the caller's; None if there is none."""
+        sockets = self._sockets.get(address)
+        if not sockets:
+            return None
+        return sockets.pop(0)
 
     def close(self) -> None:
         """Close what was not taken (a listener that was not configured after all)."""
         sockets, self._sockets = self._sockets, {}
-        for sock in sockets.values():
-            sock.close()
+        for each in sockets.values():
+            for sock in each:
+                sock.close()
 
     def __len__(self) -> int:
-        return len(self._sockets)
+        return sum(len(each) for each in self._sockets.values())

@@ -266,6 +266,15 @@ class PreboundTests(unittest.TestCase):
         self.assertEqual(service.port.socket.fileno(), sock.fileno())  # type: ignore[union-attr]
         self.assertEqual(b"".join((yield done)), b"waited")
 
+    def test_the_same_address_twice_is_two_sockets(self) -> None:
+        """``127.0.0.1:0`` for TCP and for HTTP: two ports, as the listeners bind them."""
+        bound = self.prebound("127.0.0.1:0", "127.0.0.1:0")
+        first, second = bound.take("127.0.0.1:0"), bound.take("127.0.0.1:0")
+        self.addCleanup(first.close)
+        self.addCleanup(second.close)
+        self.assertNotEqual(first.getsockname()[1], second.getsockname()[1])
+        self.assertIsNone(bound.take("127.0.0.1:0"))
+
     def test_an_empty_host_is_every_interface_as_the_listeners_bind_it(self) -> None:
         bound = self.prebound(":0")
         sock = bound.take(":0")
@@ -294,7 +303,7 @@ class PreboundTests(unittest.TestCase):
 
     def test_what_is_not_taken_is_closed(self) -> None:
         bound = self.prebound("127.0.0.1:0")
-        sock = bound._sockets["127.0.0.1:0"]
+        (sock,) = bound._sockets["127.0.0.1:0"]
         port_number = sock.getsockname()[1]
         bound.close()
         self.assertEqual(sock.fileno(), -1)
