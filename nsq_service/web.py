@@ -490,12 +490,31 @@ class GoHTTPAPI:
         return self.v1(request, 404, "NOT_FOUND")
 
 
+def clean_path(path: str) -> str:
+    """Go's httprouter.CleanPath: repeated slashes merged, ``.`` and ``..`` resolved."""
+    parts: list[str] = []
+    for part in path.split("/"):
+        if part == "..":
+            if parts:
+                parts.pop()
+        elif part and part != ".":
+            parts.append(part)
+    clean = "/" + "/".join(parts)
+    if path.endswith(("/", "/.", "/..")) and clean != "/":
+        clean += "/"
+    return clean
+
+
 def fixed_path(path: str, routes: dict[str, tuple[str, ...]]) -> str | None:
-    """httprouter's redirects: a trailing slash added or removed, or the case fixed."""
+    """httprouter's redirects: a trailing slash added or removed, the path cleaned
+    (``//ping``), or the case fixed."""
     static = [r for r in routes if "<" not in r]
     candidates = [path[:-1]] if path.endswith("/") else [path + "/"]
+    clean = clean_path(path)
+    candidates += [clean, clean.rstrip("/"), clean + "/"]
     candidates.append(path.lower())
     candidates.append(path.lower().rstrip("/"))
+    candidates.append(clean.lower())
     for cand in candidates:
         if cand in static and cand != path:
             return cand

@@ -107,6 +107,10 @@ class RoutingTests(HTTPTestCase):
         self.assertEqual(content, b'<a href="/ping">Moved Permanently</a>.\n\n')
         resp, _ = yield self.call("POST", "/TOPIC/CREATE?topic=x")
         self.assertEqual((resp.code, resp.headers.getRawHeaders("location")), (307, ["/topic/create?topic=x"]))
+        # httprouter's CleanPath (Klein's werkzeug answered 308 to an absolute URL)
+        for path, target in (("//ping", "/ping"), ("/debug/./pprof", "/debug/pprof/"), ("/x/../stats", "/stats")):
+            resp, _ = yield self.call("GET", path)
+            self.assertEqual((resp.code, resp.headers.getRawHeaders("location")), (301, [target]), path)
 
     @defer.inlineCallbacks
     def test_info(self):
