@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import types
 from typing import Any
 
 
@@ -58,3 +59,36 @@ def import_reactor(tls: bool) -> Any:
             if sys.modules.get(name, 0) is None:
                 del sys.modules[name]
     return reactor
+
+
+def import_klein() -> Any:
+    """Klein's app class, imported without loading pyOpenSSL.
+
+    Klein's module takes ``serverFromString`` from ``twisted.internet.endpoints``
+    (for ``Klein.run``, which nsq-tw never calls), and importing that module loads
+    pyOpenSSL and cryptography. While Klein is imported, a stand-in module answers
+    that import with a ``serverFromString`` that imports the real module when
+    called; the stand-in is gone once Klein is, so every other import of
+    ``twisted.internet.endpoints`` (treq, for an ``https://`` auth server) gets the
+    real module, with TLS, when it first needs it.
+    """
+    name = "twisted.internet.endpoints"
+    if "klein" in sys.modules or name in sys.modules:
+        from klein import Klein
+
+        return Klein
+    stand_in = types.ModuleType(name)
+
+    def serverFromString(*args: Any, **kw: Any) -> Any:
+        from twisted.internet import endpoints
+
+        return endpoints.serverFromString(*args, **kw)
+
+    stand_in.serverFromString = serverFromString  # type: ignore[attr-defined]
+    sys.modules[name] = stand_in
+    try:
+        from klein import Klein
+    finally:
+        if sys.modules.get(name) is stand_in:
+            del sys.modules[name]
+    return Klein

@@ -1,4 +1,4 @@
-"""HTTP plumbing shared by nsqd's and nsqlookupd's APIs: Go's responses on twisted.web.
+"""HTTP plumbing shared by nsqd's and nsqlookupd's APIs: Go's responses on Klein.
 
 - :func:`route` marks an API method as a route; :class:`Router`, built per API
   instance, serves them with httprouter's semantics: ``405
@@ -19,14 +19,16 @@ from typing import Any, NamedTuple
 from urllib.parse import unquote_to_bytes
 
 from twisted.internet import defer
-from twisted.python.failure import Failure
 from twisted.web import resource
 from twisted.web.server import NOT_DONE_YET, Request
+from werkzeug.exceptions import HTTPException, NotFound
+from werkzeug.routing import RoutingException
 
 from nsq_service.http_channel import QuietSite, peer_address
 from nsq_service.log import LogGate
 from nsq_service.memstats import GCPauses, mem_stats
 from nsq_service.options import ConfigError, field_by_cfg_name
+from nsq_service.runtime import import_klein
 from nsq_wire import gojson
 
 BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
@@ -162,19 +164,17 @@ def route(
 
 
 class Router:
-    """One API instance's routes: a table of paths (one ``<name>`` segment may
-    stand for any one segment) and the methods each serves.
-
-    Routing is httprouter's: a path matches a route exactly or not at all (the
-    redirects of a near miss are :meth:`GoHTTPAPI.not_found`'s). It was Klein's,
-    whose werkzeug cost a fifth of a server's start for a dozen fixed paths.
-    """
+    """One API instance's Klein app and the table of paths and methods it serves."""
 
     def __init__(self, api: GoHTTPAPI) -> None:
         self.api = api
+        self.app = import_klein()()  # without pyOpenSSL (nsq_service.runtime)
         self.routes: dict[str, tuple[str, ...]] = {}
-        self._fixed: dict[str, tuple[Callable[..., Any], Route]] = {}
-        self._patterns: list[tuple[list[str], Callable[..., Any], Route]] = []
+        self.bodies: dict[str, Callable[[Any], int]] = {}
+
+        @self.app.handle_errors(NotFound)  # type: ignore[arg-type]
+        def not_found(request: Request, failure: Any) -> bytes:
+            return api.not_found(request)
 
     def handler(self, path: str, *methods: str, **kw: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Register ``fn(api, request, **args)`` as :func:`route` describes."""
@@ -196,6 +196,8 @@ class Router:
     def add(self, fn: Callable[..., Any], spec: Route) -> None:
         api = self.api
         self.routes[spec.path] = spec.methods
+        if spec.body is not None:
+            self.bodies[fn.__name__] = spec.body
 
         def serve(request: Request, **kw: Any) -> Any:
             early = api.refuse(request)
@@ -211,64 +213,36 @@ class Router:
             return api.respond(request, spec.style, spec.access_log, lambda: fn(api, request, **kw))
 
         serve.__name__ = fn.__name__
-        if "<" in spec.path:
-            self._patterns = [p for p in self._patterns if p[2].path != spec.path]
-            self._patterns.append((spec.path.split("/"), serve, spec))
-        else:
-            self._fixed[spec.path] = (serve, spec)
-
-    def match(self, path: str) -> tuple[Callable[..., Any], Route, dict[str, str]] | None:
-        """The route of a (decoded) path: its handler, its spec and the values of its
-        ``<name>`` segments; None if no route has that path."""
-        fixed = self._fixed.get(path)
-        if fixed is not None:
-            return fixed[0], fixed[1], {}
-        segments = path.split("/")
-        for pattern, serve, spec in self._patterns:
-            if len(pattern) != len(segments):
-                continue
-            values: dict[str, str] = {}
-            for want, got in zip(pattern, segments, strict=True):
-                if want.startswith("<") and want.endswith(">"):
-                    if not got:
-                        break
-                    values[want[1:-1]] = got
-                elif want != got:
-                    break
-            else:
-                return serve, spec, values
-        return None
+        self.app.route(spec.path, methods=None, endpoint=fn.__name__)(serve)
 
     def body_limit(self, target: bytes) -> int | None:
         """The largest body the route of ``target`` accepts, None if it reads none.
 
-        The path is decoded and matched as :meth:`match` will route it.
+        The path is decoded and matched as Klein will route it.
         """
+        if not self.bodies:
+            return None
         path = target.partition(b"?")[0]
         try:
             text = b"/".join(unquote_to_bytes(seg) for seg in path.split(b"/")).decode("utf-8")
-        except UnicodeDecodeError:
+            endpoint, _ = self.app.url_map.bind("localhost").match(text)
+        except (UnicodeDecodeError, HTTPException, RoutingException):
             return None
-        found = self.match(text)
-        if found is None or found[1].body is None:
-            return None
-        return found[1].body(self.api)
+        limit = self.bodies.get(endpoint)
+        return None if limit is None else limit(self.api)
 
 
 class _APIResource(resource.Resource):
-    """Every request of an API: routed by its :class:`Router`, with Go's answers to
-    a Host header or a path that is not UTF-8 (Go answers 400 to the Host, and
-    routes raw bytes: 404).
-
-    A handler's answer (bytes, text, None, or a Deferred of one) is written and
-    the request finished; if the client goes away first, the Deferred is cancelled.
-    """
+    """The Klein app, behind Go's answers to what Klein cannot route: a Host
+    header or a path that is not UTF-8 (Klein answers a bare 400 and logs a
+    traceback; Go answers 400 to the Host, and routes raw bytes: 404)."""
 
     isLeaf = True
 
     def __init__(self, api: GoHTTPAPI) -> None:
         super().__init__()
         self.api = api
+        self.klein = api.router.app.resource()
 
     def render(self, request: Any) -> Any:
         try:
@@ -279,35 +253,13 @@ class _APIResource(resource.Resource):
             request.setHeader(b"connection", b"close")
             return b"400 Bad Request: malformed Host header"
         try:
-            path = "/" + b"/".join([*(request.prepath or ()), *(request.postpath or ())]).decode("utf-8")
+            b"/".join([*(request.prepath or ()), *(request.postpath or ())]).decode("utf-8")
         except UnicodeDecodeError:
             return self.api.not_found(request)
-        found = self.api.router.match(path)
-        if found is None:
+        path = request.path.decode("utf-8", "replace")
+        if "//" in path or "/." in path:  # httprouter redirects to its CleanPath (Klein would route //ping)
             return self.api.not_found(request)
-        serve, _, values = found
-        finished: list[bool] = []
-        request.notifyFinish().addBoth(lambda _: finished.append(True))
-        d = defer.maybeDeferred(serve, request, **values)
-        request.notifyFinish().addErrback(lambda _: d.cancel())
-
-        def write(result: Any) -> None:
-            if isinstance(result, str):
-                result = result.encode("utf-8")
-            if isinstance(result, bytes):
-                request.write(result)
-            if not finished:
-                request.finish()
-
-        def failed(f: Failure) -> None:
-            if finished:
-                if not f.check(defer.CancelledError):
-                    self.api.log.failure("unhandled error processing request", f)
-                return
-            request.processingFailed(f)
-
-        d.addCallbacks(write, failed)
-        return NOT_DONE_YET
+        return self.klein.render(request)
 
 
 class GoHTTPAPI:

@@ -36,7 +36,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     listen = [opts.tcp_address, opts.http_address]
     if tls:  # the HTTPS listener exists only then
         listen.append(opts.https_address)
-    return run_server("nsqd", opts, _make_service, "failed to instantiate nsqd", listen, tls)
+    # startTLS: IDENTIFY's tls_v1 (needs a certificate), and a replication link, whose
+    # dialer starts TLS as a client when its peer has a certificate
+    start_tls = tls or opts.replicated or bool(opts.replication_secret_file)
+    return run_server("nsqd", opts, _make_service, "failed to instantiate nsqd", listen, start_tls)
 
 
 def _make_service(opts: Any, reactor: Any) -> Any:

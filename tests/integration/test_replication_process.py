@@ -92,6 +92,27 @@ class ReplicationProcessTests(unittest.TestCase):
         yield eventually(arrived)
 
     @defer.inlineCallbacks
+    def test_a_primary_without_a_certificate_starts_tls_to_a_standby_with_one(self):
+        """The primary dials and starts TLS as a client: it needs startTLS though it has
+        no --tls-cert of its own (nsq_service.runtime.import_reactor)."""
+        certs = make_certs(os.path.join(self.dir, "certs"))
+        standby = self.nsqd(
+            "standby",
+            "--replication-role=standby",
+            f"--replication-secret-file={self.secret}",
+            f"--tls-cert={certs.cert}",
+            f"--tls-key={certs.key}",
+        )
+        self.nsqd(
+            "primary",
+            f"--replica={standby.addresses['TCP']}",
+            f"--replication-secret-file={self.secret}",
+            f"--tls-root-ca-file={certs.ca}",
+        )
+        yield eventually(lambda: self.in_sync(standby))
+        self.assertTrue(any("REPLICATION: linked to primary" in line and "(TLS)" in line for line in standby.lines))
+
+    @defer.inlineCallbacks
     def test_a_primary_without_the_secret_or_a_trusted_certificate_gets_nothing(self):
         certs = make_certs(os.path.join(self.dir, "certs"))
         standby = self.nsqd(
