@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import importlib.util
 import sys
 import types
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 
 def tune_gc() -> None:
@@ -61,22 +64,69 @@ def import_reactor(tls: bool) -> Any:
     return reactor
 
 
-def import_klein() -> Any:
-    """Klein's app class, imported without loading pyOpenSSL.
+class KleinParts(NamedTuple):
+    """What the HTTP APIs take of Klein and its werkzeug (see :func:`import_klein`)."""
 
-    Klein's module takes ``serverFromString`` from ``twisted.internet.endpoints``
-    (for ``Klein.run``, which nsq-tw never calls), and importing that module loads
-    pyOpenSSL and cryptography. While Klein is imported, a stand-in module answers
-    that import with a ``serverFromString`` that imports the real module when
-    called; the stand-in is gone once Klein is, so every other import of
-    ``twisted.internet.endpoints`` (treq, for an ``https://`` auth server) gets the
-    real module, with TLS, when it first needs it.
+    Klein: Any
+    NotFound: type[Exception]
+    HTTPException: type[Exception]
+    RoutingException: type[Exception]
+
+
+def import_klein() -> KleinParts:
+    """Klein's app class (and werkzeug's routing errors), imported as lightly as a
+    server's start allows.
+
+    ``import klein`` runs Klein's package, which imports all of Klein (forms,
+    sessions, templates) and werkzeug's package, which imports its development
+    server and test client; Klein's app module takes ``serverFromString`` from
+    ``twisted.internet.endpoints``, whose import loads pyOpenSSL and cryptography.
+    The servers need the app and the router only: ``klein._app`` and
+    ``werkzeug.routing``/``exceptions`` are imported under bare stand-ins of the
+    two packages (their submodules found where they are, their ``__init__`` not
+    run) and of ``endpoints`` (a ``serverFromString`` that imports the real module
+    when called; Klein calls it only in ``Klein.run``). The stand-ins are gone once
+    those modules are: a later ``import klein`` (or werkzeug, or endpoints) gets the
+    real package, which reuses the submodules imported here.
     """
-    name = "twisted.internet.endpoints"
-    if "klein" in sys.modules or name in sys.modules:
-        from klein import Klein
+    if "klein._app" not in sys.modules:
+        with _bare_package("klein"), _bare_package("werkzeug"), _stand_in_endpoints():
+            import klein._app  # noqa: F401
+            import werkzeug.exceptions
+            import werkzeug.routing  # noqa: F401
+    app = sys.modules["klein._app"]
+    exceptions, routing = sys.modules["werkzeug.exceptions"], sys.modules["werkzeug.routing"]
+    return KleinParts(app.Klein, exceptions.NotFound, exceptions.HTTPException, routing.RoutingException)
 
-        return Klein
+
+@contextlib.contextmanager
+def _bare_package(name: str) -> Iterator[None]:
+    """``name``'s submodules importable without its ``__init__`` (unless imported already)."""
+    if name in sys.modules:
+        yield
+        return
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.submodule_search_locations is None:
+        yield  # not a package here: imported as usual
+        return
+    bare = types.ModuleType(name)
+    bare.__path__ = list(spec.submodule_search_locations)
+    bare.__spec__ = spec
+    bare.__package__ = name
+    sys.modules[name] = bare
+    try:
+        yield
+    finally:
+        if sys.modules.get(name) is bare:
+            del sys.modules[name]
+
+
+@contextlib.contextmanager
+def _stand_in_endpoints() -> Iterator[None]:
+    name = "twisted.internet.endpoints"
+    if name in sys.modules:
+        yield
+        return
     stand_in = types.ModuleType(name)
 
     def serverFromString(*args: Any, **kw: Any) -> Any:
@@ -87,8 +137,7 @@ def import_klein() -> Any:
     stand_in.serverFromString = serverFromString  # type: ignore[attr-defined]
     sys.modules[name] = stand_in
     try:
-        from klein import Klein
+        yield
     finally:
         if sys.modules.get(name) is stand_in:
             del sys.modules[name]
-    return Klein

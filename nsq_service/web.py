@@ -21,8 +21,6 @@ from urllib.parse import unquote_to_bytes
 from twisted.internet import defer
 from twisted.web import resource
 from twisted.web.server import NOT_DONE_YET, Request
-from werkzeug.exceptions import HTTPException, NotFound
-from werkzeug.routing import RoutingException
 
 from nsq_service.http_channel import QuietSite, peer_address
 from nsq_service.log import LogGate
@@ -168,11 +166,12 @@ class Router:
 
     def __init__(self, api: GoHTTPAPI) -> None:
         self.api = api
-        self.app = import_klein()()  # without pyOpenSSL (nsq_service.runtime)
+        self.klein = import_klein()  # without pyOpenSSL, Klein's forms or werkzeug's server (nsq_service.runtime)
+        self.app = self.klein.Klein()
         self.routes: dict[str, tuple[str, ...]] = {}
         self.bodies: dict[str, Callable[[Any], int]] = {}
 
-        @self.app.handle_errors(NotFound)  # type: ignore[arg-type]
+        @self.app.handle_errors(self.klein.NotFound)  # type: ignore[arg-type]
         def not_found(request: Request, failure: Any) -> bytes:
             return api.not_found(request)
 
@@ -226,7 +225,7 @@ class Router:
         try:
             text = b"/".join(unquote_to_bytes(seg) for seg in path.split(b"/")).decode("utf-8")
             endpoint, _ = self.app.url_map.bind("localhost").match(text)
-        except (UnicodeDecodeError, HTTPException, RoutingException):
+        except (UnicodeDecodeError, self.klein.HTTPException, self.klein.RoutingException):
             return None
         limit = self.bodies.get(endpoint)
         return None if limit is None else limit(self.api)

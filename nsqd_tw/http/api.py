@@ -42,8 +42,7 @@ from nsqd_tw.http.inspect import PeekRoutes
 from nsqd_tw.http.stats import get_stats, print_stats
 from nsqd_tw.lookup import split_host_port
 from nsqd_tw.options import TLS_REQUIRED
-from nsqd_tw.replication.primary import NoLease, NotInSync, ReplicaLost
-from nsqd_tw.replication.service import PromoteError
+from nsqd_tw.replication.errors import NoLease, NotInSync, PromoteError, ReplicaLost
 from nsqd_tw.storage.errors import DiskBudgetFull
 from nsqd_tw.storage.retained import SinceTooOld
 

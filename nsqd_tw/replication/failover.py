@@ -17,16 +17,8 @@ from typing import Any
 from twisted.internet import defer, task
 
 from nsqd_tw.core.replica import PRIMARY, STANDBY
+from nsqd_tw.replication.errors import PromoteError
 from nsqd_tw.replication.lease import MARGIN
-
-
-class PromoteError(Exception):
-    """A promotion refused: ``code`` (HTTP status) and ``message`` (what /replication/promote answers)."""
-
-    def __init__(self, code: int, message: str, why: str) -> None:
-        super().__init__(why)
-        self.code = code
-        self.message = message
 
 
 class Failover:

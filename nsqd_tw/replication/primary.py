@@ -18,6 +18,7 @@ from nsqd_tw.core.queue import Item
 from nsqd_tw.core.replica import Backpressure, metadata_doc
 from nsqd_tw.core.topic import Topic
 from nsqd_tw.replication import wire
+from nsqd_tw.replication.errors import NoLease, NotInSync, ReplicaLost
 from nsqd_tw.storage.snapshot import CHUNK, QueueSnapshot
 
 if TYPE_CHECKING:
@@ -30,20 +31,6 @@ SNAPSHOT_CHUNK = CHUNK  # bytes of records in one snapshot frame, about
 # a standby that could not store what it was sent is linked again after this long,
 # doubled at each failure up to the most (and from the least again after a quiet while)
 RETRY_FAILED_MIN, RETRY_FAILED_MAX = 1.0, 30.0
-
-
-class ReplicaLost(Exception):
-    """A publish waited for a standby that went away (--replication-required)."""
-
-
-class NotInSync(Exception):
-    """Publishes refused while the standby is not in sync (--replication-required)."""
-
-
-class NoLease(Exception):
-    """A publish the standby does not hold, refused or not acknowledged: this
-    node holds no lease (docs/replication.md, "Failover"), so another may have
-    taken over."""
 
 
 class Primary:

@@ -297,3 +297,34 @@ def read_frame(s: socket.socket) -> bytes:
 
 if sys.platform != "linux":  # os.mkfifo and the listen backlog as on Linux
     del ListenFirstTests
+
+
+IMPORTS = """
+import sys
+from nsq_service.runtime import import_reactor
+reactor = import_reactor(False)
+from lookupd_tw.http_api import LookupdHTTPAPI
+from lookupd_tw.nsqlookupd import NSQLookupd
+from lookupd_tw.options import NSQLookupdOptions
+from nsqd_tw.core.nsqd import NSQD
+from nsqd_tw.http.api import NSQDHTTPAPI
+from nsqd_tw.options import NSQDOptions
+NSQDHTTPAPI(NSQD(NSQDOptions(data_path=sys.argv[1]), reactor))
+LookupdHTTPAPI(NSQLookupd(NSQLookupdOptions(), reactor))
+print(sorted(m for m in ("OpenSSL", "werkzeug.serving", "werkzeug.test", "klein._form", "klein._session",
+             "nsqd_tw.replication.primary") if m in sys.modules))
+import klein, werkzeug
+print(klein.Klein is sys.modules["klein._app"].Klein, werkzeug.Client.__module__, klein.Plating.__module__)
+"""
+
+
+class KleinImportTests(unittest.TestCase):
+    def test_the_apis_load_klein_without_its_extras_and_the_rest_still_imports(self) -> None:
+        """The HTTP APIs are Klein apps, imported without Klein's forms and sessions,
+        werkzeug's server and test client, pyOpenSSL or the replication link
+        (nsq_service.runtime.import_klein); importing Klein and werkzeug whole later
+        still gives all of them."""
+        data = self.mktemp()
+        os.makedirs(data)
+        out = subprocess.run([sys.executable, "-c", IMPORTS, data], capture_output=True, text=True, check=True)
+        self.assertEqual(out.stdout.splitlines(), ["[]", "True werkzeug.test klein._plating"], out.stderr)
