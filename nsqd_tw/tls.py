@@ -135,9 +135,26 @@ def with_identity(make: Callable[[], SSL.Context], opts: NSQDOptions, log: Any) 
     raise ConfigError(f"failed to build TLS config - {ssl_error(refused)}") from None
 
 
+class _EncryptedKey(Exception):
+    pass
+
+
+def _no_passphrase(maxlen: int, verify: bool, extra: Any) -> bytes:
+    """OpenSSL asks for a passphrase (an encrypted key): none is given. Without a
+    callback it would prompt on the terminal and wait; Go's crypto/tls reads no
+    encrypted key either."""
+    raise _EncryptedKey()
+
+
 def _load_identity(ctx: SSL.Context, opts: NSQDOptions) -> SSL.Context:
     ctx.use_certificate_chain_file(opts.tls_cert.encode())
-    ctx.use_privatekey_file(opts.tls_key.encode())
+    ctx.set_passwd_cb(_no_passphrase)
+    try:
+        ctx.use_privatekey_file(opts.tls_key.encode())
+    except _EncryptedKey:
+        raise ConfigError(
+            f"failed to build TLS config - --tls-key {opts.tls_key} is encrypted with a passphrase (not supported)"
+        ) from None
     ctx.check_privatekey()
     return ctx
 

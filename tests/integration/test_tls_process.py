@@ -119,3 +119,70 @@ class KeyKindTests(unittest.TestCase):
         # the client trusts the root only: it verifies the leaf through the intermediate
         proc, _ = self.assert_serves("chain")
         self.assertEqual(self.warnings(proc), [])
+
+
+class EncryptedKeyTests(unittest.TestCase):
+    timeout = 60
+
+    def test_an_encrypted_key_is_refused_at_once_even_at_a_terminal(self) -> None:
+        """Go's crypto/tls reads no encrypted key; OpenSSL would ask for its passphrase on
+        the controlling terminal and wait. nsqd, started on a terminal, refuses it."""
+        import pty
+        import select
+        import subprocess
+        import time
+
+        from cryptography.hazmat.primitives import serialization
+
+        from tests.integration.procs import command
+
+        path = os.path.abspath(self.mktemp())
+        identity = make_identity(os.path.join(path, "certs"), "rsa2048-pkcs8")
+        with open(identity.key, "rb") as f:
+            key = serialization.load_pem_private_key(f.read(), None)
+        encrypted = os.path.join(path, "encrypted.key")
+        with open(encrypted, "wb") as f:
+            f.write(
+                key.private_bytes(
+                    serialization.Encoding.PEM,
+                    serialization.PrivateFormat.PKCS8,
+                    serialization.BestAvailableEncryption(b"secret"),
+                )
+            )
+        master, slave = pty.openpty()
+        slave_name = os.ttyname(slave)
+
+        def controlling_terminal() -> None:
+            os.setsid()
+            os.close(os.open(slave_name, os.O_RDWR))  # the first tty opened by a session leader: its terminal
+
+        proc = subprocess.Popen(
+            [*command("nsqd"), *LOOPBACK, "--data-path", path, "--tls-cert", identity.cert, "--tls-key", encrypted],
+            stdin=slave,
+            stdout=slave,
+            stderr=subprocess.PIPE,
+            preexec_fn=controlling_terminal,
+        )
+        os.close(slave)
+        self.addCleanup(os.close, master)
+        self.addCleanup(lambda: proc.poll() is None and proc.kill())
+        deadline = time.monotonic() + 30
+        seen = b""
+        while proc.poll() is None and time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    seen += os.read(master, 1024)
+                except OSError:
+                    break
+            if b"pass phrase" in seen:
+                break
+        self.assertNotIn(b"pass phrase", seen, "asked for a passphrase on the terminal")
+        self.assertEqual(proc.wait(30), 1)
+        assert proc.stderr is not None
+        err = proc.stderr.read().decode()
+        self.assertIn(
+            f"FATAL: failed to instantiate nsqd - failed to build TLS config - --tls-key {encrypted} is encrypted "
+            "with a passphrase (not supported)",
+            err,
+        )
