@@ -39,6 +39,7 @@ class Owner(Protocol):
     """What the retained logs and rewinds need of their nsqd (the NSQD)."""
 
     opts: NSQDOptions
+    shipper: Any  # a replication primary's Shipper (core/nsqd.py), or None
     log: Any
     syncer: Syncer
     data_dir: DataDirectory
@@ -60,6 +61,13 @@ class Retention:
         self.retained: dict[Topic, None] = {}
         self.rewinding: dict[Channel, None] = {}
         self._checked_at = 0.0
+        # beyond Go's beyond, replication (docs/replication.md, "Retained logs"): a
+        # standby's logs are copies of its primary's (storage/mirror.py); the
+        # segments of the logs a snapshot closed, to open them again; and the
+        # rewinds of its primary's channels, to go on with once promoted
+        self.mirroring = False
+        self._kept: dict[str, list[Segment]] = {}
+        self.replicated_rewinds: dict[tuple[str, str], dict[str, Any]] = {}
 
     @property
     def active(self) -> bool:
@@ -84,13 +92,14 @@ class Retention:
         nsqd = self.nsqd
         opts = nsqd.opts
         size, roll_ns = self._segment_shape(topic.policy)
+        kept = self._kept.pop(topic.name, [])
         log = RetainedLog(
             topic.name,
             opts.data_path,
             nsqd.syncer,
             nsqd.log,
             nsqd.now_ns(),
-            nsqd.data_dir.take_retained(topic.name),
+            sorted({*nsqd.data_dir.take_retained(topic.name), *(seg.num for seg in kept)}),
             max_msg_size=opts.max_msg_size,
             # fsynced with every group commit in durable mode, else every --sync-timeout:
             # the channels deliver, this copy is for rewinds (and a kill -9 loses no page)
@@ -98,8 +107,10 @@ class Retention:
             budget=nsqd.disk_budget,
             segment_bytes=size,
             roll_ns=roll_ns,
+            known=kept,
         )
         log.on_delete = lambda seg, why: self._segment_deleted(topic, seg, why)
+        log.mirror = self.mirroring
         self.retained[topic] = None
         self.spill_channels(topic, log)
         nsqd.log.info(
@@ -188,6 +199,12 @@ class Retention:
         self.retained.pop(topic, None)
 
     def _segment_deleted(self, topic: Topic, seg: Segment, why: str) -> None:
+        shipper = self.nsqd.shipper
+        log = topic.retained
+        if shipper is not None and log is not None and not log.mirror:  # its standby deletes its copy
+            shipper.replicate(
+                {"op": "retained_delete", "topic": topic.name, "segment": seg.num, "horizon": log.horizon_ns}
+            )
         self.nsqd.log.info(
             "TOPIC({name}): retained segment {num} deleted ({why}): {n} messages, {size} bytes, "
             "published {first} to {last}",
@@ -224,7 +241,7 @@ class Retention:
         now_ns = int(now * 1e9)
         for topic in list(self.retained):
             log, retention = topic.retained, topic.policy.retention
-            if log is not None and retention:
+            if log is not None and retention and not log.mirror:  # a copy goes as its primary says
                 try:
                     log.expire(now_ns - int(retention * 1e9))
                 except Exception:
@@ -298,11 +315,21 @@ class Retention:
         )
         if not channel.ephemeral:
             nsqd.metadata_changed(channel.topic_name)
+        self.ship_rewind(channel)
         if rewind.done:
             self.rewind_finished(channel, rewind)
         else:
             rewind.feed_now()  # the first batch before anything published from now on
         return rewind
+
+    def ship_rewind(self, channel: Channel) -> None:
+        """A replication primary tells its standby where ``channel``'s rewind is
+        (or that it has none): promoted, the standby goes on from there."""
+        shipper = self.nsqd.shipper
+        if shipper is not None:
+            rewind = channel.rewind
+            state = rewind.copied_state() if rewind is not None else None
+            shipper.replicate({"op": "rewind", "topic": channel.topic_name, "channel": channel.name, "state": state})
 
     def rewind_finished(self, channel: Channel, rewind: Rewind, completed: bool = False) -> None:
         """A rewind read all it had to (``completed``: until its copies are
@@ -315,6 +342,8 @@ class Retention:
             channel.rewind_pending = rewind.state() if completed and not channel.is_clear() else None
             if not channel.ephemeral and not channel.exiting:
                 self.nsqd.metadata_changed(channel.topic_name)
+            if not channel.exiting:
+                self.ship_rewind(channel)
 
     def resume_rewinds(self, pending: list[tuple[Channel, Any]]) -> None:
         """The rewinds nsqd.dat kept (a restart): on from their last position."""
@@ -356,3 +385,68 @@ class Retention:
                 name=name,
                 n=len(nums),
             )
+
+    # -- replication (beyond Go's beyond: docs/replication.md, "Retained logs") ------------
+
+    def set_mirroring(self, on: bool) -> None:
+        """A standby's logs are copies of its primary's (written where it says);
+        a primary's its own: promoted, a standby seals the segments it copied,
+        and what it writes from then on are segments of its own."""
+        if on == self.mirroring:
+            return
+        self.mirroring = on
+        for topic in self.retained:
+            log = topic.retained
+            if log is not None:
+                log.mirror = on
+                log.mirror_at = None
+                log.seal_active()
+
+    def keep_retained(self, topic: Topic) -> None:
+        """A snapshot begins on a standby: ``topic`` is made again as its primary
+        has it, its retained log closed meanwhile, not deleted: kept until the
+        primary's segments replace it (storage/mirror.py)."""
+        log = topic.retained
+        if log is None:
+            return
+        self._kept[topic.name] = list(log.segments)
+        log.close()
+        topic.retained = None
+        self.retained.pop(topic, None)
+
+    def forget_kept(self) -> None:
+        """The logs a snapshot closed whose topic the primary has no retained log
+        for: nothing will replace them, their files go."""
+        nsqd = self.nsqd
+        for name, segments in self._kept.items():
+            log = RetainedLog(
+                name,
+                nsqd.opts.data_path,
+                nsqd.syncer,
+                nsqd.log,
+                nsqd.now_ns(),
+                [seg.num for seg in segments],
+                max_msg_size=nsqd.opts.max_msg_size,
+                known=segments,
+            )
+            nsqd.log.info(
+                "TOPIC({name}): retained log deleted (not retained by the primary): {n} messages, {size} bytes",
+                name=name,
+                n=log.messages,
+                size=log.bytes,
+            )
+            log.delete()
+        self._kept.clear()
+
+    def promoted(self) -> None:
+        """A standby takes over: its logs are its own from now on, and the rewinds
+        its primary had go on from where the copies it holds end."""
+        self.set_mirroring(False)
+        rewinds, self.replicated_rewinds = self.replicated_rewinds, {}
+        pending = []
+        for (topic_name, name), state in rewinds.items():
+            topic = self.nsqd.topics.get(topic_name)
+            channel = topic.channels.get(name) if topic is not None else None
+            if channel is not None:
+                pending.append((channel, state))
+        self.resume_rewinds(pending)

@@ -155,6 +155,11 @@ class Rewind:
             "copies_dropped": self.channel.duplicate_count,
         }
 
+    def copied_state(self) -> dict[str, Any]:
+        """:meth:`state` from where it has read to: what a replication standby, which
+        holds every copy queued so far, goes on from once promoted."""
+        return {"since": self.since_ns, "from": list(self.reader.position), "to": list(self.reader.end)}
+
     def state(self) -> dict[str, Any]:
         """What nsqd.dat keeps of it (the channel's extra ``rewind`` key)."""
         return {

@@ -49,6 +49,8 @@ SPARSE_BYTES = 256 * 1024  # bytes of records between two entries of a segment's
 INFIX = ".retained."
 _SEGMENT_RE = re.compile(r"(.+)\.retained\.(\d{6,})\.dat")
 _MIN_TS = 1_300_000_000 * 10**9  # 2011, before Go's ID epoch
+UID_BYTES = 8
+_UID_RE = re.compile(r"[0-9a-f]{16}")
 
 
 _unpack_size = RECORD_SIZE.unpack_from
@@ -87,10 +89,26 @@ class Segment:
     appended_ns: int = 0  # when it was last written to (what ages it out)
     created_ns: int = 0  # when it was first written to (what rolls it)
     sparse: list[tuple[int, int, int]] = field(default_factory=list)  # (offset, ordinal, timestamp)
+    # who wrote it: random, made when it is started; a replication standby's copy
+    # of it has the same (storage/mirror.py), which is how the two are matched
+    uid: str = ""
 
     def index_text(self) -> bytes:
-        head = b"v1 %d %d %d %d %d\n" % (self.count, self.size, self.first_ts, self.max_ts, self.appended_ns)
-        return head + b"".join(b"%d %d %d\n" % entry for entry in self.sparse)
+        head = b"v1 %d %d %d %d %d" % (self.count, self.size, self.first_ts, self.max_ts, self.appended_ns)
+        if self.uid:
+            head += b" " + self.uid.encode()  # an extra field: an older reader takes the first five
+        return head + b"\n" + b"".join(b"%d %d %d\n" % entry for entry in self.sparse)
+
+
+def new_uid() -> str:
+    return os.urandom(UID_BYTES).hex()
+
+
+def index_uid(head: bytes) -> str:
+    """The segment identity in an index's first line, else ""."""
+    fields = head.split(b"\n", 1)[0].split()
+    uid = fields[6].decode("ascii", "replace") if len(fields) > 6 else ""
+    return uid if _UID_RE.fullmatch(uid) else ""
 
 
 class Mark(NamedTuple):
@@ -142,8 +160,10 @@ class RetainedLog:
         budget: DiskBudget | None = None,
         segment_bytes: int = 100 * 1024 * 1024,
         roll_ns: int = 0,
+        known: Sequence[Segment] = (),
     ) -> None:
-        """``existing``: the numbers of the segments on disk (the data path's listing)."""
+        """``existing``: the numbers of the segments on disk (the data path's listing);
+        ``known``: those of them described already (the log closed a moment ago)."""
         self.topic = topic
         self.data_path = data_path
         self.syncer = syncer
@@ -171,7 +191,13 @@ class RetainedLog:
         # keeps what its memory can't hold as a run of the log: see storage/spill.py)
         self.last_append: tuple[Position, Sequence[bytes]] | None = None
         self.holders: dict[Any, None] = {}  # spill queues with runs in this log
-        self.horizon_ns = self._load(existing, now_ns)
+        # beyond Go's beyond: a replication standby's log is a copy of its primary's
+        # (storage/mirror.py): it writes only what the primary wrote, where it wrote
+        # it (``mirror_at``: segment, offset and uid of the next append), and deletes
+        # only what the primary deleted
+        self.mirror = False
+        self.mirror_at: tuple[int, int, str] | None = None
+        self.horizon_ns = self._load(existing, now_ns, {seg.num: seg for seg in known})
         self._add_bytes(self.bytes)
         syncer.register(self)
 
@@ -197,10 +223,11 @@ class RetainedLog:
 
     # -- start-up --------------------------------------------------------------------
 
-    def _load(self, existing: Sequence[int], now_ns: int) -> int:
+    def _load(self, existing: Sequence[int], now_ns: int, known: dict[int, Segment]) -> int:
         for num in sorted(existing):
-            seg = self._load_index(num) or self._scan(num)
+            seg = known.get(num) or self._load_index(num) or self._scan(num)
             if seg is not None:
+                self._identify(seg)
                 self.segments.append(seg)
                 self.messages += seg.count
                 self.bytes += seg.size
@@ -217,6 +244,13 @@ class RetainedLog:
                 )
             self.syncer.persist(self.files.meta_file, self._meta_text)
         return horizon
+
+    def _identify(self, seg: Segment) -> None:
+        """A segment read at start keeps the identity its index gave it; one
+        without (indexed again after a kill, or by an older nsq-tw) gets a new one."""
+        if not seg.uid:
+            seg.uid = new_uid()
+            self.syncer.persist(self.index_file(seg.num), seg.index_text)
 
     def _meta_text(self) -> bytes:
         """The horizon, and the next segment's number."""
@@ -244,7 +278,7 @@ class RetainedLog:
             return None
         if seg_size != size:
             return None
-        return Segment(num, count, seg_size, first_ts, max_ts, appended, appended, sparse)
+        return Segment(num, count, seg_size, first_ts, max_ts, appended, appended, sparse, index_uid(text))
 
     def _scan(self, num: int) -> Segment | None:
         """Read a segment without an index: its records, whatever follows them cut."""
@@ -294,18 +328,28 @@ class RetainedLog:
 
     # -- writing -------------------------------------------------------------------------
 
-    def append(self, records: Sequence[bytes], now_ns: int) -> Mark:
+    def append(self, records: Sequence[bytes], now_ns: int) -> Mark | None:
         """Write the records of one publish; they are in the file (page cache)
         when this returns. All or nothing: a failed write is cut off again and
-        raised. Returns a mark for :meth:`take_back`."""
+        raised. Returns a mark for :meth:`take_back` (None: a mirror not told
+        where, which keeps nothing: see ``mirror``)."""
         if self.exiting:
             raise OSError(errno.ESHUTDOWN, "retained log closed")
         data = framed(records)
         size = len(data)
+        place = None
+        if self.mirror:
+            place, self.mirror_at = self.mirror_at, None
+            if place is None:
+                return None  # not written where the primary is: its log did not take it
         if self.budget is not None:
             self.budget.check(size)  # may evict retained segments, this log's active one too
         seg = self._active
-        if (
+        if self.mirror:
+            assert place is not None
+            if seg is None or self._fd is None or seg.num != place[0]:
+                seg = self._roll(now_ns, place[0], place[2])
+        elif (
             seg is None
             or self._fd is None
             or (seg.size and seg.size + size > self.segment_bytes)
@@ -346,8 +390,10 @@ class RetainedLog:
         self.syncer.wrote(self, len(records))
         return mark
 
-    def take_back(self, mark: Mark) -> None:
+    def take_back(self, mark: Mark | None) -> None:
         """Take back the append that returned ``mark`` (the publish failed elsewhere)."""
+        if mark is None:
+            return
         seg = mark.segment
         self.last_append = None
         if seg is not self._active or self._fd is None:
@@ -367,16 +413,31 @@ class RetainedLog:
         except OSError as e:
             self.log.error("RETAINED({topic}): failed to take back a write - {err}", topic=self.topic, err=e)
 
-    def _roll(self, now_ns: int) -> Segment:
-        """Seal the active segment (its index goes with the next sync) and start the next."""
+    def _roll(self, now_ns: int, num: int | None = None, uid: str = "") -> Segment:
+        """Seal the active segment (its index goes with the next sync) and start the
+        next (a mirror: the primary's ``num`` and ``uid``). A segment a kill left
+        without an index is given a new identity at the start (so a standby's copy
+        of it is sent again whole: storage/mirror.py)."""
         self._seal()
-        num = self.next_num
-        self.next_num += 1
-        seg = Segment(num, created_ns=now_ns, appended_ns=now_ns)
+        if num is None:
+            num = self.next_num
+        self.next_num = max(self.next_num, num + 1)
+        seg = Segment(num, created_ns=now_ns, appended_ns=now_ns, uid=uid or new_uid())
         self._fd = os.open(self.data_file(num), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         self.segments.append(seg)
         self._active = seg
         return seg
+
+    def seal_active(self) -> None:
+        """Seal the segment being written: the next append starts another (a new
+        link's snapshot, a standby promoted: each segment has one writer)."""
+        if self._active is not None:
+            self._seal()
+
+    @property
+    def active_uid(self) -> str:
+        """The identity of the segment being written ("" if none)."""
+        return self._active.uid if self._active is not None else ""
 
     def _seal(self) -> None:
         seg, fd = self._active, self._fd
