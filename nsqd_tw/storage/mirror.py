@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 from nsqd_tw.storage.files import fsync_dir
 from nsqd_tw.storage.retained import RetainedLog, Segment
 
-PART = ".part"  # a segment being received whole, beside the one it will replace
+PART = ".part"  # a segment being received whole (``<segment>.<uid>.part``), beside the one it will replace
 
 
 class MirrorDiverged(Exception):
@@ -105,10 +105,18 @@ def reconcile(log: RetainedLog, doc: Any) -> list[list[int]]:
     receive, each as ``[number, from offset]``. Raises ValueError for a bad ``doc``."""
     horizon, nxt, theirs = _theirs(doc)
     log.seal_active()
-    pattern = os.path.join(glob.escape(log.data_path), glob.escape(f"{log.topic}.retained.") + "*.dat" + PART)
-    for stale in glob.glob(pattern):
-        log.files.remove(stale)  # a segment a lost link was bringing
     by_num = {t.num: t for t in theirs}
+    parts: dict[int, int] = {}  # what a lost link brought of a segment, by number: its size
+    pattern = os.path.join(glob.escape(log.data_path), glob.escape(f"{log.topic}.retained.") + "*" + PART)
+    for path in glob.glob(pattern):
+        t = _part_of(log, path, by_num)
+        try:
+            if t is not None:
+                parts[t.num] = os.stat(path).st_size
+                continue
+        except OSError:
+            pass
+        log.files.remove(path)
     wants: list[list[int]] = []
     dropped = dropped_bytes = 0
     for seg in list(log.segments):
@@ -118,13 +126,13 @@ def reconcile(log: RetainedLog, doc: Any) -> list[list[int]]:
             dropped_bytes += seg.size
             _remove(log, seg)
         elif t.uid != seg.uid:
-            wants.append([seg.num, 0])  # kept until the primary's has arrived
+            wants.append([seg.num, min(parts.get(seg.num, 0), t.size)])  # kept until the primary's has arrived
         elif seg.size > t.size:
             dropped += seg.count - t.messages
             _cut(log, seg, t)
         elif seg.size < t.size:
             wants.append([seg.num, seg.size])
-    wants += [[t.num, 0] for t in theirs if log.segment(t.num) is None]
+    wants += [[t.num, min(parts.get(t.num, 0), t.size)] for t in theirs if log.segment(t.num) is None]
     wants.sort()
     log.horizon_ns = horizon
     log.next_num = max(log.next_num, nxt)
@@ -137,6 +145,18 @@ def reconcile(log: RetainedLog, doc: Any) -> list[list[int]]:
             n=dropped,
         )
     return wants
+
+
+def part_path(log: RetainedLog, num: int, uid: str) -> str:
+    return f"{log.data_file(num)}.{uid}{PART}"
+
+
+def _part_of(log: RetainedLog, path: str, theirs: dict[int, Theirs]) -> Theirs | None:
+    """The primary's segment a part file is of, if it is one of them (same identity)."""
+    for t in theirs.values():
+        if path == part_path(log, t.num, t.uid):
+            return t
+    return None
 
 
 def _remove(log: RetainedLog, seg: Segment) -> None:
@@ -219,8 +239,8 @@ class Receiver:
         seg = log.segment(num)
         if seg is not None and seg.uid == uid:
             path, flags, in_place = log.data_file(num), os.O_RDWR, True
-        else:
-            path, flags, in_place = log.data_file(num) + PART, os.O_RDWR | os.O_CREAT | os.O_TRUNC, False
+        else:  # what a lost link brought of it is there (reconcile asked for the rest)
+            path, flags, in_place = part_path(log, num, uid), os.O_RDWR | os.O_CREAT, False
         part = self.parts[num] = _Part(num, uid, os.open(path, flags, 0o600), path, in_place)
         return part
 
@@ -282,9 +302,10 @@ class Receiver:
             self.log.files.remove(part.path)
 
     def close(self) -> None:
-        """The link is gone: what arrived of a segment of another identity goes
-        (a segment completed in place keeps its bytes, past the end the log knows:
-        sent again from that end)."""
+        """The link is gone: what arrived is kept, and the next link's snapshot
+        sends the rest (a segment completed in place, from the end the log knows;
+        a part file, from its end)."""
         for part in self.parts.values():
-            self._discard(part)
+            with contextlib.suppress(OSError):
+                os.close(part.fd)
         self.parts.clear()

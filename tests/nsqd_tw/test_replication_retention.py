@@ -307,3 +307,49 @@ class OutOfStepTests(unittest.TestCase):
         self.assertEqual(pair.standby.state, "in_sync")
         self.assertIsNone(pair.standby.nsqd.topics["t"].retained)
         self.assertEqual(files(pair.standby), {})
+
+
+class ResumeTests(unittest.TestCase):
+    def test_a_segment_half_received_when_the_link_is_lost_is_finished_from_where_it_stopped(self) -> None:
+        big = {**DISK, "max_bytes_per_file": 1 << 20}
+        pair = ReplicaPair(primary_opts=dict(big), standby_opts=dict(big)).start()
+        publish(pair, 10000, batch=500)  # a segment of 1 MiB, four chunks of a snapshot
+        pair.standby.stop()
+        for name in files(pair.standby):
+            os.remove(os.path.join(pair.standby.data_path, name))
+        chunks = []
+        pair.standby.start()
+        apply = pair.standby.repl  # the link's StandbySide is made when it links: watch its frames there
+        established = apply.established
+
+        def watch(link: Any) -> None:
+            established(link)
+            side = pair.standby.repl.standby_side
+            if side is None:
+                return
+            data = side.apply.segment_data
+
+            def segment_data(*args: Any) -> None:
+                if len(chunks) < 2:  # lost after two chunks of the first segment: what follows never came
+                    chunks.append(args[2])
+                    data(*args)
+                    if len(chunks) == 2:
+                        link.transport.loseConnection()
+
+            side.apply.segment_data = segment_data  # type: ignore[method-assign]
+            side.apply.segment_done = lambda doc: None  # type: ignore[method-assign]
+
+        apply.established = watch  # type: ignore[method-assign]
+        while len(chunks) < 2:
+            pair.advance(0.1)
+        apply.established = established  # type: ignore[method-assign]
+        self.assertEqual(chunks, [0, 256 * 1024])
+        parts = [f for f in os.listdir(pair.standby.data_path) if f.endswith(mirror.PART)]
+        self.assertEqual(len(parts), 1, "what arrived of it is kept")
+        sent = SentFrames(pair.primary)
+        pair.advance(2.0)
+        self.assertEqual(pair.standby.state, "in_sync")
+        same_logs(self, pair.primary, pair.standby)
+        whole = sum(s.size for s in log_of(pair.primary).segments)
+        self.assertLess(sent.bytes, whole - 2 * 256 * 1024 + 4096, "the rest, not the two chunks again")
+        self.assertEqual([f for f in os.listdir(pair.standby.data_path) if f.endswith(mirror.PART)], [])
