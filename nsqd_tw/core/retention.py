@@ -22,6 +22,7 @@ from nsqd_tw.core.topic import Topic
 from nsqd_tw.options import NSQDOptions
 from nsqd_tw.storage.budget import DiskBudget
 from nsqd_tw.storage.diskqueue import DiskQueue
+from nsqd_tw.storage.faults import Gap
 from nsqd_tw.storage.layout import DataDirectory
 from nsqd_tw.storage.retained import RetainedLog, Segment
 from nsqd_tw.storage.spill import SUFFIX, SpillQueue
@@ -301,17 +302,20 @@ class Retention:
             old.close()
         channel.rewind_pending = None
         rewind = Rewind(channel, log, since_ns, start, end)
+        rewind.reader.label = f"CHANNEL({channel.topic_name}:{channel.name}) rewind"
         rewind.progress_at = nsqd.now()
         channel.rewind = rewind
         channel.copies = True
         self.rewinding[channel] = None
+        gaps = log.gaps_between(start, end)
         nsqd.log.info(
-            "CHANNEL({topic}:{name}): rewinding since {since}{replaced}: {n} retained messages to queue again",
+            "CHANNEL({topic}:{name}): rewinding since {since}{replaced}: {n} retained messages to queue again{gaps}",
             topic=channel.topic_name,
             name=channel.name,
             since=rewind.since_text(),
             replaced=f" (replacing the rewind since {old.since_text()})" if old is not None else "",
             n=rewind.left,
+            gaps=f"; missing from the retained log, skipped: {', '.join(map(_gap_text, gaps))}" if gaps else "",
         )
         if not channel.ephemeral:
             nsqd.metadata_changed(channel.topic_name)
@@ -330,6 +334,11 @@ class Retention:
             rewind = channel.rewind
             state = rewind.copied_state() if rewind is not None else None
             shipper.replicate({"op": "rewind", "topic": channel.topic_name, "channel": channel.name, "state": state})
+
+    def gaps_crossed(self, rewind: Rewind) -> list[Gap]:
+        """The segments missing from the retained log that a rewind just started
+        crosses (it skips them; its answer names them)."""
+        return rewind.log.gaps_between(rewind.safe, rewind.reader.end)
 
     def rewind_finished(self, channel: Channel, rewind: Rewind, completed: bool = False) -> None:
         """A rewind read all it had to (``completed``: until its copies are
@@ -368,7 +377,8 @@ class Retention:
                     why="its topic has no retention" if log is None else "bad position",
                 )
                 continue
-            self._rewind(channel, log, since, start, end)
+            # a segment scanned at start (no index) numbers the records after damage anew
+            self._rewind(channel, log, since, log.renumbered(start), log.renumbered(end))
 
     def warn_retained_left(self) -> None:
         """Retained segments under the data path that no topic took (it has no
@@ -450,3 +460,8 @@ class Retention:
             if channel is not None:
                 pending.append((channel, state))
         self.resume_rewinds(pending)
+
+
+def _gap_text(gap: Gap) -> str:
+    what = f"segment {gap.first}" if gap.first == gap.last else f"segments {gap.first} to {gap.last}"
+    return f"{what} ({gap.text()})"

@@ -30,8 +30,10 @@ import contextlib
 import errno
 import glob
 import os
+from itertools import pairwise
 from typing import Any, NamedTuple
 
+from nsqd_tw.storage.faults import Gap
 from nsqd_tw.storage.files import fsync_dir
 from nsqd_tw.storage.retained import RetainedLog, Segment
 
@@ -134,6 +136,7 @@ def reconcile(log: RetainedLog, doc: Any) -> list[list[int]]:
             wants.append([seg.num, seg.size])
     wants += [[t.num, min(parts.get(t.num, 0), t.size)] for t in theirs if log.segment(t.num) is None]
     wants.sort()
+    _regap(log)
     log.horizon_ns = horizon
     log.next_num = max(log.next_num, nxt)
     log.syncer.persist(log.files.meta_file, log._meta_text)
@@ -157,6 +160,15 @@ def _part_of(log: RetainedLog, path: str, theirs: dict[int, Theirs]) -> Theirs |
         if path == part_path(log, t.num, t.uid):
             return t
     return None
+
+
+def _regap(log: RetainedLog) -> None:
+    """The gaps of a copy are the numbers missing between its segments: those its
+    primary lacks too, and while a snapshot goes on, those not arrived yet."""
+    segs = log.segments
+    log.faults.gaps = [
+        Gap(a.num + 1, b.num - 1, a.max_ts, b.first_ts, False) for a, b in pairwise(segs) if b.num > a.num + 1
+    ]
 
 
 def _remove(log: RetainedLog, seg: Segment) -> None:
@@ -289,6 +301,7 @@ class Receiver:
             at = next((i for i, s in enumerate(log.segments) if s.num > t.num), len(log.segments))
             log.segments.insert(at, seg)
         _describe(log, seg, t, sparse)
+        _regap(log)
 
     def drop(self, through: int) -> None:
         """The primary deleted its segments up to ``through``: so much less to receive."""

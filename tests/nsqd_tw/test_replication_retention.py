@@ -353,3 +353,17 @@ class ResumeTests(unittest.TestCase):
         whole = sum(s.size for s in log_of(pair.primary).segments)
         self.assertLess(sent.bytes, whole - 2 * 256 * 1024 + 4096, "the rest, not the two chunks again")
         self.assertEqual([f for f in os.listdir(pair.standby.data_path) if f.endswith(mirror.PART)], [])
+
+
+class GapTests(unittest.TestCase):
+    def test_a_segment_missing_on_the_primary_is_a_gap_on_its_standby_too(self) -> None:
+        pair = retained_pair()
+        publish(pair, 200)
+        pair.primary.stop()
+        os.remove(log_of(pair.primary).data_file(2))
+        pair.primary.start()
+        pair.advance(2.0)
+        self.assertEqual(pair.standby.state, "in_sync")
+        same_logs(self, pair.primary, pair.standby)
+        self.assertEqual(log_of(pair.standby).faults.gaps, log_of(pair.primary).faults.gaps)
+        self.assertEqual([(g.first, g.last) for g in log_of(pair.standby).faults.gaps], [(2, 2)])
