@@ -14,16 +14,24 @@ few MiB. The channel pokes it when its consumers take messages; the NSQD's
 once-a-second tick pokes it too, logs its progress and persists where it is
 *safe* to start again (an extra ``rewind`` key of the channel in ``nsqd.dat``):
 its position when the channel was last seen holding nothing (every copy queued
-before was finished), or at a clean stop (what is queued is saved). So a rewind
-goes on after a restart, and after a kill starts again from there: at least once.
+before was finished), or at a clean stop. So a rewind goes on after a restart,
+and after a kill starts again from there: at least once.
+
+At a clean stop the copies it queued that are still in the channel's memory are
+not saved with the rest of what the channel holds: its position goes back to the
+first of them (:meth:`Rewind.take_back`). Saved, they would sit in the channel's
+disk queue after the start while it fed the next ones to memory, and the channel
+delivers memory and disk in turns: the copies would come out of order. Read
+again, they reach the consumers in publish order across the restart.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from nsq_wire.gofmt import rfc3339_nano
+from nsq_wire.message import ID_OFFSET, MESSAGE_HEADER_LENGTH
 from nsqd_tw.storage.retained import Position, RetainedLog
 
 
@@ -36,6 +44,7 @@ class Channel(Protocol):
     exiting: bool
     memory: deque[Any]
     memory_bytes: int
+    message_count: int
     duplicate_count: int
 
     @property
@@ -74,6 +83,10 @@ class Rewind:
         self.closed = False
         self._scheduled = False
         self.progress_at = 0.0  # when progress was last logged (the NSQD's tick)
+        # the last batches fed (where each starts, its records): what may still be queued in
+        # the channel's memory, so that it can be given back (take_back)
+        self.fed: deque[_Fed] = deque()
+        self.fed_count = 0
 
     def __repr__(self) -> str:
         return f"<Rewind {self.channel!r} left={self.left}>"
@@ -91,6 +104,8 @@ class Rewind:
 
     def poke(self) -> None:
         """The channel may have room: feed it on the next reactor turn."""
+        if self.fed:
+            self._forget_delivered()
         if not self._scheduled and not self.closed and self.has_room():
             self._scheduled = True
             self.channel.ctx.schedule(self._feed)
@@ -107,6 +122,7 @@ class Rewind:
         channel = self.channel
         if self.closed or channel.exiting or channel.rewind is not self:
             return
+        start = self.reader.position
         try:
             records = self.reader.read(FEED_MESSAGES, FEED_BYTES)
         except OSError as e:
@@ -125,6 +141,7 @@ class Rewind:
             self.left = max(0, self.left - len(records))
         self.queued += len(records)
         if records:
+            self._remember(start, records, sum(map(len, records)))
             channel.feed(records)
         if self.reader.done:
             self.left = 0
@@ -139,10 +156,83 @@ class Rewind:
         else:
             self.poke()
 
+    # -- its copies queued in memory, given back ------------------------------------------
+
+    def _remember(self, start: Position, records: list[bytes], size: int) -> None:
+        """Keep where the batch just read starts (each record's position follows)."""
+        end = self.reader.position
+        n = len(records)
+        if end[:2] == (start.segment, start.offset + size + 4 * n) and end.ordinal == start.ordinal + n:
+            self.fed.append(_Fed(start, records, True))
+        else:  # across segments (or past what could not be read): split where each segment starts
+            self.fed.extend(_split(self.log, start, end, records))
+        self.fed_count += n
+
+    def _forget_delivered(self) -> None:
+        """Forget the batches none of whose copies can still be in memory: those
+        queued there are the last ones fed (it is first in, first out)."""
+        held = len(self.channel.memory)
+        fed = self.fed
+        while fed and self.fed_count - len(fed[0].records) >= held:
+            self.fed_count -= len(fed.popleft().records)
+
+    def _queued_copies(self) -> list[tuple[int, int]]:
+        """Where (batch, index) its copies still in the channel's memory are, in the order fed."""
+        self._forget_delivered()
+        where = {id(r): (i, k) for i, batch in enumerate(self.fed) for k, r in enumerate(batch.records)}
+        # the batches keep their records alive: no other object has one of these ids
+        return sorted(where[id(item)] for item in self.channel.memory if id(item) in where)
+
+    def take_back(self) -> None:
+        """A clean stop: its copies still in the channel's memory leave it (they are
+        not saved with it) and its position goes back to the first of them, so that
+        after the start they come again in order, before the rest of the rewind."""
+        copies = self._queued_copies()
+        if copies:
+            self._give_back(copies[0])
+
+    def _give_back(self, cut: tuple[int, int]) -> None:
+        """Take every copy fed from ``cut`` (batch, index) on out of the channel's
+        memory, and read on from there again."""
+        i, k = cut
+        batch = self.fed[i]
+        if not batch.exact:  # where its records are is not known: the whole batch again
+            k = 0
+        position = batch.position(k)
+        gone: set[int] = set()
+        for j in range(i, len(self.fed)):
+            gone.update(map(id, self.fed[j].records[k if j == i else 0 :]))
+        while len(self.fed) > i + 1:
+            self.fed.pop()
+        if k:
+            self.fed[i] = _Fed(batch.start, batch.records[:k], batch.exact)
+        else:
+            self.fed.pop()
+        self.fed_count = sum(len(b.records) for b in self.fed)
+        c = self.channel
+        kept: list[Any] = []
+        taken: list[bytes] = []
+        for item in c.memory:
+            (taken if id(item) in gone else kept).append(item)
+        c.memory.clear()
+        c.memory.extend(kept)
+        c.memory_bytes -= sum(map(len, taken)) - MESSAGE_HEADER_LENGTH * len(taken)
+        c.message_count -= len(taken)
+        self.queued -= len(taken)
+        end = self.reader.end
+        self.reader.close()
+        self.reader = self.log.reader(position, end)
+        self.left = self.log.count_between(position, end)
+        shipper = c.ctx.shipper
+        if shipper is not None and taken and not c.exiting:  # a standby has them: it drops one copy of each
+            shipper.gone(c, [r[ID_OFFSET:MESSAGE_HEADER_LENGTH] for r in taken])
+
     def close(self) -> None:
         """Stop reading (the position stays, for nsqd.dat)."""
         self.closed = True
         self.reader.close()
+        self.fed.clear()
+        self.fed_count = 0
 
     def stats(self) -> dict[str, Any]:
         """The channel's ``rewind`` object in /stats."""
@@ -162,6 +252,49 @@ class Rewind:
             "from": list(self.safe),
             "to": list(self.reader.end),
         }
+
+
+class _Fed(NamedTuple):
+    """A batch fed to the channel, its records all in one segment from ``start``
+    on (``exact``: where each one is follows from their sizes)."""
+
+    start: Position
+    records: list[bytes]
+    exact: bool
+
+    def position(self, k: int) -> Position:
+        """Where its ``k``-th record is (its start when not ``exact``)."""
+        if not k or not self.exact:
+            return self.start
+        start = self.start
+        return Position(start.segment, start.offset + sum(map(len, self.records[:k])) + 4 * k, start.ordinal + k)
+
+
+def _split(log: RetainedLog, start: Position, end: Position, records: list[bytes]) -> list[_Fed]:
+    """A batch read across segments, as one per segment: the reader went on to the
+    next segment retained where the one it read ended. If that does not lead to
+    where the reader is (a bad record skipped the rest of a segment), the
+    positions are not known: the parts are not ``exact``."""
+    parts: list[_Fed] = []
+    position = part_start = start
+    first = 0
+    for i, record in enumerate(records):
+        seg = log.segment(position.segment)
+        limit = seg.size if seg is not None else 0
+        if position.offset + 4 + len(record) > limit:  # the rest is in the next segment(s)
+            if i > first:
+                parts.append(_Fed(part_start, records[first:i], True))
+            later = [s.num for s in log.segments if s.num > position.segment]
+            position = Position(later[0], 0, 0) if later else end
+            first = i
+        if i == first:
+            part_start = position
+        position = Position(position.segment, position.offset + 4 + len(record), position.ordinal + 1)
+    if len(records) > first:
+        parts.append(_Fed(part_start, records[first:], True))
+    if position != end:
+        return [_Fed(p.start, p.records, False) for p in parts]
+    return parts
 
 
 def position_of(value: Any) -> Position | None:

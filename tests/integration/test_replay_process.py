@@ -1,5 +1,6 @@
 """Retention and rewinds with nsqd as a process: rewind after everything was FINed, across kill -9,
-no loss of an acknowledged message in durable mode, segments aged out."""
+no loss of an acknowledged message in durable mode, segments aged out; a rewind carried across
+a clean restart, in publish order."""
 
 from __future__ import annotations
 
@@ -35,6 +36,27 @@ class ReplayProcessTestCase(QueueSettingsProcessTestCase):
 
     def segments(self, topic: str) -> list[str]:
         return sorted(f for f in os.listdir(self.dir) if f.startswith(f"{topic}.retained.0"))
+
+    @defer.inlineCallbacks
+    def idle(self, topic: str, channel: str) -> Any:
+        """Whether ``channel`` has no consumer and nothing in flight (every FIN taken in)."""
+        stats = yield self.stats(topic)
+        c = next(c for c in stats["channels"] if c["channel_name"] == channel)
+        return c["client_count"] == 0 and c["in_flight_count"] == 0
+
+
+def inversions(values: list[bytes]) -> int:
+    """How many pairs of ``values`` are out of order (i < j, values[i] > values[j])."""
+    if len(values) < 2:
+        return 0
+    half = len(values) // 2
+    left, right = sorted(values[:half]), sorted(values[half:])
+    across, j = 0, 0
+    for v in left:  # for each of the left half, how many of the right half are smaller
+        while j < len(right) and right[j] < v:
+            j += 1
+        across += j
+    return inversions(values[:half]) + inversions(values[half:]) + across
 
 
 class RewindProcessTests(ReplayProcessTestCase):
@@ -173,3 +195,39 @@ class SpillProcessTests(ReplayProcessTestCase):
         bodies = {m.body for m in got}
         missing = [i for i in range(100, 3000) if b"o%05d" % i not in bodies]
         self.assertEqual(missing, [], "everything past memory comes again after kill -9")
+
+
+class RewindOrderProcessTests(ReplayProcessTestCase):
+    """A rewind carried across a clean stop (SIGTERM) goes on in publish order (docs/replay.md)."""
+
+    @defer.inlineCallbacks
+    def check_order_across_sigterm(self, *flags: str) -> Any:
+        total = 30_000
+        proc = self.start("--retention", "1h", *flags)
+        yield self.call("POST", "/topic/create?topic=log")
+        yield self.publish(proc.port(), "log", [b"%06d" % i for i in range(total)])
+        yield self.call("POST", "/topic/empty?topic=log")  # its own backlog: only the retained log is left
+        code, _ = yield self.call("POST", "/channel/create?topic=log&channel=replay&since=earliest")
+        self.assertEqual(code, 200)
+        first = yield self.consume(proc.port(), "log", "replay", 10_000)
+        yield self.until(lambda: self.idle("log", "replay"))
+        stats = yield self.stats("log")
+        self.assertGreater(stats["channels"][0]["rewind"]["messages_left"], 0, "stopped in the middle of the rewind")
+        proc.signal(signal.SIGTERM)
+        self.assertEqual((yield deferToThread(proc.wait)), 0)
+
+        proc = self.start("--retention", "1h", *flags)
+        rest = yield self.consume(proc.port(), "log", "replay", total - len(first))
+        yield self.until(lambda: self.idle("log", "replay"))
+        stats = yield self.stats("log")
+        self.assertEqual((stats["channels"][0]["depth"], "rewind" in stats["channels"][0]), (0, False))
+        bodies = [m.body for m in first + rest]
+        self.assertEqual(sorted(bodies), [b"%06d" % i for i in range(total)], "every message once")
+        self.assertEqual(inversions([m.body for m in rest]), 0, "in publish order after the restart")
+        self.assertEqual(bodies, [b"%06d" % i for i in range(total)], "and across it")
+
+    def test_a_rewind_goes_on_in_publish_order_after_a_clean_restart(self) -> Any:
+        return self.check_order_across_sigterm()
+
+    def test_the_same_in_durable_mode(self) -> Any:
+        return self.check_order_across_sigterm("--mem-queue-size", "0", "--sync-every", "1")

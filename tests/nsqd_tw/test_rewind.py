@@ -345,6 +345,86 @@ class RestartTests(RetentionTestCase):
         self.assertEqual(self.drain(n, channel, c), [b"m%d" % i for i in range(30)])
 
 
+class RestartOrderTests(RetentionTestCase):
+    """A rewind carried across a clean stop goes on in publish order (docs/replay.md)."""
+
+    def take(self, n: NSQD, channel: Channel, c: FakeConsumer, count: int) -> list[bytes]:
+        """What ``c`` gets, each FINed, until ``count`` came; then it takes nothing more."""
+        bodies: list[bytes] = []
+        for _ in range(1000):
+            n.reactor.advance(0)
+            if len(c.got) >= count:
+                c.ready_count = 0
+            for m in c.got[len(bodies) :]:
+                bodies.append(m.body)
+                channel.finish_message(c.id, m.id)
+                c.finished()
+            if not c.ready_count:
+                return bodies
+            channel.kick()
+        self.fail("not as many came")
+
+    def rewound(self, **flags: object) -> tuple[NSQD, Channel, list[bytes]]:
+        n = self.start(retention=3600.0, **flags)
+        self.publish(n, "t", 12_000, batch=1000)
+        channel = n.topics["t"].get_channel("c")
+        n.reactor.advance(0)
+        channel.empty()
+        n.retention.start_rewind(channel, None)
+        return n, channel, [b"m%d" % i for i in range(12_000)]
+
+    def restarted(self, **flags: object) -> tuple[NSQD, Channel, FakeConsumer]:
+        n = self.start(retention=3600.0, **flags)
+        channel = n.topics["t"].channels["c"]
+        return n, channel, self.consumer(channel, rdy=100)
+
+    def check_order(self, **flags: object) -> tuple[list[bytes], dict[str, object]]:
+        n, channel, published = self.rewound(**flags)
+        first = self.take(n, channel, self.consumer(channel, rdy=100), 3000)
+        self.assertGreater(len(channel.memory), 0, "copies queued in memory at the stop")
+        self.stop(n)
+        state = self.metadata()["topics"][0]["channels"][0]["rewind"]
+        n, channel, c = self.restarted(**flags)
+        self.assertEqual(channel.backend.depth(), 0, "its copies were not saved: read again")
+        rest = self.drain(n, channel, c)
+        self.assertEqual(first + rest, published, "each once, in publish order across the restart")
+        return first, state
+
+    def test_copies_in_memory_at_a_clean_stop_are_read_again_not_saved(self) -> None:
+        first, state = self.check_order()
+
+        def offset(k: int) -> int:  # of the k-th record (in the one segment): 4-byte size, 26-byte header, body
+            return sum(4 + 26 + len(b"m%d" % i) for i in range(k))
+
+        self.assertEqual(
+            state,
+            {"since": None, "from": [0, offset(len(first)), len(first)], "to": [0, offset(12_000), 12_000]},
+            "nsqd.dat: after a kill, it is read again from the first copy not delivered",
+        )
+
+    def test_the_same_in_durable_mode(self) -> None:
+        self.check_order(mem_queue_size=0, sync_every=1)
+
+    def test_the_same_with_batches_across_segments(self) -> None:
+        self.check_order(max_bytes_per_file=20_000)  # 1,000 messages a segment (a publish), 2,500 a batch
+        self.assertEqual(len([f for f in self.retained_files() if f.endswith(".idx")]), 12)
+
+    def test_a_copy_in_flight_at_the_stop_comes_again(self) -> None:
+        n, channel, published = self.rewound()
+        c = self.consumer(channel, rdy=100)
+        first = self.take(n, channel, c, 2900)
+        c.ready_count = 100
+        channel.kick()
+        first += [m.body for m in c.got[2900:]]  # not finished: in flight at the stop
+        self.assertEqual(len(first), 3000)
+        self.stop(n)
+        n, channel, c = self.restarted()
+        rest = self.drain(n, channel, c)
+        again = [b for b in rest if b in first]
+        self.assertEqual(again, first[-100:], "the ones in flight come again (from the disk queue, in turns)")
+        self.assertEqual(first + [b for b in rest if b not in again], published, "the others once, in order")
+
+
 class HTTPTests(unittest.TestCase):
     """The routes, in memory (StubTreq); the retained log on disk."""
 
