@@ -28,7 +28,8 @@
   what is left on disk (the unread channel's backlog).
 - ``rss``: a retained log of GIGABYTES (1 KiB messages) published to a topic with no channel,
   the topic's own backlog emptied, then a channel made with ``since=earliest`` and a consumer
-  FINing everything: nsqd's RSS before, at most during the rewind, and after.
+  FINing everything: nsqd's RSS before, at most during the rewind (sampled every ~20 ms), and
+  after; a ``GET /ping``'s latency during it (median, max).
 
 - ``concurrent``: CHANNELS channels rewinding at once, one consumer each at RDY ``--rdy`` FINing
   everything: a retained log of MESSAGES x ``--size`` bytes published to a topic with no channel
@@ -406,23 +407,27 @@ def rss_rewind(a: argparse.Namespace) -> None:
             f"{retained['bytes'] / 2**30:.2f} GiB in {retained['segments']} segments"
         )
         time.sleep(1)
-        before = rss(node.proc.pid)
-        samples = [before]
+        sampler = Sampler(node)
+        sampler.start()
+        time.sleep(0.5)
+        before = sampler.rss[-1]
         t0 = time.monotonic()
         node.post("/channel/create?topic=big&channel=replay&since=earliest")  # before a SUB makes it
         consumer = Collector(node.tcp, "big", "replay", rdy=2500, keep=False)
         consumer.start()
         while consumer.count < retained["messages"] and time.monotonic() < t0 + 1800:
             time.sleep(0.2)
-            samples.append(rss(node.proc.pid))
         took = time.monotonic() - t0
+        samples, pings = list(sampler.rss), list(sampler.ping)
         consumer.stop()
+        sampler.stop()
         after = rss(node.proc.pid)
         print(
             f"rewound {retained['messages']:,} messages ({retained['bytes'] / 2**30:.2f} GiB) in {took:.1f} s "
             f"({retained['bytes'] / 2**20 / took:.0f} MiB/s); nsqd RSS before {before / 2**20:.1f} MiB, "
             f"at most {max(samples) / 2**20:.1f} MiB during (+{(max(samples) - before) / 2**20:.1f} MiB, "
-            f"{len(samples)} samples every 0.2 s), after {after / 2**20:.1f} MiB"
+            f"{len(samples)} samples every ~20 ms), after {after / 2**20:.1f} MiB; /ping median "
+            f"{statistics.median(pings) * 1e3:.1f} ms, max {max(pings) * 1e3:.1f} ms"
         )
     finally:
         node.stop()
