@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from nsq_wire.gofmt import go_duration, rfc3339_nano
 from nsqd_tw.core.channel import Channel
-from nsqd_tw.core.rewind import Rewind, position_of
+from nsqd_tw.core.rewind import Rewind, RewindBudget, position_of
 from nsqd_tw.core.settings import Policy
 from nsqd_tw.core.topic import Topic
 from nsqd_tw.options import NSQDOptions
@@ -48,6 +48,7 @@ class Owner(Protocol):
 
     def now(self) -> float: ...
     def now_ns(self) -> int: ...
+    def schedule(self, fn: Any) -> None: ...
     def metadata_changed(self, topic_name: str | None = None) -> None: ...
 
 
@@ -59,6 +60,8 @@ class Retention:
         # the topics with a retained log, the channels rewinding
         self.retained: dict[Topic, None] = {}
         self.rewinding: dict[Channel, None] = {}
+        # what the rewinds may hold in memory and read in a reactor turn, all together
+        self.budget = RewindBudget(nsqd.schedule)
         self._checked_at = 0.0
 
     @property
@@ -277,13 +280,16 @@ class Retention:
         self._rewind(channel, log, since_ns, start, end)
         return channel
 
-    def _rewind(self, channel: Channel, log: RetainedLog, since_ns: int | None, start: Any, end: Any) -> Rewind:
+    def _rewind(
+        self, channel: Channel, log: RetainedLog, since_ns: int | None, start: Any, end: Any, feed: bool = True
+    ) -> Rewind:
+        """``feed``: queue its first batch now (else the caller pokes it)."""
         nsqd = self.nsqd
         old = channel.rewind
         if old is not None:
             old.close()
         channel.rewind_pending = None
-        rewind = Rewind(channel, log, since_ns, start, end)
+        rewind = Rewind(channel, log, since_ns, start, end, self.budget)
         rewind.progress_at = nsqd.now()
         channel.rewind = rewind
         channel.copies = True
@@ -300,7 +306,7 @@ class Retention:
             nsqd.metadata_changed(channel.topic_name)
         if rewind.done:
             self.rewind_finished(channel, rewind)
-        else:
+        elif feed:
             rewind.feed_now()  # the first batch before anything published from now on
         return rewind
 
@@ -317,8 +323,10 @@ class Retention:
                 self.nsqd.metadata_changed(channel.topic_name)
 
     def resume_rewinds(self, pending: list[tuple[Channel, Any]]) -> None:
-        """The rewinds nsqd.dat kept (a restart): on from their last position."""
+        """The rewinds nsqd.dat kept (a restart): on from their last position, fed
+        once they have all started (each its share of the budget)."""
         nsqd = self.nsqd
+        resumed: list[Rewind] = []
         for channel, state in pending:
             topic = nsqd.topics.get(channel.topic_name)
             log = topic.retained if topic is not None else None
@@ -339,7 +347,9 @@ class Retention:
                     why="its topic has no retention" if log is None else "bad position",
                 )
                 continue
-            self._rewind(channel, log, since, start, end)
+            resumed.append(self._rewind(channel, log, since, start, end, feed=False))
+        for rewind in resumed:
+            rewind.poke()
 
     def warn_retained_left(self) -> None:
         """Retained segments under the data path that no topic took (it has no

@@ -1,6 +1,6 @@
 """Retention and rewinds with nsqd as a process: rewind after everything was FINed, across kill -9,
 no loss of an acknowledged message in durable mode, segments aged out; a rewind carried across
-a clean restart, in publish order."""
+a clean restart, in publish order; what many rewinds hold in memory together."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from twisted.internet.threads import deferToThread
 
 from nsq_client.twisted_client import Consumer, ReceivedMessage, connect
 from nsq_wire.gofmt import rfc3339_nano
+from tests.integration.procs import rss_mb
 from tests.integration.test_queue_settings_process import QueueSettingsProcessTestCase
 
 
@@ -231,3 +232,49 @@ class RewindOrderProcessTests(ReplayProcessTestCase):
 
     def test_the_same_in_durable_mode(self) -> Any:
         return self.check_order_across_sigterm("--mem-queue-size", "0", "--sync-every", "1")
+
+
+class RewindBudgetProcessTests(ReplayProcessTestCase):
+    """All rewinds together hold at most 20,000 messages and 16 MiB in their channels' memory (docs/replay.md)."""
+
+    @defer.inlineCallbacks
+    def test_many_channels_rewinding_without_consumers_hold_the_budget_at_most(self) -> Any:
+        proc = self.start("--retention", "1h")
+        yield self.call("POST", "/topic/create?topic=big")
+        total = 20_000
+        yield self.publish(proc.port(), "big", [b"%05d" % i + b"x" * 1019 for i in range(total)])
+        yield self.call("POST", "/topic/empty?topic=big")
+        rss_before = rss_mb(proc.proc.pid)  # type: ignore[union-attr]
+        channels = [f"c{k:02d}" for k in range(16)]
+        for channel in channels:  # one after the other: each start makes the others' shares smaller
+            code, _ = yield self.call("POST", f"/channel/create?topic=big&channel={channel}&since=earliest")
+            self.assertEqual(code, 200)
+
+        @defer.inlineCallbacks
+        def held() -> Any:
+            stats = yield self.stats("big")
+            return {c["channel_name"]: (c["depth"] - c["backend_depth"], c["memory_bytes"]) for c in stats["channels"]}
+
+        before: list[Any] = [None]
+
+        @defer.inlineCallbacks
+        def settled() -> Any:  # two looks a while apart find the same
+            now = yield held()
+            same, before[0] = now == before[0], now
+            return same
+
+        yield self.until(settled)
+        queued = before[0]
+        self.assertEqual(sorted(queued), channels)
+        self.assertLessEqual(sum(n for n, _ in queued.values()), 20_000)
+        self.assertLessEqual(sum(b for _, b in queued.values()), (16 << 20) + 16 * 1024, "a record over each at most")
+        self.assertGreater(min(n for n, _ in queued.values()), 0, "each has its share")
+        self.assertLess(rss_mb(proc.proc.pid) - rss_before, 64, "RSS grows by about the budget")  # type: ignore[union-attr]
+
+        got = yield self.consume(proc.port(), "big", "c07", total)  # one consumer: its channel goes on
+        self.assertEqual([m.body[:5] for m in got], [b"%05d" % i for i in range(total)])
+        queued = yield held()
+        self.assertEqual(queued["c07"], (0, 0))
+        self.assertEqual(
+            {k: v for k, v in queued.items() if k != "c07"}, {k: v for k, v in before[0].items() if k != "c07"}
+        )

@@ -425,6 +425,92 @@ class RestartOrderTests(RetentionTestCase):
         self.assertEqual(first + [b for b in rest if b not in again], published, "the others once, in order")
 
 
+class BudgetTests(RetentionTestCase):
+    """What all rewinds together hold in memory and read in a reactor turn (rewind.RewindBudget)."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.n = self.start(retention=3600.0)
+        self.topic = self.n.get_topic("t")
+        self.published = [b"%05d" % i + b"x" * 995 for i in range(20_000)]  # 1 KiB records
+        for k in range(0, 20_000, 1000):
+            self.n.publish("t", self.published[k : k + 1000])
+        self.topic.empty()
+
+    def rewind(self, name: str) -> Channel:
+        channel = self.topic.get_channel(name)
+        self.n.retention.start_rewind(channel, None)
+        return channel
+
+    def held(self, channels: list[Channel]) -> tuple[int, int]:
+        return sum(len(c.memory) for c in channels), sum(c.memory_bytes for c in channels)
+
+    def test_channels_rewinding_together_hold_their_share_of_the_budget(self) -> None:
+        n = self.n
+        channels = []
+        for k in range(16):
+            channels.append(self.rewind(f"c{k}"))
+            for _ in range(20):
+                n.reactor.advance(0)
+            messages, size = n.retention.budget.share
+            for c in channels:
+                self.assertLessEqual((len(c.memory), c.memory_bytes), (messages, size + 1024), "a record over at most")
+            held, held_bytes = self.held(channels)
+            self.assertLessEqual(held, rewind_module.BUDGET_MESSAGES)
+            self.assertLessEqual(held_bytes, rewind_module.BUDGET_BYTES + 1024 * len(channels))
+        self.assertEqual(n.retention.budget.share, (1250, 1 << 20))
+        self.assertEqual({len(c.memory) > 500 for c in channels}, {True}, "each its share")
+        for c in channels:  # what each gave back comes again in its turn: all of it, once, in order
+            self.assertEqual(self.drain(n, c, self.consumer(c)), self.published)
+
+    def test_a_rewind_that_ends_gives_its_share_to_the_others(self) -> None:
+        n = self.n
+        a, b = self.rewind("a"), self.rewind("b")
+        n.reactor.advance(0)
+        for c in (a, b):  # 4 MiB each (ROOM_BYTES), fed again once 1 MiB is free
+            self.assertTrue(3 << 20 <= c.memory_bytes <= (4 << 20) + 1000, c.memory_bytes)
+        channels = [self.rewind(f"c{k}") for k in range(6)]
+        n.reactor.advance(0)
+        for c in (a, b, *channels):  # 8 rewind: 2 MiB each, fed again once 1 MiB is free
+            self.assertTrue(1 << 20 <= c.memory_bytes <= (2 << 20) + 1000, c.memory_bytes)
+        for c in channels:
+            c.empty()  # their rewinds end
+        n.reactor.advance(0)
+        for c in (a, b):
+            self.assertTrue(3 << 20 <= c.memory_bytes <= (4 << 20) + 1000, c.memory_bytes)
+        self.assertEqual(self.drain(n, a, self.consumer(a)), self.published)
+
+    def test_one_reactor_turn_feeds_a_few_batches_whatever_the_number_of_rewinds(self) -> None:
+        n = self.n
+        budget = n.retention.budget
+        channels = [self.rewind(f"c{k}") for k in range(16)]
+        turns: list[int] = []  # how many messages each reactor turn of the feeding read
+        turn = budget._turn
+
+        def one_turn() -> None:
+            before = sum(c.message_count for c in channels)
+            turn()
+            turns.append(sum(c.message_count for c in channels) - before)
+
+        budget._turn = one_turn  # type: ignore[method-assign]
+        consumers = [self.consumer(c, rdy=10_000) for c in channels]
+        for _ in range(10_000):
+            if sum(len(c.got) for c in consumers) >= 16 * 20_000:
+                break
+            n.reactor.advance(0)
+            for c, consumer in zip(channels, consumers, strict=True):
+                for m in consumer.got[self.finished.get(consumer.id, 0) :]:
+                    c.finish_message(consumer.id, m.id)
+                    consumer.finished()
+                self.finished[consumer.id] = len(consumer.got)
+            for c in channels:
+                c.kick()
+        for consumer in consumers:
+            self.assertEqual([m.body for m in consumer.got], self.published)
+        self.assertGreater(len(turns), 16 * 20_000 // rewind_module.TURN_MESSAGES)
+        self.assertLessEqual(max(turns), rewind_module.TURN_MESSAGES)
+
+
 class HTTPTests(unittest.TestCase):
     """The routes, in memory (StubTreq); the retained log on disk."""
 
