@@ -511,6 +511,51 @@ class BudgetTests(RetentionTestCase):
         self.assertLessEqual(max(turns), rewind_module.TURN_MESSAGES)
 
 
+class ReleaseTests(RetentionTestCase):
+    """Once the rewinds are over, the free memory of the C heap is given back (malloc_trim)."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        from nsqd_tw.core import retention
+
+        self.released: list[float] = []
+        self.patch(retention.memstats, "release_free_memory", lambda: self.released.append(self.n.now()))
+        self.n = self.start(retention=3600.0)
+        self.publish(self.n, "t", 100)
+        self.channel = self.n.topics["t"].get_channel("c")
+        self.channel.empty()
+
+    def tick(self, seconds: float) -> None:
+        self.n.reactor.advance(seconds)
+        self.n.retention.check_retention(self.n.now())
+
+    def test_once_the_copies_of_the_last_rewind_are_delivered(self) -> None:
+        n = self.n
+        a = n.retention.start_rewind(self.channel, None)
+        other = n.topics["t"].get_channel("other")
+        n.retention.start_rewind(other, None)
+        self.assertIsNone(self.channel.rewind, "read to its end at once: 100 copies queued")
+        self.assertIsNotNone(a)
+        self.tick(1)
+        self.assertEqual(self.released, [], "another rewind is not over")
+        other.empty()  # it ends
+        self.tick(1)
+        self.assertEqual(self.released, [], "copies are still queued")
+        self.assertEqual(len(self.drain(n, self.channel, self.consumer(self.channel))), 100)
+        self.tick(1)
+        self.assertEqual(self.released, [n.now()])
+        self.tick(20)
+        self.assertEqual(len(self.released), 1, "once")
+
+    def test_at_the_latest_ten_seconds_after_the_last_rewind_ended(self) -> None:
+        n = self.n
+        n.retention.start_rewind(self.channel, None)
+        ended = n.now()
+        for _ in range(12):
+            self.tick(1)
+        self.assertEqual(self.released, [ended + 10], "its copies are still queued: no consumer")
+
+
 class HTTPTests(unittest.TestCase):
     """The routes, in memory (StubTreq); the retained log on disk."""
 
