@@ -37,7 +37,7 @@
   connected. Against that, ``plain``: the same consumers on channels with plain backlogs (no
   retention: the channels made first, the same messages published, what memory cannot hold on
   disk). Throughout, nsqd's RSS and a ``GET /ping``'s latency are sampled every ~20 ms: RSS
-  before the consumers, at most during, after the drain (1 s later); /ping median, 99th
+  before the consumers, at most during, after the drain (3 s later); /ping median, 99th
   percentile and max; and, for the rewinds, the most their memory queues held (``/stats``).
   ``--mode`` picks one. ROUNDS rounds, the two interleaved; medians.
 
@@ -569,7 +569,7 @@ def one_concurrent(a: argparse.Namespace, mode: str) -> dict[str, float]:
         took = time.monotonic() - t0
         peak = max(sampler.rss)
         pings = list(sampler.ping)
-        time.sleep(1)
+        time.sleep(3)  # nsqd gives back what the rewinds used once they are over (its tick: 1 s)
         after = sampler.rss[-1]
         sampler.stop()
         consumers.stop()
