@@ -608,7 +608,7 @@ def concurrent(a: argparse.Namespace) -> None:
             print(
                 f"round {r + 1} {mode:<6}: {f['took']:.1f} s ({f['rate']:,.0f} msg/s); "
                 f"RSS before {f['before']:.1f} MiB, peak {f['peak']:.1f} (+{f['peak'] - f['before']:.1f}), "
-                f"after {f['after']:.1f} (+{f['after'] - f['before']:.1f}); /ping median {f['ping_median']:.1f} ms, "
+                f"after {f['after']:.1f} ({f['after'] - f['before']:+.1f}); /ping median {f['ping_median']:.1f} ms, "
                 f"p99 {f['ping_p99']:.1f}, max {f['ping_max']:.1f} ({f['pings']:.0f} pings)"
                 + (
                     f"; the memory queues held at most {f['most_queued']:,.0f} messages, {f['most_bytes']:.1f} MiB"
@@ -624,7 +624,7 @@ def concurrent(a: argparse.Namespace) -> None:
             print(
                 f"{mode:<6} median of {len(runs)}: {med['rate']:,.0f} msg/s; "
                 f"RSS +{med['peak'] - med['before']:.1f} MiB at the peak ({med['peak']:.1f}), "
-                f"+{med['after'] - med['before']:.1f} after; /ping median {med['ping_median']:.1f} ms, "
+                f"{med['after'] - med['before']:+.1f} after; /ping median {med['ping_median']:.1f} ms, "
                 f"p99 {med['ping_p99']:.1f}, max {med['ping_max']:.1f}"
             )
     load = os.getloadavg()
