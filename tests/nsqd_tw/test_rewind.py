@@ -480,6 +480,38 @@ class BudgetTests(RetentionTestCase):
             self.assertTrue(3 << 20 <= c.memory_bytes <= (4 << 20) + 1000, c.memory_bytes)
         self.assertEqual(self.drain(n, a, self.consumer(a)), self.published)
 
+    def test_a_standby_drops_the_copies_given_back(self) -> None:
+        """A replication primary ships the copies it feeds; those a channel gives back
+        (read again later, shipped again then) are finished on the standby."""
+        n = self.n
+        shipped: dict[str, list[bytes]] = {"fed": [], "gone": []}
+
+        class Shipper:
+            def fed(self, channel: Channel, records: list[bytes]) -> None:
+                if channel.name == "a":
+                    shipped["fed"] += [r[10:26] for r in records]
+
+            def gone(self, channel: Channel, ids: list[bytes]) -> None:
+                if channel.name == "a":
+                    shipped["gone"] += list(ids)
+
+            def __getattr__(self, name: str) -> object:
+                return lambda *args, **kw: None
+
+        a = self.rewind("a")
+        n.reactor.advance(0)
+        held = [m.id for m in a.queued()]
+        n.shipper = Shipper()
+        channels = [self.rewind(f"c{k}") for k in range(7)]  # 8 rewind: a keeps 2 MiB
+        kept = [m.id for m in a.queued()]
+        self.assertEqual(kept, held[: len(kept)])
+        self.assertTrue(sorted(shipped["gone"]) == held[len(kept) :], "the last ones given back (IDs grow)")
+        for c in channels:
+            c.empty()  # a's share grows again: it reads them again
+        n.reactor.advance(0)
+        self.assertTrue(shipped["fed"][: len(held) - len(kept)] == held[len(kept) :], "shipped again, in order")
+        self.assertEqual(self.drain(n, a, self.consumer(a)), self.published)
+
     def test_one_reactor_turn_feeds_a_few_batches_whatever_the_number_of_rewinds(self) -> None:
         n = self.n
         budget = n.retention.budget
