@@ -367,3 +367,31 @@ class GapTests(unittest.TestCase):
         same_logs(self, pair.primary, pair.standby)
         self.assertEqual(log_of(pair.standby).faults.gaps, log_of(pair.primary).faults.gaps)
         self.assertEqual([(g.first, g.last) for g in log_of(pair.standby).faults.gaps], [(2, 2)])
+
+
+class SharedBudgetTests(unittest.TestCase):
+    def test_copies_a_rewind_gives_back_are_read_again_on_the_promoted_standby(self) -> None:
+        pair = retained_pair()
+        topic = pair.primary.nsqd.get_topic("t")
+        names = ["a", *(f"c{k}" for k in range(7))]
+        for name in names:
+            topic.get_channel(name)
+        bodies = publish(pair, 20000, size=20, batch=500)
+        for name in names:
+            pair.primary.channel("t", name).empty()
+        pair.settle()
+        retention = pair.primary.nsqd.retention
+        a = pair.primary.channel("t", "a")
+        retention.start_rewind(a, None)
+        pair.settle()
+        held = len(a.memory)
+        for name in names[1:]:  # 8 rewinding: a keeps a smaller share, gives the rest back
+            retention.start_rewind(pair.primary.channel("t", name), None)
+        pair.settle()
+        self.assertLess(len(a.memory), held)
+        state = pair.standby.nsqd.retention.replicated_rewinds[("t", "a")]
+        self.assertEqual(state["from"], list(a.rewind.reader.position))  # type: ignore[union-attr]
+        pair.primary.kill()
+        pair.standby.repl.promote(force=True)
+        pair.settle()
+        self.assertEqual(take(pair, pair.standby.nsqd, "a", 20000), bodies, "every copy once, in order")
