@@ -5,6 +5,7 @@
     python bench/replay.py durable --kills 10
     python bench/replay.py ageout --retention 10s
     python bench/replay.py rss --gigabytes 2
+    python bench/replay.py concurrent --channels 16 --rdy 2500 --rounds 3
 
 - ``rewind``: MESSAGES published (MPUB of ``--batch``) at an even pace over SECONDS to a topic
   with ``--retention 1h``; one consumer (RDY 1000) FINs them all, keeping their IDs and
@@ -27,7 +28,18 @@
   what is left on disk (the unread channel's backlog).
 - ``rss``: a retained log of GIGABYTES (1 KiB messages) published to a topic with no channel,
   the topic's own backlog emptied, then a channel made with ``since=earliest`` and a consumer
-  FINing everything: nsqd's RSS before, at most during the rewind, and after.
+  FINing everything: nsqd's RSS before, at most during the rewind (sampled every ~20 ms), and
+  after; a ``GET /ping``'s latency during it (median, max).
+
+- ``concurrent``: CHANNELS channels rewinding at once, one consumer each at RDY ``--rdy`` FINing
+  everything: a retained log of MESSAGES x ``--size`` bytes published to a topic with no channel
+  (its own backlog emptied), then every channel made with ``since=earliest`` and its consumer
+  connected. Against that, ``plain``: the same consumers on channels with plain backlogs (no
+  retention: the channels made first, the same messages published, what memory cannot hold on
+  disk). Throughout, nsqd's RSS and a ``GET /ping``'s latency are sampled every ~20 ms: RSS
+  before the consumers, at most during, after the drain (3 s later); /ping median, 99th
+  percentile and max; and, for the rewinds, the most their memory queues held (``/stats``).
+  ``--mode`` picks one. ROUNDS rounds, the two interleaved; medians.
 
 ``--nsqd`` is the nsqd to run (default: the one beside this Python).
 """
@@ -53,7 +65,7 @@ from go_compare import Server, Subscriber, connect, read_frame
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nsq_wire import commands
-from nsq_wire.frames import FRAME_TYPE_RESPONSE, FrameReader
+from nsq_wire.frames import FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, FrameReader
 from nsq_wire.gofmt import parse_duration, rfc3339_nano
 
 HERE = Path(__file__).resolve().parent
@@ -395,31 +407,233 @@ def rss_rewind(a: argparse.Namespace) -> None:
             f"{retained['bytes'] / 2**30:.2f} GiB in {retained['segments']} segments"
         )
         time.sleep(1)
-        before = rss(node.proc.pid)
-        samples = [before]
+        sampler = Sampler(node)
+        sampler.start()
+        time.sleep(0.5)
+        before = sampler.rss[-1]
         t0 = time.monotonic()
         node.post("/channel/create?topic=big&channel=replay&since=earliest")  # before a SUB makes it
         consumer = Collector(node.tcp, "big", "replay", rdy=2500, keep=False)
         consumer.start()
         while consumer.count < retained["messages"] and time.monotonic() < t0 + 1800:
             time.sleep(0.2)
-            samples.append(rss(node.proc.pid))
         took = time.monotonic() - t0
+        samples, pings = list(sampler.rss), list(sampler.ping)
         consumer.stop()
+        sampler.stop()
         after = rss(node.proc.pid)
         print(
             f"rewound {retained['messages']:,} messages ({retained['bytes'] / 2**30:.2f} GiB) in {took:.1f} s "
             f"({retained['bytes'] / 2**20 / took:.0f} MiB/s); nsqd RSS before {before / 2**20:.1f} MiB, "
             f"at most {max(samples) / 2**20:.1f} MiB during (+{(max(samples) - before) / 2**20:.1f} MiB, "
-            f"{len(samples)} samples every 0.2 s), after {after / 2**20:.1f} MiB"
+            f"{len(samples)} samples every ~20 ms), after {after / 2**20:.1f} MiB; /ping median "
+            f"{statistics.median(pings) * 1e3:.1f} ms, max {max(pings) * 1e3:.1f} ms"
         )
     finally:
         node.stop()
 
 
+# -- concurrent ----------------------------------------------------------------------------
+
+
+class Consumers(threading.Thread):
+    """One consumer per channel of ``topic`` (SUB, RDY ``rdy``), all in one thread over a
+    selector: each read's messages FINed in one write. Counts what each channel got."""
+
+    def __init__(self, address: str, topic: str, channels: list[str], rdy: int) -> None:
+        super().__init__(daemon=True)
+        import selectors
+
+        self.selector = selectors.DefaultSelector()
+        self.counts = dict.fromkeys(channels, 0)
+        self.stopping = threading.Event()
+        self.socks = []
+        for channel in channels:
+            sock, reader = connect(address), FrameReader()
+            sock.sendall(commands.sub(topic, channel))
+            read_frame(sock, reader)
+            self.socks.append((sock, reader, channel))
+        for sock, reader, channel in self.socks:
+            sock.sendall(commands.rdy(rdy))
+            sock.setblocking(False)
+            self.selector.register(sock, selectors.EVENT_READ, (reader, channel))
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def run(self) -> None:
+        counts = self.counts
+        while not self.stopping.is_set():
+            for key, _ in self.selector.select(0.2):
+                sock = key.fileobj
+                reader, channel = key.data
+                try:
+                    chunk = sock.recv(1 << 20)  # type: ignore[union-attr]
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                reader.feed(chunk)
+                out = []
+                for frame_type, data in reader.frames():
+                    if frame_type == FRAME_TYPE_MESSAGE:
+                        out.append(b"FIN " + data[10:26] + b"\n")
+                    elif data == b"_heartbeat_":
+                        out.append(commands.NOP)
+                counts[channel] += len(out)
+                if out:
+                    sock.setblocking(True)  # type: ignore[union-attr]
+                    sock.sendall(b"".join(out))  # type: ignore[union-attr]
+                    sock.setblocking(False)  # type: ignore[union-attr]
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(5)
+        for sock, _, _ in self.socks:
+            sock.close()
+
+
+class Sampler(threading.Thread):
+    """nsqd's RSS and a GET /ping's latency, every ``every`` seconds, until stopped."""
+
+    def __init__(self, node: Node, every: float = 0.02) -> None:
+        super().__init__(daemon=True)
+        self.node, self.every = node, every
+        self.rss: list[int] = []
+        self.ping: list[float] = []
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        import http.client
+
+        host, _, port = self.node.http.rpartition(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        while not self.stopping.is_set():
+            self.rss.append(rss(self.node.proc.pid))
+            t0 = time.monotonic()
+            try:
+                conn.request("GET", "/ping")
+                conn.getresponse().read()
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                conn = http.client.HTTPConnection(host, int(port), timeout=30)
+                continue
+            took = time.monotonic() - t0
+            self.ping.append(took)
+            time.sleep(max(0.0, self.every - took))
+        conn.close()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(35)
+
+
+def one_concurrent(a: argparse.Namespace, mode: str) -> dict[str, float]:
+    """One run of ``concurrent`` (``mode``: rewind or plain); its figures."""
+    channels = [f"c{k:02d}" for k in range(a.channels)]
+    node = Node(a.nsqd, ["--retention", "24h"] if mode == "rewind" else [])
+    try:
+        node.post("/topic/create?topic=many")
+        if mode == "plain":
+            for channel in channels:
+                node.post(f"/channel/create?topic=many&channel={channel}")
+        sock, reader = connect(node.tcp), FrameReader()
+        for at in range(0, a.messages, 500):
+            n = min(500, a.messages - at)
+            mpub(sock, reader, "many", [b"%09d" % i + b"x" * (a.size - 9) for i in range(at, at + n)])
+        sock.close()
+        if mode == "rewind":
+            node.post("/topic/empty?topic=many")  # only the retained log stays
+        time.sleep(2)
+        sampler = Sampler(node)
+        sampler.start()
+        time.sleep(0.5)
+        before = sampler.rss[-1]
+        t0 = time.monotonic()
+        if mode == "rewind":
+            for channel in channels:
+                node.post(f"/channel/create?topic=many&channel={channel}&since=earliest")
+        consumers = Consumers(node.tcp, "many", channels, a.rdy)
+        consumers.start()
+        want = a.messages * a.channels
+        most_queued = most_bytes = 0
+        while consumers.total < want and time.monotonic() < t0 + 1800:
+            time.sleep(0.25)
+            if mode == "rewind":
+                stats = node.stats("many").get("channels", [])
+                most_queued = max(most_queued, sum(c["depth"] - c["backend_depth"] for c in stats))
+                most_bytes = max(most_bytes, sum(c["memory_bytes"] for c in stats))
+        took = time.monotonic() - t0
+        peak = max(sampler.rss)
+        pings = list(sampler.ping)
+        time.sleep(3)  # nsqd gives back what the rewinds used once they are over (its tick: 1 s)
+        after = sampler.rss[-1]
+        sampler.stop()
+        consumers.stop()
+        if consumers.total < want:
+            raise RuntimeError(f"{mode}: only {consumers.total:,} of {want:,} delivered")
+        return {
+            "took": took,
+            "rate": want / took,
+            "before": before / 2**20,
+            "peak": peak / 2**20,
+            "after": after / 2**20,
+            "ping_median": statistics.median(pings) * 1e3,
+            "ping_p99": sorted(pings)[int(len(pings) * 0.99)] * 1e3,
+            "ping_max": max(pings) * 1e3,
+            "pings": len(pings),
+            "most_queued": most_queued,
+            "most_bytes": most_bytes / 2**20,
+        }
+    finally:
+        node.stop()
+
+
+def concurrent(a: argparse.Namespace) -> None:
+    modes = ["rewind", "plain"] if a.mode == "both" else [a.mode]
+    load = os.getloadavg()
+    print(
+        f"{a.channels} channels x {a.messages:,} messages of {a.size} B, one consumer each at RDY {a.rdy}; "
+        f"load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
+        flush=True,
+    )
+    figures: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
+    for r in range(a.rounds):
+        for mode in modes if r % 2 == 0 else modes[::-1]:
+            f = one_concurrent(a, mode)
+            figures[mode].append(f)
+            print(
+                f"round {r + 1} {mode:<6}: {f['took']:.1f} s ({f['rate']:,.0f} msg/s); "
+                f"RSS before {f['before']:.1f} MiB, peak {f['peak']:.1f} (+{f['peak'] - f['before']:.1f}), "
+                f"after {f['after']:.1f} ({f['after'] - f['before']:+.1f}); /ping median {f['ping_median']:.1f} ms, "
+                f"p99 {f['ping_p99']:.1f}, max {f['ping_max']:.1f} ({f['pings']:.0f} pings)"
+                + (
+                    f"; the memory queues held at most {f['most_queued']:,.0f} messages, {f['most_bytes']:.1f} MiB"
+                    if mode == "rewind"
+                    else ""
+                ),
+                flush=True,
+            )
+    if a.rounds > 1:
+        print()
+        for mode, runs in figures.items():
+            med = {k: statistics.median(f[k] for f in runs) for k in runs[0]}
+            print(
+                f"{mode:<6} median of {len(runs)}: {med['rate']:,.0f} msg/s; "
+                f"RSS +{med['peak'] - med['before']:.1f} MiB at the peak ({med['peak']:.1f}), "
+                f"{med['after'] - med['before']:+.1f} after; /ping median {med['ping_median']:.1f} ms, "
+                f"p99 {med['ping_p99']:.1f}, max {med['ping_max']:.1f}"
+            )
+    load = os.getloadavg()
+    print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="replay", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("measure", choices=["rewind", "cost", "durable", "ageout", "rss"])
+    p.add_argument("measure", choices=["rewind", "cost", "durable", "ageout", "rss", "concurrent"])
     p.add_argument("--nsqd", default=str(Path(sys.executable).parent / "nsqd"))
     p.add_argument("--messages", type=int, default=200_000, help="rewind: messages published")
     p.add_argument("--seconds", type=float, default=120.0, help="rewind: over how long")
@@ -432,8 +646,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kills", type=int, default=10, help="durable: kill -9 this many times")
     p.add_argument("--retention", default="10s", help="ageout: the retention")
     p.add_argument("--gigabytes", type=float, default=2.0, help="rss: the retained log's size")
+    p.add_argument("--channels", type=int, default=16, help="concurrent: channels (one consumer each)")
+    p.add_argument("--rdy", type=int, default=2500, help="concurrent: each consumer's RDY")
+    p.add_argument("--size", type=int, default=1024, help="concurrent: message size (bytes)")
+    p.add_argument("--mode", choices=["both", "rewind", "plain"], default="both", help="concurrent: which runs")
     a = p.parse_args(argv)
-    {"rewind": rewind, "cost": cost, "durable": durable, "ageout": ageout, "rss": rss_rewind}[a.measure](a)
+    if a.measure == "concurrent" and "--messages" not in (argv if argv is not None else sys.argv):
+        a.messages = 100_000
+    measures = {"rewind": rewind, "cost": cost, "durable": durable, "ageout": ageout, "rss": rss_rewind}
+    {**measures, "concurrent": concurrent}[a.measure](a)
 
 
 if __name__ == "__main__":

@@ -822,7 +822,10 @@ class Channel(MessageQueue):
         if self.rewind is not None or self.rewind_pending is not None:
             if self.rewind is not None:
                 rewind = self.rewind
-                rewind.safe = rewind.reader.position  # what it queued is saved with the rest below
+                # its copies in memory are not saved below (after the start they would be delivered
+                # in turns with the copies it reads on): it reads them again, in order
+                rewind.take_back()
+                rewind.safe = rewind.reader.position  # what else it queued is saved with the rest below
                 rewind.close()  # its position stays, for nsqd.dat
             else:
                 self.rewind_pending = {}  # its copies are saved below: nothing to read again

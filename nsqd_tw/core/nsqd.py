@@ -80,6 +80,9 @@ class Shipper(Protocol):
     def control(self, op: str, topic: Topic | Channel, channel: Channel | None = None) -> None:
         """A topic or channel was paused, unpaused, emptied, started or given settings."""
 
+    def replicate(self, doc: dict[str, Any]) -> None:
+        """A change of a retained log or a rewind (``doc``: its op, topic, ...)."""
+
 
 def both(a: defer.Deferred[None], b: defer.Deferred[None]) -> defer.Deferred[None]:
     """A Deferred that fires once ``a`` and ``b`` have, failing with the first
@@ -478,13 +481,15 @@ class NSQD(service.Service):
             raise TopicError("topic does not exist")
         return topic
 
-    def delete_existing_topic(self, name: str) -> None:
+    def delete_existing_topic(self, name: str, keep_retained: bool = False) -> None:
+        """``keep_retained``: its retained log is closed, not deleted (a standby's
+        snapshot: see Retention.keep_retained)."""
         topic = self.topics.get(name)
         if topic is None:
             raise TopicError("topic does not exist")
         topic.exiting = True
         self._changed("topic_deleted", topic)  # as Go: the topic's UNREGISTER, then its channels'
-        topic.delete()
+        topic.delete(keep_retained)
         del self.topics[name]
         self.expiry.forget(topic)
         self.dead_letters.forget_topic(name)

@@ -75,6 +75,8 @@ class TimeoutQueue:
             bucket = msg.bucket
             if bucket is not None:
                 bucket.pop(msg_id, None)  # (a bucket already released is not looked at again)
+                if not bucket:
+                    bucket.clear()  # see take_owned
                 msg.bucket = None
         return msg
 
@@ -95,6 +97,10 @@ class TimeoutQueue:
                 bucket = msg.bucket
                 if bucket is not None:
                     bucket.pop(msg_id, None)
+                    if not bucket:
+                        # a dict keeps the table it grew to when emptied, and the bucket stays
+                        # until its time comes (the message timeout): clear() frees the table
+                        bucket.clear()
                     msg.bucket = None
                 taken.append(msg)
         return taken, refused

@@ -26,6 +26,7 @@ from nsqd_tw.core.topic import Topic
 from nsqd_tw.storage.diskqueue import DiskQueue
 from nsqd_tw.storage.files import fsync_dir, read_regular, write_atomic
 from nsqd_tw.storage.layout import FramedRecords
+from nsqd_tw.storage.mirror import Receiver, check_at, delete_through, inventory, reconcile
 
 if TYPE_CHECKING:
     from nsqd_tw.core.channel import Channel
@@ -165,16 +166,22 @@ def metadata_doc(topics: Sequence[Topic]) -> dict[str, Any]:
     for t in topics:
         if t.ephemeral:
             continue
-        channels = [{"name": c.name, "paused": c.paused, "settings": c.settings_json()} for c in t.channels.values()]
-        out.append(
-            {
-                "name": t.name,
-                "paused": t.paused,
-                "started": t.started,
-                "settings": t.settings_json(),
-                "channels": channels,
-            }
-        )
+        channels = []
+        for c in t.channels.values():
+            doc: dict[str, Any] = {"name": c.name, "paused": c.paused, "settings": c.settings_json()}
+            if c.rewind is not None:  # beyond Go: where it is (the standby goes on from there, promoted)
+                doc["rewind"] = c.rewind.copied_state()
+            channels.append(doc)
+        topic: dict[str, Any] = {
+            "name": t.name,
+            "paused": t.paused,
+            "started": t.started,
+            "settings": t.settings_json(),
+            "channels": channels,
+        }
+        if t.retained is not None:  # beyond Go: its segments, which the standby keeps or asks for
+            topic["retained"] = inventory(t.retained)
+        out.append(topic)
     return {"topics": out}
 
 
@@ -199,14 +206,22 @@ class StandbyApply:
 
     def __init__(self, nsqd: NSQD) -> None:
         self.nsqd = nsqd
+        self.receivers: dict[str, Receiver] = {}  # a snapshot's retained segments, by topic
+        self._unretained: set[str] = set()  # topics retained by the primary and not here (said once)
 
     # -- the snapshot ----------------------------------------------------------------
 
-    def begin(self, doc: Any) -> None:
-        """Drop everything held, then create what the primary has."""
+    def begin(self, doc: Any) -> dict[str, Any]:
+        """Drop everything held, then create what the primary has. Retained logs
+        are closed, not deleted, and kept where they are the primary's: the
+        segments the standby lacks, to ask for (WANT), are returned."""
         nsqd = self.nsqd
+        retention = nsqd.retention
+        self.close()
+        retention.replicated_rewinds.clear()
         for name in list(nsqd.topics):
-            nsqd.delete_existing_topic(name)
+            nsqd.delete_existing_topic(name, keep_retained=True)
+        wants: dict[str, list[list[int]]] = {}
         for t in doc.get("topics", []):
             name = t.get("name")
             if not isinstance(name, str) or not is_valid_topic_name(name):
@@ -223,9 +238,89 @@ class StandbyApply:
                 channel.own_settings = self._settings(c.get("settings"), f"{name}:{cname}")
                 if c.get("paused"):
                     channel.pause()
+                if isinstance(c.get("rewind"), dict):
+                    retention.replicated_rewinds[(name, cname)] = c["rewind"]
             topic.apply_policies()
             if t.get("started"):
                 topic.start()
+            if "retained" in t or topic.retained is not None:  # not retained there: nothing kept here
+                none = {"horizon": nsqd.now_ns(), "next": 0, "segments": []}
+                want = self._reconcile(topic, t.get("retained") or none)
+                if want:
+                    wants[name] = want
+        retention.forget_kept()
+        return {"topics": wants}
+
+    def _reconcile(self, topic: Topic, doc: Any) -> list[list[int]]:
+        log = topic.retained
+        if log is None:
+            self._not_retained(topic.name)
+            return []
+        try:
+            wants = reconcile(log, doc)
+        except ValueError as e:
+            self.nsqd.log.warn("REPLICATION: ignoring the retained log of {name} - {err}", name=topic.name, err=e)
+            return []
+        if wants:
+            self.receivers[topic.name] = Receiver(log, self.nsqd.durable)
+        return wants
+
+    def _not_retained(self, name: str) -> None:
+        if name not in self._unretained:
+            self._unretained.add(name)
+            self.nsqd.log.warn(
+                "REPLICATION: topic {name} has a retained log on the primary and not here (set the same --retention "
+                "and --retention-bytes on both nodes): its history is not kept on this standby",
+                name=name,
+            )
+
+    def close(self) -> None:
+        """The link is gone (or a new snapshot begins): segments half received go."""
+        for receiver in self.receivers.values():
+            receiver.close()
+        self.receivers.clear()
+
+    # -- the retained logs (docs/replication.md, "Retained logs") -------------------------
+
+    def retained_at(self, topic_name: str, num: int, offset: int, uid: str) -> None:
+        """The topic's next publish, written there on the primary, is written there
+        here too. Raises :class:`MirrorDiverged` when this copy is not in step."""
+        topic = self.nsqd.topics.get(topic_name)
+        log = topic.retained if topic is not None else None
+        if log is None:
+            if topic is not None:
+                self._not_retained(topic_name)
+            return
+        check_at(log, num, offset, uid)
+        log.mirror_at = (num, offset, uid)
+
+    def segment_data(self, topic_name: str, num: int, offset: int, uid: str, data: bytes) -> None:
+        receiver = self.receivers.get(topic_name)
+        if receiver is not None:
+            receiver.data(num, uid, offset, data)
+
+    def segment_done(self, doc: Any) -> None:
+        receiver = self.receivers.get(str(doc.get("topic")))
+        if receiver is not None:
+            receiver.done(doc)
+
+    def retained_delete(self, topic: Topic, doc: dict[str, Any]) -> None:
+        num, horizon = doc.get("segment"), doc.get("horizon")
+        log = topic.retained
+        if not isinstance(num, int) or not isinstance(horizon, int):
+            return
+        receiver = self.receivers.get(topic.name)
+        if receiver is not None:
+            receiver.drop(num)
+        if log is not None:
+            delete_through(log, num, horizon)
+
+    def rewind(self, topic: Topic, name: str, state: Any) -> None:
+        """Where a channel's rewind is on the primary (None: it has none)."""
+        if isinstance(state, dict) and name in topic.channels:
+            self.nsqd.retention.replicated_rewinds[(topic.name, name)] = state
+        else:
+            self.nsqd.retention.replicated_rewinds.pop((topic.name, name), None)
 
     def topic_records(self, topic_name: str, entries: Sequence[tuple[int, bytes]]) -> None:
         topic = self.nsqd.topics.get(topic_name)
@@ -341,6 +436,10 @@ class StandbyApply:
             topic.own_settings = self._settings(doc.get("settings"), topic_name)
             topic.apply_policies()
             nsqd.metadata_changed(topic_name)
+        elif op == "retained_delete":
+            self.retained_delete(topic, doc)
+        elif op == "rewind" and isinstance(channel_name, str):
+            self.rewind(topic, channel_name, doc.get("state"))
         elif isinstance(channel_name, str) and is_valid_channel_name(channel_name):
             self._channel_control(topic, channel_name, op, doc)
 

@@ -14,14 +14,16 @@ from __future__ import annotations
 import os
 from typing import Any, Protocol
 
+from nsq_service import memstats
 from nsq_wire.gofmt import go_duration, rfc3339_nano
 from nsqd_tw.core.channel import Channel
-from nsqd_tw.core.rewind import Rewind, position_of
+from nsqd_tw.core.rewind import Rewind, RewindBudget, position_of
 from nsqd_tw.core.settings import Policy
 from nsqd_tw.core.topic import Topic
 from nsqd_tw.options import NSQDOptions
 from nsqd_tw.storage.budget import DiskBudget
 from nsqd_tw.storage.diskqueue import DiskQueue
+from nsqd_tw.storage.faults import Gap
 from nsqd_tw.storage.layout import DataDirectory
 from nsqd_tw.storage.retained import RetainedLog, Segment
 from nsqd_tw.storage.spill import SUFFIX, SpillQueue
@@ -29,6 +31,7 @@ from nsqd_tw.storage.syncer import NEVER_BY_COUNT, Syncer
 
 RETENTION_INTERVAL = 1.0  # seconds between checks of the retained logs (and rewinds' pokes)
 REWIND_PROGRESS_INTERVAL = 5.0  # seconds between a rewind's progress lines (and persisted positions)
+RELEASE_WAIT = 10.0  # seconds after the last rewind ended that the memory they used is given back, at the latest
 
 
 class RewindError(Exception):
@@ -39,6 +42,7 @@ class Owner(Protocol):
     """What the retained logs and rewinds need of their nsqd (the NSQD)."""
 
     opts: NSQDOptions
+    shipper: Any  # a replication primary's Shipper (core/nsqd.py), or None
     log: Any
     syncer: Syncer
     data_dir: DataDirectory
@@ -48,6 +52,7 @@ class Owner(Protocol):
 
     def now(self) -> float: ...
     def now_ns(self) -> int: ...
+    def schedule(self, fn: Any) -> None: ...
     def metadata_changed(self, topic_name: str | None = None) -> None: ...
 
 
@@ -59,12 +64,23 @@ class Retention:
         # the topics with a retained log, the channels rewinding
         self.retained: dict[Topic, None] = {}
         self.rewinding: dict[Channel, None] = {}
+        # what the rewinds may hold in memory and read in a reactor turn, all together
+        self.budget = RewindBudget(nsqd.schedule)
         self._checked_at = 0.0
+        # the last rewind ended: when to give the memory they used back to the system at the latest
+        self._release_at: float | None = None
+        # beyond Go's beyond, replication (docs/replication.md, "Retained logs"): a
+        # standby's logs are copies of its primary's (storage/mirror.py); the
+        # segments of the logs a snapshot closed, to open them again; and the
+        # rewinds of its primary's channels, to go on with once promoted
+        self.mirroring = False
+        self._kept: dict[str, list[Segment]] = {}
+        self.replicated_rewinds: dict[tuple[str, str], dict[str, Any]] = {}
 
     @property
     def active(self) -> bool:
         """Some topic retains or some channel rewinds: the queue scan checks them."""
-        return bool(self.retained or self.rewinding)
+        return bool(self.retained or self.rewinding or self._release_at is not None)
 
     def _segment_shape(self, policy: Policy) -> tuple[int, int]:
         """A retained log's segment size and roll age (ns): a segment is at most
@@ -84,13 +100,14 @@ class Retention:
         nsqd = self.nsqd
         opts = nsqd.opts
         size, roll_ns = self._segment_shape(topic.policy)
+        kept = self._kept.pop(topic.name, [])
         log = RetainedLog(
             topic.name,
             opts.data_path,
             nsqd.syncer,
             nsqd.log,
             nsqd.now_ns(),
-            nsqd.data_dir.take_retained(topic.name),
+            sorted({*nsqd.data_dir.take_retained(topic.name), *(seg.num for seg in kept)}),
             max_msg_size=opts.max_msg_size,
             # fsynced with every group commit in durable mode, else every --sync-timeout:
             # the channels deliver, this copy is for rewinds (and a kill -9 loses no page)
@@ -98,8 +115,10 @@ class Retention:
             budget=nsqd.disk_budget,
             segment_bytes=size,
             roll_ns=roll_ns,
+            known=kept,
         )
         log.on_delete = lambda seg, why: self._segment_deleted(topic, seg, why)
+        log.mirror = self.mirroring
         self.retained[topic] = None
         self.spill_channels(topic, log)
         nsqd.log.info(
@@ -188,6 +207,12 @@ class Retention:
         self.retained.pop(topic, None)
 
     def _segment_deleted(self, topic: Topic, seg: Segment, why: str) -> None:
+        shipper = self.nsqd.shipper
+        log = topic.retained
+        if shipper is not None and log is not None and not log.mirror:  # its standby deletes its copy
+            shipper.replicate(
+                {"op": "retained_delete", "topic": topic.name, "segment": seg.num, "horizon": log.horizon_ns}
+            )
         self.nsqd.log.info(
             "TOPIC({name}): retained segment {num} deleted ({why}): {n} messages, {size} bytes, "
             "published {first} to {last}",
@@ -224,7 +249,7 @@ class Retention:
         now_ns = int(now * 1e9)
         for topic in list(self.retained):
             log, retention = topic.retained, topic.policy.retention
-            if log is not None and retention:
+            if log is not None and retention and not log.mirror:  # a copy goes as its primary says
                 try:
                     log.expire(now_ns - int(retention * 1e9))
                 except Exception:
@@ -249,6 +274,21 @@ class Retention:
                 )
                 if not channel.ephemeral:
                     nsqd.metadata_changed(channel.topic_name)
+        if self._release_at is not None and not self.rewinding:
+            self._release_memory(now)
+
+    def _release_memory(self, now: float) -> None:
+        """The rewinds are over: once their copies are delivered (or RELEASE_WAIT
+        after), give the C heap's free pages back. Their batches and messages came
+        and went between blocks that stay (CPython asks the C heap for every
+        object over 512 bytes), and the heap does not give back what is free
+        below its top: after 16 rewinds at once, 20 to 60 MiB of RSS (bench/README.md)."""
+        at = self._release_at
+        channels = (c for t in self.retained for c in t.channels.values())
+        if at is not None and now < at and any(c.copies and not c.is_clear() for c in channels):
+            return
+        self._release_at = None
+        memstats.release_free_memory()
 
     def start_rewind(self, channel: Channel, since_ns: int | None) -> Rewind:
         """Give ``channel`` again every retained message published at or after
@@ -277,32 +317,53 @@ class Retention:
         self._rewind(channel, log, since_ns, start, end)
         return channel
 
-    def _rewind(self, channel: Channel, log: RetainedLog, since_ns: int | None, start: Any, end: Any) -> Rewind:
+    def _rewind(
+        self, channel: Channel, log: RetainedLog, since_ns: int | None, start: Any, end: Any, feed: bool = True
+    ) -> Rewind:
+        """``feed``: queue its first batch now (else the caller pokes it)."""
         nsqd = self.nsqd
         old = channel.rewind
         if old is not None:
             old.close()
         channel.rewind_pending = None
-        rewind = Rewind(channel, log, since_ns, start, end)
+        rewind = Rewind(channel, log, since_ns, start, end, self.budget)
+        rewind.reader.label = f"CHANNEL({channel.topic_name}:{channel.name}) rewind"
         rewind.progress_at = nsqd.now()
         channel.rewind = rewind
         channel.copies = True
         self.rewinding[channel] = None
+        gaps = log.gaps_between(start, end)
         nsqd.log.info(
-            "CHANNEL({topic}:{name}): rewinding since {since}{replaced}: {n} retained messages to queue again",
+            "CHANNEL({topic}:{name}): rewinding since {since}{replaced}: {n} retained messages to queue again{gaps}",
             topic=channel.topic_name,
             name=channel.name,
             since=rewind.since_text(),
             replaced=f" (replacing the rewind since {old.since_text()})" if old is not None else "",
             n=rewind.left,
+            gaps=f"; missing from the retained log, skipped: {', '.join(map(_gap_text, gaps))}" if gaps else "",
         )
         if not channel.ephemeral:
             nsqd.metadata_changed(channel.topic_name)
+        self.ship_rewind(channel)
         if rewind.done:
             self.rewind_finished(channel, rewind)
-        else:
+        elif feed:
             rewind.feed_now()  # the first batch before anything published from now on
         return rewind
+
+    def ship_rewind(self, channel: Channel) -> None:
+        """A replication primary tells its standby where ``channel``'s rewind is
+        (or that it has none): promoted, the standby goes on from there."""
+        shipper = self.nsqd.shipper
+        if shipper is not None:
+            rewind = channel.rewind
+            state = rewind.copied_state() if rewind is not None else None
+            shipper.replicate({"op": "rewind", "topic": channel.topic_name, "channel": channel.name, "state": state})
+
+    def gaps_crossed(self, rewind: Rewind) -> list[Gap]:
+        """The segments missing from the retained log that a rewind just started
+        crosses (it skips them; its answer names them)."""
+        return rewind.log.gaps_between(rewind.safe, rewind.reader.end)
 
     def rewind_finished(self, channel: Channel, rewind: Rewind, completed: bool = False) -> None:
         """A rewind read all it had to (``completed``: until its copies are
@@ -312,13 +373,19 @@ class Retention:
         if channel.rewind is rewind:
             channel.rewind = None
             self.rewinding.pop(channel, None)
+            if not self.rewinding:
+                self._release_at = self.nsqd.now() + RELEASE_WAIT
             channel.rewind_pending = rewind.state() if completed and not channel.is_clear() else None
             if not channel.ephemeral and not channel.exiting:
                 self.nsqd.metadata_changed(channel.topic_name)
+            if not channel.exiting:
+                self.ship_rewind(channel)
 
     def resume_rewinds(self, pending: list[tuple[Channel, Any]]) -> None:
-        """The rewinds nsqd.dat kept (a restart): on from their last position."""
+        """The rewinds nsqd.dat kept (a restart): on from their last position, fed
+        once they have all started (each its share of the budget)."""
         nsqd = self.nsqd
+        resumed: list[Rewind] = []
         for channel, state in pending:
             topic = nsqd.topics.get(channel.topic_name)
             log = topic.retained if topic is not None else None
@@ -339,7 +406,10 @@ class Retention:
                     why="its topic has no retention" if log is None else "bad position",
                 )
                 continue
-            self._rewind(channel, log, since, start, end)
+            # a segment scanned at start (no index) numbers the records after damage anew
+            resumed.append(self._rewind(channel, log, since, log.renumbered(start), log.renumbered(end), feed=False))
+        for rewind in resumed:
+            rewind.poke()
 
     def warn_retained_left(self) -> None:
         """Retained segments under the data path that no topic took (it has no
@@ -356,3 +426,73 @@ class Retention:
                 name=name,
                 n=len(nums),
             )
+
+    # -- replication (beyond Go's beyond: docs/replication.md, "Retained logs") ------------
+
+    def set_mirroring(self, on: bool) -> None:
+        """A standby's logs are copies of its primary's (written where it says);
+        a primary's its own: promoted, a standby seals the segments it copied,
+        and what it writes from then on are segments of its own."""
+        if on == self.mirroring:
+            return
+        self.mirroring = on
+        for topic in self.retained:
+            log = topic.retained
+            if log is not None:
+                log.mirror = on
+                log.mirror_at = None
+                log.seal_active()
+
+    def keep_retained(self, topic: Topic) -> None:
+        """A snapshot begins on a standby: ``topic`` is made again as its primary
+        has it, its retained log closed meanwhile, not deleted: kept until the
+        primary's segments replace it (storage/mirror.py)."""
+        log = topic.retained
+        if log is None:
+            return
+        self._kept[topic.name] = list(log.segments)
+        log.close()
+        topic.retained = None
+        self.retained.pop(topic, None)
+
+    def forget_kept(self) -> None:
+        """The logs a snapshot closed whose topic the primary has no retained log
+        for: nothing will replace them, their files go."""
+        nsqd = self.nsqd
+        for name, segments in self._kept.items():
+            log = RetainedLog(
+                name,
+                nsqd.opts.data_path,
+                nsqd.syncer,
+                nsqd.log,
+                nsqd.now_ns(),
+                [seg.num for seg in segments],
+                max_msg_size=nsqd.opts.max_msg_size,
+                known=segments,
+            )
+            nsqd.log.info(
+                "TOPIC({name}): retained log deleted (not retained by the primary): {n} messages, {size} bytes",
+                name=name,
+                n=log.messages,
+                size=log.bytes,
+            )
+            log.delete()
+        self._kept.clear()
+
+    def promoted(self) -> None:
+        """A standby takes over: its logs are its own from now on, and the rewinds
+        its primary had go on from where the copies it holds end."""
+        self.set_mirroring(False)
+        rewinds, self.replicated_rewinds = self.replicated_rewinds, {}
+        pending = []
+        for (topic_name, name), state in rewinds.items():
+            topic = self.nsqd.topics.get(topic_name)
+            channel = topic.channels.get(name) if topic is not None else None
+            if channel is not None:
+                pending.append((channel, state))
+        self.resume_rewinds(pending)
+
+
+def _gap_text(gap: Gap) -> str:
+    what = f"segment {gap.first}" if gap.first == gap.last else f"segments {gap.first} to {gap.last}"
+    return f"{what} ({gap.text()})"

@@ -127,7 +127,7 @@ class Topic(MessageQueue):
             retained.take_back(mark)
             raise
         limit = self.policy.retention_bytes
-        if limit and retained.bytes > limit:
+        if limit and retained.bytes > limit and not retained.mirror:  # a copy is trimmed as its primary says
             retained.trim(limit)
 
     def _put(self, items: list[Item], body_bytes: int, skip: Collection[Channel] = ()) -> None:
@@ -421,8 +421,9 @@ class Topic(MessageQueue):
             self.ctx.shipper.control("topic_empty", self)
         self._empty()
 
-    def delete(self) -> None:
-        """Delete every channel and drop everything held."""
+    def delete(self, keep_retained: bool = False) -> None:
+        """Delete every channel and drop everything held (``keep_retained``: but
+        close its retained log rather than delete it)."""
         self.exiting = True
         self.ctx.log.info("TOPIC({name}): deleting", name=self.name)
         for channel in list(self.channels.values()):
@@ -432,7 +433,10 @@ class Topic(MessageQueue):
         self.empty()
         self.backend.delete()
         if self.retained is not None:
-            self.ctx.retention.drop_retained(self, "topic deleted")
+            if keep_retained:
+                self.ctx.retention.keep_retained(self)
+            else:
+                self.ctx.retention.drop_retained(self, "topic deleted")
 
     def close(self, retire_empty: bool = False) -> None:
         """Close every channel and hand what is held to the backend;

@@ -44,6 +44,7 @@ from nsqd_tw.lookup import split_host_port
 from nsqd_tw.options import TLS_REQUIRED
 from nsqd_tw.replication.errors import NoLease, NotInSync, PromoteError, ReplicaLost
 from nsqd_tw.storage.errors import DiskBudgetFull
+from nsqd_tw.storage.faults import RetainedGap
 from nsqd_tw.storage.retained import SinceTooOld
 
 DRAINING = "DRAINING"  # beyond Go: a refused publish or creation while nsqd drains
@@ -342,6 +343,8 @@ class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes):
             raise HTTPError(400, "NO_RETENTION") from None
         except SinceTooOld as e:
             raise _too_old(e) from None
+        except RetainedGap as e:
+            raise _in_gap(e) from None
         return self._persisted()
 
     @route("/channel/rewind", "POST")
@@ -358,12 +361,17 @@ class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes):
             raise HTTPError(400, "NO_RETENTION") from None
         except SinceTooOld as e:
             raise _too_old(e) from None
-        answer = {
+        except RetainedGap as e:
+            raise _in_gap(e) from None
+        answer: dict[str, Any] = {
             "topic": channel.topic_name,
             "channel": channel.name,
             "since": rewind.stats()["since"],
             "messages": rewind.left + rewind.queued,
         }
+        gaps = self.nsqd.retention.gaps_crossed(rewind)
+        if gaps:  # segments missing from the log: the rewind skips them
+            answer["gaps"] = [g.answer() for g in gaps]
         d = self._persisted()
         return answer if d is None else d.addCallback(lambda _: answer)
 
@@ -606,6 +614,22 @@ def _too_old(e: SinceTooOld) -> HTTPError:
         400,
         f"SINCE_TOO_OLD: messages are retained from {earliest} on",
         {"earliest": earliest, "earliest_ms": -(-e.horizon_ns // 1_000_000)},
+    )
+
+
+def _in_gap(e: RetainedGap) -> HTTPError:
+    """400, naming the messages missing from the log and the first time accepted after them."""
+    gap = e.gap
+    first, last = rfc3339_nano(gap.after_ns), rfc3339_nano(gap.before_ns)
+    return HTTPError(
+        400,
+        f"RETAINED_GAP: messages published from {first} to {last} are missing from the retained log",
+        {
+            "missing_from": first,
+            "missing_to": last,
+            "missing_to_ms": -(-gap.before_ns // 1_000_000),
+            "segments": [gap.first, gap.last],
+        },
     )
 
 

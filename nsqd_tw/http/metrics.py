@@ -72,6 +72,16 @@ class NSQDCollector:
         t_retained_bytes = GaugeMetricFamily(
             "nsq_topic_retained_bytes", "bytes of the topic's retained log (retention)", labels=t_labels
         )
+        t_retained_damaged = GaugeMetricFamily(
+            "nsq_topic_retained_damaged",
+            "damaged records stepped over in the topic's retained log (its segments retained)",
+            labels=t_labels,
+        )
+        t_retained_missing = GaugeMetricFamily(
+            "nsq_topic_retained_missing_segments",
+            "segments missing from the middle of the topic's retained log",
+            labels=t_labels,
+        )
 
         c_labels = ["topic", "channel"]
         c_depth = GaugeMetricFamily("nsq_channel_depth", "messages queued (memory and disk)", labels=c_labels)
@@ -142,6 +152,8 @@ class NSQDCollector:
             if "retained" in t:
                 t_retained.add_metric(tl, t["retained"]["messages"])
                 t_retained_bytes.add_metric(tl, t["retained"]["bytes"])
+                t_retained_damaged.add_metric(tl, t["retained"].get("damaged", 0))
+                t_retained_missing.add_metric(tl, t["retained"].get("missing_segments", 0))
             for c in t["channels"]:
                 cl = [t["topic_name"], c["channel_name"]]
                 c_depth.add_metric(cl, c["depth"])
@@ -172,7 +184,7 @@ class NSQDCollector:
                     k_fin.add_metric(kl, k["finish_count"])
                     k_req.add_metric(kl, k["requeue_count"])
         yield from (t_depth, t_backend, t_msgs, t_bytes, t_paused, t_mem, t_disk, t_age, t_expired, t_dropped)
-        yield from (t_retained, t_retained_bytes, c_rewind)
+        yield from (t_retained, t_retained_bytes, t_retained_damaged, t_retained_missing, c_rewind)
         yield from (c_depth, c_backend, c_inflight, c_deferred, c_msgs, c_requeue, c_timeout, c_clients, c_paused)
         yield from (c_mem, c_disk, c_age, c_dead, c_expired, c_dropped, setting, e2e, fin)
         yield from (k_ready, k_inflight, k_msgs, k_fin, k_req)

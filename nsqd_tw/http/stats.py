@@ -143,15 +143,19 @@ def _retained(t: Topic) -> dict[str, Any]:
     log = t.retained
     if log is None:
         return {}
-    return {
-        "retained": {
-            "messages": log.messages,
-            "bytes": log.bytes,
-            "segments": len(log.segments),
-            "earliest_timestamp": log.earliest_ts or 0,
-            "available_since": log.horizon_ns,
-        }
+    retained = {
+        "messages": log.messages,
+        "bytes": log.bytes,
+        "segments": len(log.segments),
+        "earliest_timestamp": log.earliest_ts or 0,
+        "available_since": log.horizon_ns,
     }
+    faults = log.faults
+    if faults.damaged:  # damaged records stepped over, in the segments retained
+        retained["damaged"] = faults.damaged
+    if faults.missing:  # segments missing between those retained
+        retained["missing_segments"] = faults.missing
+    return {"retained": retained}
 
 
 def get_stats(nsqd: NSQD, topic: str = "", channel: str = "", include_clients: bool = True) -> dict[str, Any]:

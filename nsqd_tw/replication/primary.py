@@ -3,6 +3,8 @@ acknowledgements its publishers wait for, and the snapshot a new link starts wit
 
 from __future__ import annotations
 
+import errno
+import os
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -19,6 +21,7 @@ from nsqd_tw.core.replica import Backpressure, metadata_doc
 from nsqd_tw.core.topic import Topic
 from nsqd_tw.replication import wire
 from nsqd_tw.replication.errors import NoLease, NotInSync, ReplicaLost
+from nsqd_tw.storage.retained import RetainedLog, Segment
 from nsqd_tw.storage.snapshot import CHUNK, QueueSnapshot
 
 if TYPE_CHECKING:
@@ -179,13 +182,13 @@ class Primary:
 
     # -- operations out -------------------------------------------------------------------
 
-    def _send(self, data: bytes, now: bool = False) -> None:
-        """One operation to the standby (counted, as the standby counts them);
+    def _send(self, data: bytes, now: bool = False, ops: int = 1) -> None:
+        """``ops`` operations to the standby (counted, as the standby counts them);
         ``now``: on the wire at once, not at the end of this reactor turn."""
         link = self.link
         if link is None:
             return
-        self.sent += 1
+        self.sent += ops
         self.sent_bytes += len(data)
         if now:
             link.send_now(data)
@@ -202,12 +205,17 @@ class Primary:
         else:
             delay_ns = int(first.deferred * 1e9)
             data = wire.dpub(topic.name, delay_ns, [m if isinstance(m, bytes) else m.encode() for m in items])
-        # past the byte bound (in any state): it waits, and its producer is not
+        ops = 1
+        log = topic.retained
+        if log is not None and log.last_append is not None:  # where its retained log wrote them: the copy too
+            at = log.last_append[0]
+            data = wire.at(topic.name, at.segment, at.offset, log.active_uid) + data
+            ops = 2  # past the byte bound (in any state): it waits, and its producer is not
         # read from meanwhile, so what is held for the standby stays bounded
         held = self.sent_bytes + len(data) - self.acked_bytes > self.max_lag_bytes
         # a producer that waits for the standby: its publish goes on the wire now
         waits = held or (self.state == IN_SYNC and (self.sync or self.sent + 1 - self.acked > self.max_lag))
-        self._send(data, now=waits)
+        self._send(data, now=waits, ops=ops)
         self.sent_messages += len(items)
         waiter: defer.Deferred[None] | None = (Backpressure() if held else defer.Deferred()) if waits else None
         self._marks.append((self.sent, self.service.now(), self.sent_messages, self.sent_bytes, waiter))
@@ -249,6 +257,16 @@ class Primary:
             for i in range(0, len(ids), FIN_FRAME_IDS):
                 self._send(wire.fin(topic, channel, ids[i : i + FIN_FRAME_IDS]))
 
+    def replicate(self, doc: dict[str, Any]) -> None:
+        """A retained log's segment deleted, a rewind moved on: CTRL, after the FINs waiting to go."""
+        if self.link is None or is_ephemeral(str(doc.get("topic", ""))):
+            return
+        if doc.get("op") == "retained_delete" and self.snapshot is not None:
+            self.snapshot.deleted(str(doc["topic"]), int(doc["segment"]))
+        if self._fins:
+            self.flush_fins()
+        self._send(wire.json_frame(wire.CTRL, doc))
+
     def requeued(self, channel: Channel, msg: Message, delay: float) -> None:
         if self.link is None or is_ephemeral(channel.topic_name):
             return
@@ -258,6 +276,7 @@ class Primary:
         if self.link is None or is_ephemeral(channel.topic_name) or not records:
             return
         self._send(wire.entries_frame(channel.topic_name, channel.name, [(0, r) for r in records]))
+        self.nsqd.retention.ship_rewind(channel)  # the standby holds the copies up to there
 
     def control(self, op: str, obj: Topic | Channel, channel: Channel | None = None) -> None:
         """A change of a topic or channel: CTRL, after the FINs waiting to go."""
@@ -335,6 +354,10 @@ class PrimaryEnd:
                 count, token = wire.ack_count(payload)
                 self.primary.service.lease.echoed(token)
                 self.primary.acknowledged(count)
+        elif kind == wire.WANT:
+            snapshot = self.primary.snapshot
+            if self.primary.link is self.link and snapshot is not None:
+                snapshot.wanted(wire.json_payload(payload))
         elif kind == wire.ERROR:
             doc = wire.json_payload(payload)
             why = doc.get("error", "")
@@ -418,6 +441,9 @@ class SnapshotSender:
         self.primary = primary
         self.link = link
         self.sources: deque[_Source] = deque()
+        # then the retained segments the standby lacks: once it said which (WANT)
+        self.want_pending = True
+        self.segments: deque[_SegmentSender] = deque()
         self.paused = False
         self.closed = False
         self._call: Any = None
@@ -426,6 +452,9 @@ class SnapshotSender:
     def start(self) -> None:
         nsqd = self.primary.nsqd
         topics = [t for t in nsqd.topics.values() if not t.ephemeral]
+        for topic in topics:
+            if topic.retained is not None:
+                topic.retained.seal_active()  # from now on sealed, so sent as they are; the rest goes live
         self.primary._send(wire.json_frame(wire.BEGIN, metadata_doc(topics)))
         now_ns = nsqd.now_ns()
         for topic in topics:
@@ -451,8 +480,18 @@ class SnapshotSender:
         primary = self.primary
         while not self.paused and not self.closed and frames < SNAPSHOT_FRAMES_PER_TURN:
             if not self.sources:
-                self._finish()
-                return
+                if self.want_pending:
+                    return  # wanted() goes on
+                if not self.segments:
+                    self._finish()
+                    return
+                data = self.segments[0].next_frame()
+                if data is None:
+                    self.segments.popleft().close()
+                else:
+                    primary._send(data)
+                    frames += 1
+                continue
             source = self.sources[0]
             if not source.parts:
                 self.sources.popleft()
@@ -479,6 +518,33 @@ class SnapshotSender:
         )
         self.close()
 
+    def wanted(self, doc: dict[str, Any]) -> None:
+        """The standby's WANT: the retained segments it lacks, ``{"topics": {topic:
+        [[segment, from offset], ...]}}``; sent after the queues, before END."""
+        if not self.want_pending:
+            return
+        self.want_pending = False
+        topics = doc.get("topics")
+        nsqd = self.primary.nsqd
+        for name, wants in topics.items() if isinstance(topics, dict) else ():
+            topic = nsqd.topics.get(name)
+            log = topic.retained if topic is not None else None
+            if log is None or not isinstance(wants, list):
+                continue
+            for want in wants:
+                if not (isinstance(want, list) and len(want) == 2 and all(isinstance(v, int) for v in want)):
+                    continue
+                seg = log.segment(want[0])
+                if seg is not None and seg.uid != log.active_uid:  # sealed: the one written goes live
+                    self.segments.append(_SegmentSender(name, log, seg, min(max(0, want[1]), seg.size)))
+        self._schedule()
+
+    def deleted(self, topic: str, num: int) -> None:
+        """The primary deleted its retained segments of ``topic`` up to ``num``: not sent."""
+        for sender in self.segments:
+            if sender.topic == topic and sender.seg.num <= num:
+                sender.close()
+
     def drop(self, queue: Topic | Channel, whole_topic: bool) -> None:
         """``queue`` was emptied or deleted (``whole_topic``: a topic and its
         channels): what the snapshot had yet to send of it is not sent."""
@@ -500,6 +566,9 @@ class SnapshotSender:
             for part in source.parts:
                 part.close()
         self.sources.clear()
+        for sender in self.segments:
+            sender.close()
+        self.segments.clear()
         transport = self.link.transport
         if transport is not None and getattr(transport, "producer", self) is self:
             transport.unregisterProducer()
@@ -517,6 +586,58 @@ class SnapshotSender:
 
     def stopProducing(self) -> None:
         self.close()
+
+
+class _SegmentSender:
+    """One sealed retained segment (what the standby lacks of it, from an offset):
+    SEGMENT frames of its bytes, a chunk at a time, then its SEGMENT_END."""
+
+    def __init__(self, topic: str, log: RetainedLog, seg: Segment, offset: int) -> None:
+        self.topic = topic
+        self.log = log
+        self.seg = seg
+        self.offset = offset
+        self.fd: int | None = None
+        self.closed = False
+
+    def next_frame(self) -> bytes | None:
+        """The next frame to send (None: all sent, or the segment is gone)."""
+        seg = self.seg
+        if self.closed or self.log.segment(seg.num) is not seg:
+            return None
+        if self.offset >= seg.size:
+            self.closed = True
+            doc = {
+                "topic": self.topic,
+                "segment": seg.num,
+                "uid": seg.uid,
+                "size": seg.size,
+                "count": seg.count,
+                "first_ts": seg.first_ts,
+                "max_ts": seg.max_ts,
+                "appended_ns": seg.appended_ns,
+                "sparse": seg.sparse,
+            }
+            return wire.json_frame(wire.SEGMENT_END, doc)
+        path = self.log.data_file(seg.num)
+        try:
+            if self.fd is None:
+                self.fd = os.open(path, os.O_RDONLY)
+            data = os.pread(self.fd, min(SNAPSHOT_CHUNK, seg.size - self.offset), self.offset)
+            if not data:
+                raise OSError(errno.EIO, f"it ends at {self.offset}, before {seg.size}")
+        except OSError as e:
+            self.log.log.error("REPLICATION: cannot send retained segment {fn} - {err}", fn=path, err=e)
+            self.close()
+            return None
+        offset, self.offset = self.offset, self.offset + len(data)
+        return wire.segment(self.topic, seg.num, offset, seg.uid, data)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def _backend_part(queue: Topic | Channel) -> list[QueueSnapshot]:

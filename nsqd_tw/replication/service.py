@@ -280,6 +280,7 @@ class ReplicationService(service.Service):
 
     def _serve_as_standby(self, primary_http: str = "") -> None:
         self.nsqd.shipper = None
+        self.nsqd.retention.set_mirroring(True)  # its retained logs are copies of its primary's
         self.nsqd.set_standby(StandbyError(self.state.peer, self.state.epoch, primary_http))
         if self.lookup is not None:
             self.lookup.pause()
@@ -287,6 +288,7 @@ class ReplicationService(service.Service):
     def _serve_as_primary(self) -> None:
         self.nsqd.set_standby(None)
         self.nsqd.shipper = self.primary
+        self.nsqd.retention.promoted()  # its retained logs its own (a standby promoted: its rewinds go on)
         if self.lookup is not None:
             self.lookup.resume()
 

@@ -13,6 +13,7 @@ from twisted.logger import LogLevel
 from nsqd_tw.core.replica import StandbyApply
 from nsqd_tw.replication import wire
 from nsqd_tw.storage.errors import DiskQueueError
+from nsqd_tw.storage.mirror import MirrorDiverged
 
 if TYPE_CHECKING:
     from nsqd_tw.core.nsqd import NSQD
@@ -125,7 +126,7 @@ class StandbySide:
             self._confirm(self.applied)
         self.service.diverged()
         peer = self.service.peer_address
-        if not isinstance(e, (OSError, DiskQueueError)):  # not the disk's doing: a bug to see whole
+        if not isinstance(e, (OSError, DiskQueueError, MirrorDiverged)):  # not the disk's doing: a bug to see whole
             self.service.log.failure("REPLICATION: cannot apply an operation of the primary")
         self.nsqd.queue_events.emit(
             ("replication", "apply"),
@@ -175,10 +176,22 @@ class StandbySide:
             entries = p.entries()
             p.end()
             apply.channel_records(topic, channel, entries)
+        elif kind == wire.AT:
+            topic = p.name()
+            num, offset, uid = p.place()
+            p.end()
+            apply.retained_at(topic, num, offset, uid)
+        elif kind == wire.SEGMENT:
+            topic = p.name()
+            num, offset, uid = p.place()
+            apply.segment_data(topic, num, offset, uid, p.rest())
+        elif kind == wire.SEGMENT_END:
+            apply.segment_done(wire.json_payload(p.rest()))
         elif kind == wire.BEGIN:
             self.in_sync = False
             self.service.snapshot_begins()
-            apply.begin(wire.json_payload(p.rest()))
+            wants = apply.begin(wire.json_payload(p.rest()))
+            self.link.send(wire.json_frame(wire.WANT, wants))  # what the primary sends after the queues
         elif kind == wire.END:
             self.service.snapshot_ends()
             self.in_sync = True
@@ -228,3 +241,4 @@ class StandbySide:
 
     def lost(self, why: str) -> None:
         self.closed = True
+        self.apply.close()

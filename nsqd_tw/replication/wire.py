@@ -20,23 +20,30 @@ from typing import Any
 from nsqd_tw.storage.layout import FramedRecords
 
 MAGIC = b"  R1"
-VERSION = 3  # 2: PUB and DPUB records framed as a data file holds them; 3: PING's token, echoed by ACK (the lease)
+# 2: PUB and DPUB records framed as a data file holds them; 3: PING's token, echoed by ACK
+# (the lease); 4: the retained logs (AT, SEGMENT, SEGMENT_END, WANT)
+VERSION = 4
 
 # both ways
 HELLO, AUTH, ERROR = 0x01, 0x02, 0x03
 # primary to standby: operations (counted by the standby) ...
 BEGIN, TOPIC_RECORDS, CHANNEL_RECORDS, END = 0x10, 0x11, 0x12, 0x13
 PUB, DPUB, FIN, REQ, CTRL = 0x20, 0x21, 0x22, 0x23, 0x24
+# the retained logs: where the next publish of a topic is written; a snapshot's segments
+AT, SEGMENT, SEGMENT_END = 0x25, 0x26, 0x27
 # ... and the heartbeat, which is not one
 PING = 0x30
 # standby to primary
 ACK = 0x31
+WANT = 0x32  # the segments of its primary's retained logs a standby lacks (after BEGIN)
 
 # ERROR's JSON: {"error": text} and, from a standby that could not apply (store) an
 # operation, "code": APPLY_FAILED: the primary links again only after a while
 APPLY_FAILED = "apply_failed"
 
-OPERATIONS = frozenset((BEGIN, TOPIC_RECORDS, CHANNEL_RECORDS, END, PUB, DPUB, FIN, REQ, CTRL))
+OPERATIONS = frozenset(
+    (BEGIN, TOPIC_RECORDS, CHANNEL_RECORDS, END, PUB, DPUB, FIN, REQ, CTRL, AT, SEGMENT, SEGMENT_END)
+)
 
 MAX_FRAME = 64 << 20  # a frame bigger than this is a broken peer
 MAX_HELLO = 64 << 10  # before authentication: the largest frame a peer may send (a HELLO)
@@ -49,6 +56,7 @@ _ACK = struct.Struct(">QQ")
 _I64 = struct.Struct(">q")
 _ENTRY = struct.Struct(">qI")
 _BATCH = struct.Struct(">III")  # count, smallest and largest record
+_PLACE = struct.Struct(">IQ8s")  # a retained segment's number, an offset in it, its identity
 ID_LENGTH = 16
 
 
@@ -112,6 +120,24 @@ def entries_frame(topic: str, channel: str | None, entries: Sequence[tuple[int, 
         parts.append(pack(at, len(record)))
         parts.append(record)
     return frame(TOPIC_RECORDS if channel is None else CHANNEL_RECORDS, b"".join(parts))
+
+
+def at(topic: str, segment: int, offset: int, uid: str) -> bytes:
+    """AT: the topic's next publish is written at ``offset`` of its retained
+    segment ``segment`` (identity ``uid``, 16 hex digits) on the primary."""
+    return frame(AT, _name(topic) + _PLACE.pack(segment, offset, bytes.fromhex(uid)))
+
+
+def segment(topic: str, num: int, offset: int, uid: str, data: bytes) -> bytes:
+    """SEGMENT: bytes of a retained segment, from ``offset`` (a snapshot's)."""
+    return b"".join(
+        (
+            _HEAD.pack(len(topic) + 2 + _PLACE.size + len(data), SEGMENT),
+            _name(topic),
+            _PLACE.pack(num, offset, bytes.fromhex(uid)),
+            data,
+        )
+    )
 
 
 def ping(token: int) -> bytes:
@@ -216,6 +242,11 @@ class Payload:
 
     def u32(self) -> int:
         return int(_U32.unpack(self.take(4))[0])
+
+    def place(self) -> tuple[int, int, str]:
+        """AT's and SEGMENT's (segment number, offset, identity)."""
+        num, offset, uid = _PLACE.unpack(self.take(_PLACE.size))
+        return int(num), int(offset), uid.hex()
 
     def i64(self) -> int:
         return int(_I64.unpack(self.take(8))[0])

@@ -36,7 +36,7 @@ _DATA_INFIX = ".diskqueue."
 RETAINED_SEGMENT = re.compile(r"(.+)\.retained\.(\d{6,})")
 # where a record's message ID starts (after the record's 4-byte size)
 _ID_OFFSET = 4 + ID_OFFSET
-_MIN_TS = 1_300_000_000 * 10**9  # 2011, before Go's ID epoch
+MIN_TS = 1_300_000_000 * 10**9  # 2011, before Go's ID epoch: no record is older
 
 Write = tuple[int, int, bytes, int]
 
@@ -364,46 +364,60 @@ class QueueFiles:
         """Corrupt bytes at ``pos`` of data file ``num`` (``fd``, readable to ``end``):
         the offset of the next plausible record (None: none before ``end``), and
         where the bad bytes up to it were kept aside (or why they were not)."""
-        resume = self._find_record(fd, pos + 1, end)
-        bad_end = end if resume is None else resume
-        kept = f"{self.data_file(num)}.bad.{pos}"
-        try:
-            chunk = os.pread(fd, bad_end - pos, pos)
-            with open(kept, "wb") as f:
-                f.write(chunk)
-        except OSError as e:
-            kept = f"(not kept: {e})"
+        resume = find_record(fd, pos + 1, end, self.min_msg_size, self.max_msg_size)
+        kept = keep_bad(fd, f"{self.data_file(num)}.bad.{pos}", pos, end if resume is None else resume)
         return resume, kept
 
-    def _find_record(self, fd: int, start: int, end: int) -> int | None:
-        """The first offset in [start, end) where a plausible record begins."""
-        window = 1 << 20
-        pos = start
-        now_ns = time.time_ns() + 86_400 * 10**9
-        while pos < end:
-            buf = os.pread(fd, min(window + 64, end - pos), pos)
-            if not buf:
-                return None
-            for m in _ID_RE.finditer(buf):
-                cand = pos + m.start() - _ID_OFFSET
-                if cand < start:
-                    continue
-                if self._plausible(fd, cand, end, now_ns) and self._plausible_next(fd, cand, end, now_ns):
+
+# -- damaged records: what a disk queue and a retained log both step over -----------
+
+
+def find_record(fd: int, start: int, end: int, min_size: int, max_size: int) -> int | None:
+    """The first offset in [start, end) of file ``fd`` where a plausible record
+    begins (:func:`plausible`, and so is the record after it, unless it ends at
+    ``end``); None if there is none."""
+    window = 1 << 20
+    pos = start
+    now_ns = time.time_ns() + 86_400 * 10**9
+    while pos < end:
+        buf = os.pread(fd, min(window + 64, end - pos), pos)
+        if not buf:
+            return None
+        for m in _ID_RE.finditer(buf):
+            cand = pos + m.start() - _ID_OFFSET
+            if cand < start:
+                continue
+            size = plausible(fd, cand, end, min_size, max_size, now_ns)
+            if size is not None:
+                nxt = cand + 4 + size
+                if nxt == end or plausible(fd, nxt, end, min_size, max_size, now_ns) is not None:
                     return cand
-            pos += window
+        pos += window
+    return None
+
+
+def plausible(fd: int, at: int, end: int, min_size: int, max_size: int, now_ns: int) -> int | None:
+    """The size of the record at ``at`` if it looks like one (a size in bounds that
+    ends by ``end``, a timestamp from 2011 to ``now_ns``, a 16-hex-digit ID), else None."""
+    head = os.pread(fd, _ID_OFFSET + MSG_ID_LENGTH, at)
+    if len(head) < _ID_OFFSET + MSG_ID_LENGTH:
         return None
+    (size,) = RECORD_SIZE.unpack_from(head)
+    if size < min_size or size > max_size or at + 4 + size > end:
+        return None
+    (ts,) = TIMESTAMP.unpack_from(head, 4)
+    if MIN_TS <= ts <= now_ns and _ID_RE.fullmatch(head[_ID_OFFSET:]) is not None:
+        return int(size)
+    return None
 
-    def _plausible(self, fd: int, at: int, end: int, now_ns: int) -> bool:
-        head = os.pread(fd, _ID_OFFSET + MSG_ID_LENGTH, at)
-        if len(head) < _ID_OFFSET + MSG_ID_LENGTH:
-            return False
-        (size,) = RECORD_SIZE.unpack_from(head)
-        if size < self.min_msg_size or size > self.max_msg_size or at + 4 + size > end:
-            return False
-        (ts,) = TIMESTAMP.unpack_from(head, 4)
-        return _MIN_TS <= ts <= now_ns and _ID_RE.fullmatch(head[_ID_OFFSET:]) is not None
 
-    def _plausible_next(self, fd: int, at: int, end: int, now_ns: int) -> bool:
-        (size,) = RECORD_SIZE.unpack(os.pread(fd, 4, at))
-        nxt = at + 4 + size
-        return nxt == end or self._plausible(fd, nxt, end, now_ns)
+def keep_bad(fd: int, path: str, pos: int, end: int) -> str:
+    """Copy the bytes from ``pos`` to ``end`` of file ``fd`` to ``path`` (an
+    operator's evidence); ``path``, or why they were not kept."""
+    try:
+        chunk = os.pread(fd, end - pos, pos)
+        with open(path, "wb") as f:
+            f.write(chunk)
+    except OSError as e:
+        return f"(not kept: {e})"
+    return path

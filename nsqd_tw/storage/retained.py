@@ -14,10 +14,14 @@ queue's name can take):
   :data:`SPARSE_BYTES` (the offset, ordinal and timestamp of the record there),
   so that a rewind finds its start by reading at most one entry's span. Written
   with the next sync once a segment is sealed; a segment without one (after a
-  kill) is scanned at start, and whatever follows its last whole record is cut.
+  kill) is scanned at start, and whatever follows its last good record is cut.
 - ``T.retained.meta.dat``: the *horizon*, in ns: every message published since
   then is in the log (the time the log was made, moved on when a segment is
-  deleted).
+  deleted); the next segment's number; the first segment's (a third field,
+  written since issue 36: with it a missing head segment is found).
+
+A damaged record is stepped over by every reader, and a missing segment found at
+start (see :mod:`nsqd_tw.storage.faults`).
 
 A whole segment is deleted once its last append is older than the retention
 (:meth:`RetainedLog.expire`), while the log is larger than its byte bound
@@ -40,15 +44,17 @@ from typing import Any, NamedTuple
 from nsq_wire.message import MESSAGE_HEADER_LENGTH, TIMESTAMP
 from nsqd_tw.storage.backend import CutRecord
 from nsqd_tw.storage.budget import DiskBudget
+from nsqd_tw.storage.faults import Faults, Gap
 from nsqd_tw.storage.files import read_regular, write_atomic
-from nsqd_tw.storage.layout import RECORD_SIZE, framed
+from nsqd_tw.storage.layout import MIN_TS, RECORD_SIZE, framed
 from nsqd_tw.storage.records import READ_CHUNK, RecordReader
 from nsqd_tw.storage.syncer import Syncer
 
 SPARSE_BYTES = 256 * 1024  # bytes of records between two entries of a segment's index
 INFIX = ".retained."
 _SEGMENT_RE = re.compile(r"(.+)\.retained\.(\d{6,})\.dat")
-_MIN_TS = 1_300_000_000 * 10**9  # 2011, before Go's ID epoch
+UID_BYTES = 8
+_UID_RE = re.compile(r"[0-9a-f]{16}")
 
 
 _unpack_size = RECORD_SIZE.unpack_from
@@ -87,10 +93,26 @@ class Segment:
     appended_ns: int = 0  # when it was last written to (what ages it out)
     created_ns: int = 0  # when it was first written to (what rolls it)
     sparse: list[tuple[int, int, int]] = field(default_factory=list)  # (offset, ordinal, timestamp)
+    # who wrote it: random, made when it is started; a replication standby's copy
+    # of it has the same (storage/mirror.py), which is how the two are matched
+    uid: str = ""
 
     def index_text(self) -> bytes:
-        head = b"v1 %d %d %d %d %d\n" % (self.count, self.size, self.first_ts, self.max_ts, self.appended_ns)
-        return head + b"".join(b"%d %d %d\n" % entry for entry in self.sparse)
+        head = b"v1 %d %d %d %d %d" % (self.count, self.size, self.first_ts, self.max_ts, self.appended_ns)
+        if self.uid:
+            head += b" " + self.uid.encode()  # an extra field: an older reader takes the first five
+        return head + b"\n" + b"".join(b"%d %d %d\n" % entry for entry in self.sparse)
+
+
+def new_uid() -> str:
+    return os.urandom(UID_BYTES).hex()
+
+
+def index_uid(head: bytes) -> str:
+    """The segment identity in an index's first line, else ""."""
+    fields = head.split(b"\n", 1)[0].split()
+    uid = fields[6].decode("ascii", "replace") if len(fields) > 6 else ""
+    return uid if _UID_RE.fullmatch(uid) else ""
 
 
 class Mark(NamedTuple):
@@ -142,8 +164,10 @@ class RetainedLog:
         budget: DiskBudget | None = None,
         segment_bytes: int = 100 * 1024 * 1024,
         roll_ns: int = 0,
+        known: Sequence[Segment] = (),
     ) -> None:
-        """``existing``: the numbers of the segments on disk (the data path's listing)."""
+        """``existing``: the numbers of the segments on disk (the data path's listing);
+        ``known``: those of them described already (the log closed a moment ago)."""
         self.topic = topic
         self.data_path = data_path
         self.syncer = syncer
@@ -171,7 +195,15 @@ class RetainedLog:
         # keeps what its memory can't hold as a run of the log: see storage/spill.py)
         self.last_append: tuple[Position, Sequence[bytes]] | None = None
         self.holders: dict[Any, None] = {}  # spill queues with runs in this log
-        self.horizon_ns = self._load(existing, now_ns)
+        # beyond Go's beyond: a replication standby's log is a copy of its primary's
+        # (storage/mirror.py): it writes only what the primary wrote, where it wrote
+        # it (``mirror_at``: segment, offset and uid of the next append), and deletes
+        # only what the primary deleted
+        self.mirror = False
+        self.mirror_at: tuple[int, int, str] | None = None
+        self.faults = Faults(topic, log, self.data_file, self.min_size, self.max_size)
+        self.horizon_ns = 0
+        self._load(existing, now_ns, {seg.num: seg for seg in known})
         self._add_bytes(self.bytes)
         syncer.register(self)
 
@@ -197,30 +229,45 @@ class RetainedLog:
 
     # -- start-up --------------------------------------------------------------------
 
-    def _load(self, existing: Sequence[int], now_ns: int) -> int:
+    def _load(self, existing: Sequence[int], now_ns: int, known: dict[int, Segment]) -> None:
         for num in sorted(existing):
-            seg = self._load_index(num) or self._scan(num)
+            seg = known.get(num) or self._load_index(num) or self._scan(num)
             if seg is not None:
+                self._identify(seg)
                 self.segments.append(seg)
                 self.messages += seg.count
                 self.bytes += seg.size
         self.next_num = max(existing, default=-1) + 1
+        raw = b""
+        first = claimed_next = None  # a meta file of before issue 36 has neither
         try:
-            fields = read_regular(self.files.meta_file).split()
-            horizon = int(fields[0])
-            self.next_num = max(self.next_num, int(fields[1]) if len(fields) > 1 else 0)
+            raw = read_regular(self.files.meta_file)
+            fields = [int(x) for x in raw.split()]
+            horizon = fields[0]
+            self.next_num = max(self.next_num, fields[1] if len(fields) > 1 else 0)
+            if len(fields) > 2:
+                claimed_next, first = fields[1], fields[2]
         except (OSError, ValueError, IndexError) as e:
             horizon = self.segments[0].first_ts if self.segments and self.segments[0].count else now_ns
             if not isinstance(e, FileNotFoundError):
                 self.log.warn(
                     "RETAINED({topic}): ignoring {fn} - {err}", topic=self.topic, fn=self.files.meta_file, err=e
                 )
+        self.horizon_ns = self.faults.find_gaps(self.segments, first, claimed_next, horizon, now_ns)
+        if raw != self._meta_text():
             self.syncer.persist(self.files.meta_file, self._meta_text)
-        return horizon
+
+    def _identify(self, seg: Segment) -> None:
+        """A segment read at start keeps the identity its index gave it; one
+        without (indexed again after a kill, or by an older nsq-tw) gets a new one."""
+        if not seg.uid:
+            seg.uid = new_uid()
+            self.syncer.persist(self.index_file(seg.num), seg.index_text)
 
     def _meta_text(self) -> bytes:
-        """The horizon, and the next segment's number."""
-        return b"%d\n%d\n" % (self.horizon_ns, self.next_num)
+        """The horizon, the next segment's number and the first's."""
+        first = self.segments[0].num if self.segments else self.next_num
+        return b"%d\n%d\n%d\n" % (self.horizon_ns, self.next_num, first)
 
     def _load_index(self, num: int) -> Segment | None:
         """The segment as its index describes it, if the index matches the file."""
@@ -244,10 +291,11 @@ class RetainedLog:
             return None
         if seg_size != size:
             return None
-        return Segment(num, count, seg_size, first_ts, max_ts, appended, appended, sparse)
+        return Segment(num, count, seg_size, first_ts, max_ts, appended, appended, sparse, index_uid(text))
 
     def _scan(self, num: int) -> Segment | None:
-        """Read a segment without an index: its records, whatever follows them cut."""
+        """Read a segment without an index: its records (damage stepped over),
+        whatever follows the last good one cut."""
         path = self.data_file(num)
         seg = Segment(num)
         try:
@@ -258,18 +306,22 @@ class RetainedLog:
         try:
             end = os.fstat(fd).st_size
             next_sparse = 0
-            for offset, data in _records(fd, 0, end, self.min_size, self.max_size):
-                (ts,) = _unpack_ts(data)
-                if not _MIN_TS <= ts:
-                    break
-                if offset >= next_sparse:
-                    seg.sparse.append((offset, seg.count, ts))
-                    next_sparse = offset + SPARSE_BYTES
-                if not seg.count:
-                    seg.first_ts = ts
-                seg.max_ts = max(seg.max_ts, ts)
-                seg.count += 1
-                seg.size = offset + 4 + len(data)
+            at: int | None = 0
+            while at is not None and at < end:
+                for offset, data in _records(fd, at, end, self.min_size, self.max_size):
+                    (ts,) = _unpack_ts(data)
+                    if not MIN_TS <= ts:
+                        break
+                    if offset >= next_sparse:
+                        seg.sparse.append((offset, seg.count, ts))
+                        next_sparse = offset + SPARSE_BYTES
+                    if not seg.count:
+                        seg.first_ts = ts
+                    seg.max_ts = max(seg.max_ts, ts)
+                    seg.count += 1
+                    at = seg.size = offset + 4 + len(data)
+                if at < end:  # not a record: damage if a good one follows, else a torn tail
+                    at = self.faults.scanned(fd, num, at, end, seg.count)
             if seg.size < end:
                 self.log.warn(
                     "RETAINED({topic}): {fn}: {n} bytes after the last whole record at offset {at} cut",
@@ -294,18 +346,28 @@ class RetainedLog:
 
     # -- writing -------------------------------------------------------------------------
 
-    def append(self, records: Sequence[bytes], now_ns: int) -> Mark:
+    def append(self, records: Sequence[bytes], now_ns: int) -> Mark | None:
         """Write the records of one publish; they are in the file (page cache)
         when this returns. All or nothing: a failed write is cut off again and
-        raised. Returns a mark for :meth:`take_back`."""
+        raised. Returns a mark for :meth:`take_back` (None: a mirror not told
+        where, which keeps nothing: see ``mirror``)."""
         if self.exiting:
             raise OSError(errno.ESHUTDOWN, "retained log closed")
         data = framed(records)
         size = len(data)
+        place = None
+        if self.mirror:
+            place, self.mirror_at = self.mirror_at, None
+            if place is None:
+                return None  # not written where the primary is: its log did not take it
         if self.budget is not None:
             self.budget.check(size)  # may evict retained segments, this log's active one too
         seg = self._active
-        if (
+        if self.mirror:
+            assert place is not None
+            if seg is None or self._fd is None or seg.num != place[0]:
+                seg = self._roll(now_ns, place[0], place[2])
+        elif (
             seg is None
             or self._fd is None
             or (seg.size and seg.size + size > self.segment_bytes)
@@ -346,8 +408,10 @@ class RetainedLog:
         self.syncer.wrote(self, len(records))
         return mark
 
-    def take_back(self, mark: Mark) -> None:
+    def take_back(self, mark: Mark | None) -> None:
         """Take back the append that returned ``mark`` (the publish failed elsewhere)."""
+        if mark is None:
+            return
         seg = mark.segment
         self.last_append = None
         if seg is not self._active or self._fd is None:
@@ -367,16 +431,33 @@ class RetainedLog:
         except OSError as e:
             self.log.error("RETAINED({topic}): failed to take back a write - {err}", topic=self.topic, err=e)
 
-    def _roll(self, now_ns: int) -> Segment:
-        """Seal the active segment (its index goes with the next sync) and start the next."""
+    def _roll(self, now_ns: int, num: int | None = None, uid: str = "") -> Segment:
+        """Seal the active segment (its index goes with the next sync) and start the
+        next (a mirror: the primary's ``num`` and ``uid``). A segment a kill left
+        without an index is given a new identity at the start (so a standby's copy
+        of it is sent again whole: storage/mirror.py)."""
         self._seal()
-        num = self.next_num
-        self.next_num += 1
-        seg = Segment(num, created_ns=now_ns, appended_ns=now_ns)
+        if num is None:
+            num = self.next_num
+        seg = Segment(num, created_ns=now_ns, appended_ns=now_ns, uid=uid or new_uid())
         self._fd = os.open(self.data_file(num), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        # a number is used once its file is there (a gap is a missing file)
+        self.next_num = max(self.next_num, num + 1)
         self.segments.append(seg)
         self._active = seg
+        self.syncer.persist(self.files.meta_file, self._meta_text)
         return seg
+
+    def seal_active(self) -> None:
+        """Seal the segment being written: the next append starts another (a new
+        link's snapshot, a standby promoted: each segment has one writer)."""
+        if self._active is not None:
+            self._seal()
+
+    @property
+    def active_uid(self) -> str:
+        """The identity of the segment being written ("" if none)."""
+        return self._active.uid if self._active is not None else ""
 
     def _seal(self) -> None:
         seg, fd = self._active, self._fd
@@ -410,7 +491,10 @@ class RetainedLog:
         self._add_bytes(-seg.size)
         if seg.count:
             self.horizon_ns = max(self.horizon_ns, seg.max_ts + 1)
-            self.syncer.persist(self.files.meta_file, self._meta_text)
+        # a gap after it is at the head now: the horizon goes past it
+        first_left = self.segments[0].num if self.segments else self.next_num
+        self.horizon_ns = max(self.horizon_ns, self.faults.forget(seg.num, first_left))
+        self.syncer.persist(self.files.meta_file, self._meta_text)
         if self.on_delete is not None:
             self.on_delete(seg, why)
         return seg
@@ -456,11 +540,13 @@ class RetainedLog:
 
     def locate(self, since_ns: int | None) -> Position:
         """Where the first message published at or after ``since_ns`` is (None:
-        the oldest retained). Raises :class:`SinceTooOld` before the horizon."""
+        the oldest retained). Raises :class:`SinceTooOld` before the horizon,
+        :class:`~nsqd_tw.storage.faults.RetainedGap` inside a gap."""
         if since_ns is None:
             return self.start()
         if since_ns < self.horizon_ns:
             raise SinceTooOld(self.horizon_ns)
+        self.faults.check(since_ns)
         for seg in self.segments:
             if seg.count and seg.max_ts >= since_ns:
                 return self._locate_in(seg, since_ns)
@@ -477,14 +563,55 @@ class RetainedLog:
         except OSError:
             return Position(seg.num, 0, 0)
         try:
-            for at, data in _records(fd, offset, seg.size, self.min_size, self.max_size):
+            for at, at_ordinal, data in self._walk(fd, seg, offset, ordinal):
                 if _unpack_ts(data)[0] >= since_ns:
-                    return Position(seg.num, at, ordinal)
-                ordinal += 1
+                    return Position(seg.num, at, at_ordinal)
         finally:
             os.close(fd)
         nxt = [s for s in self.segments if s.num > seg.num]
         return Position(nxt[0].num, 0, 0) if nxt else self.end()
+
+    def _walk(self, fd: int, seg: Segment, offset: int, ordinal: int) -> Iterator[tuple[int, int, bytes]]:
+        """(offset, ordinal, record) of the records of ``seg`` (``fd`` open on it)
+        from ``offset`` (whose ordinal is ``ordinal``) on, damage stepped over."""
+        at: int | None = offset
+        while at is not None and at < seg.size:
+            for record_at, data in _records(fd, at, seg.size, self.min_size, self.max_size):
+                yield record_at, ordinal, data
+                at = record_at + 4 + len(data)
+                ordinal += 1
+            if at < seg.size:
+                at, ordinal = self.faults.skip(fd, seg, at, ordinal)
+
+    def renumbered(self, pos: Position) -> Position:
+        """``pos`` (saved before a restart) with the ordinal its offset has now:
+        a segment scanned at start without its index numbers the records after
+        damage it stepped over anew."""
+        seg = self.segment(pos.segment)
+        if seg is None or not self.faults.damaged_before(seg.num, pos.offset):
+            return pos
+        if pos.offset >= seg.size:
+            return Position(seg.num, pos.offset, seg.count)
+        offset, ordinal = 0, 0
+        for entry_offset, entry_ordinal, _ in seg.sparse:
+            if entry_offset > pos.offset:
+                break
+            offset, ordinal = entry_offset, entry_ordinal
+        try:
+            fd = os.open(self.data_file(seg.num), os.O_RDONLY)
+        except OSError:
+            return pos
+        try:
+            for at, at_ordinal, _ in self._walk(fd, seg, offset, ordinal):
+                if at >= pos.offset:
+                    return Position(seg.num, pos.offset, at_ordinal) if at == pos.offset else pos
+        finally:
+            os.close(fd)
+        return pos
+
+    def gaps_between(self, start: Position, end: Position) -> list[Gap]:
+        """The segments missing (found at start) that a read from ``start`` to ``end`` crosses."""
+        return self.faults.between(start.segment, end.segment)
 
     def count_between(self, start: Position, end: Position) -> int:
         """The messages from ``start`` up to ``end`` still retained."""
@@ -521,8 +648,8 @@ class RetainedLog:
                 return seg
         return None
 
-    def reader(self, start: Position, end: Position) -> RetainedReader:
-        return RetainedReader(self, start, end)
+    def reader(self, start: Position, end: Position, label: str = "a reader") -> RetainedReader:
+        return RetainedReader(self, start, end, label)
 
     # -- sync and shutdown ---------------------------------------------------------------
 
@@ -563,6 +690,7 @@ class RetainedLog:
             self._remove_index(seg.num)
         self._add_bytes(-self.bytes)
         self.segments.clear()
+        self.faults.clear()
         self.messages = self.bytes = 0
         self.syncer.forget(self.files.meta_file)
         self.files.remove(self.files.meta_file)
@@ -578,13 +706,18 @@ class RetainedReader:
     """Reads a log from one position to another at its reader's pace, a chunk
     at a time (only the read-ahead buffer is held: flat memory for any size)."""
 
-    def __init__(self, log: RetainedLog, start: Position, end: Position) -> None:
+    def __init__(self, log: RetainedLog, start: Position, end: Position, label: str = "a reader") -> None:
+        """``label``: who reads, for the warnings (``CHANNEL(t:c) rewind``)."""
         self.log = log
         self.position = start
         self.end = end
-        self.lost = False  # a segment was deleted before it was read (the caller recounts)
+        self.label = label
+        # records skipped: a segment not there (deleted before it was read, missing),
+        # or damage stepped over; the caller recounts from the position
+        self.lost = False
         self._reader = RecordReader(READ_CHUNK)
         self._limit = 0
+        self._warned = -1  # segments up to this one were warned about (peeks go over them again)
 
     @property
     def done(self) -> bool:
@@ -658,11 +791,11 @@ class RetainedReader:
 
     def _next_record(self) -> int | None:
         """The size of the record at the position (None: the end), its segment
-        open; what is not a record is logged and the rest of its segment skipped."""
+        open; what is not a record is stepped over to the next good one."""
         log = self.log
         r = self._reader
         while not self.done:
-            num, offset, _ = self.position
+            num, offset, ordinal = self.position
             if r.fd is None or r.num != num:
                 if not self._open(num):
                     continue
@@ -673,42 +806,64 @@ class RetainedReader:
             size: int = _unpack_size(head)[0] if len(head) == 4 else -1
             if log.min_size <= size <= log.max_size and offset + 4 + size <= self._limit:
                 return size
-            log.log.error(
-                "RETAINED({topic}): bad record in {fn} at offset {at}: the rest of the segment skipped",
-                topic=log.topic,
-                fn=log.data_file(num),
-                at=offset,
-            )
-            self._next_segment()
+            seg = log.segment(num)
+            assert r.fd is not None
+            resume, ordinal = log.faults.skip(r.fd, seg, offset, ordinal) if seg is not None else (None, ordinal)
+            self.lost = True
+            if resume is None or resume >= self._limit:
+                self._next_segment()
+            else:
+                self.position = Position(num, resume, ordinal)
         return None
 
     def _open(self, num: int) -> bool:
         seg = self.log.segment(num)
         if seg is None:
-            self._next_segment(lost=True)
+            self._next_segment(missing=True)
             return False
         limit = self.end.offset if num == self.end.segment else seg.size
         if not self._reader.open(self.log.data_file(num), num, limit):
+            self._warn(num, num, f"its file {self.log.data_file(num)} is gone")
             self._next_segment(lost=True)
             return False
         self._limit = limit
         return True
 
-    def _next_segment(self, lost: bool = False) -> None:
+    def _next_segment(self, lost: bool = False, missing: bool = False) -> None:
         """On to the next segment still retained (or the end). Segments are
-        numbered in order and deleted oldest first: a gap is what was deleted."""
+        numbered in order and deleted oldest first: what is not there was
+        deleted before it was read, or is missing (a warning says which);
+        ``missing``: the position's segment is not there either."""
         num = self.position.segment
         self._reader.close()
         later = [s.num for s in self.log.segments if num < s.num <= self.end.segment]
+        end = self.end
         if later:
             self.position = Position(later[0], 0, 0)
-            lost = lost or later[0] != num + 1
+            last = later[0] - 1
         else:
-            end = self.end
-            lost = lost or end.segment > num + 1 or (end.segment == num + 1 and end.offset > 0)
             self.position = end
+            last = end.segment if end.offset > 0 else end.segment - 1
+        first = num if missing else num + 1
+        if last >= first:
+            self._warn(first, last, self.log.faults.skipped(first, last))
+            lost = True
         if lost:
             self.lost = True
+
+    def _warn(self, first: int, last: int, why: str) -> None:
+        """Once per reader and segment: the segments ``first`` to ``last`` are not read."""
+        if last <= self._warned:
+            return
+        self._warned = last
+        log = self.log
+        log.log.warn(
+            "RETAINED({topic}): {who} skipped {what}: {why}",
+            topic=log.topic,
+            who=self.label,
+            what=f"segment {first}" if first == last else f"segments {first} to {last}",
+            why=why,
+        )
 
     def close(self) -> None:
         self._reader.close()

@@ -105,6 +105,10 @@ class SpillQueue:
         return f"<SpillQueue {self.name} runs={len(self.runs)} spilled={self.spilled}>"
 
     @property
+    def _label(self) -> str:
+        return f"SPILL({self.name})"
+
+    @property
     def spilling(self) -> bool:
         """The channel's publishes join the runs (its memory waits)."""
         return bool(self.runs)
@@ -146,6 +150,8 @@ class SpillQueue:
     def _add_run(self, run: Run) -> None:
         """A run read back at start, counted against what the log still holds."""
         log = self.log
+        # a segment scanned at start (no index) numbers the records after damage anew
+        run.start, run.end = log.renumbered(run.start), log.renumbered(run.end)
         if log.segment(run.start.segment) is None:
             run.start = log.first_from(run.start.segment, run.end)
         run.count = log.count_between(run.start, run.end)
@@ -243,7 +249,7 @@ class SpillQueue:
             run = runs[0]
             reader = run.reader
             if reader is None:
-                reader = run.reader = self.log.reader(run.start, run.end)
+                reader = run.reader = self.log.reader(run.start, run.end, self._label)
             try:
                 records = reader.read(n - len(out), READ_BYTES)
             except OSError as e:
@@ -301,7 +307,7 @@ class SpillQueue:
             else:
                 held = run.count
                 if run.reader is None:  # made now, it keeps its read-ahead for the read to come
-                    run.reader = self.log.reader(run.start, run.end)
+                    run.reader = self.log.reader(run.start, run.end, self._label)
                 got = run.reader.peek(want, left)
             if got and out and isinstance(got[0], CutRecord):
                 break
@@ -372,7 +378,7 @@ class SpillQueue:
     def _copy(self, start: Position, end: Position) -> None:
         """Write the log's records from ``start`` to ``end`` to the disk queue,
         whatever the disk budget (the segment they are in goes next)."""
-        reader = self.log.reader(start, end)
+        reader = self.log.reader(start, end, self._label)
         budget = getattr(self.inner, "budget", None)
         enforcing = budget.enforcing if budget is not None else True
         n = 0

@@ -1,5 +1,6 @@
 """Retention and rewinds with nsqd as a process: rewind after everything was FINed, across kill -9,
-no loss of an acknowledged message in durable mode, segments aged out."""
+no loss of an acknowledged message in durable mode, segments aged out; a rewind carried across
+a clean restart, in publish order; what many rewinds hold in memory together."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from twisted.internet.threads import deferToThread
 
 from nsq_client.twisted_client import Consumer, ReceivedMessage, connect
 from nsq_wire.gofmt import rfc3339_nano
+from tests.integration.procs import rss_mb
 from tests.integration.test_queue_settings_process import QueueSettingsProcessTestCase
 
 
@@ -35,6 +37,27 @@ class ReplayProcessTestCase(QueueSettingsProcessTestCase):
 
     def segments(self, topic: str) -> list[str]:
         return sorted(f for f in os.listdir(self.dir) if f.startswith(f"{topic}.retained.0"))
+
+    @defer.inlineCallbacks
+    def idle(self, topic: str, channel: str) -> Any:
+        """Whether ``channel`` has no consumer and nothing in flight (every FIN taken in)."""
+        stats = yield self.stats(topic)
+        c = next(c for c in stats["channels"] if c["channel_name"] == channel)
+        return c["client_count"] == 0 and c["in_flight_count"] == 0
+
+
+def inversions(values: list[bytes]) -> int:
+    """How many pairs of ``values`` are out of order (i < j, values[i] > values[j])."""
+    if len(values) < 2:
+        return 0
+    half = len(values) // 2
+    left, right = sorted(values[:half]), sorted(values[half:])
+    across, j = 0, 0
+    for v in left:  # for each of the left half, how many of the right half are smaller
+        while j < len(right) and right[j] < v:
+            j += 1
+        across += j
+    return inversions(values[:half]) + inversions(values[half:]) + across
 
 
 class RewindProcessTests(ReplayProcessTestCase):
@@ -173,3 +196,85 @@ class SpillProcessTests(ReplayProcessTestCase):
         bodies = {m.body for m in got}
         missing = [i for i in range(100, 3000) if b"o%05d" % i not in bodies]
         self.assertEqual(missing, [], "everything past memory comes again after kill -9")
+
+
+class RewindOrderProcessTests(ReplayProcessTestCase):
+    """A rewind carried across a clean stop (SIGTERM) goes on in publish order (docs/replay.md)."""
+
+    @defer.inlineCallbacks
+    def check_order_across_sigterm(self, *flags: str) -> Any:
+        total = 30_000
+        proc = self.start("--retention", "1h", *flags)
+        yield self.call("POST", "/topic/create?topic=log")
+        yield self.publish(proc.port(), "log", [b"%06d" % i for i in range(total)])
+        yield self.call("POST", "/topic/empty?topic=log")  # its own backlog: only the retained log is left
+        code, _ = yield self.call("POST", "/channel/create?topic=log&channel=replay&since=earliest")
+        self.assertEqual(code, 200)
+        first = yield self.consume(proc.port(), "log", "replay", 10_000)
+        yield self.until(lambda: self.idle("log", "replay"))
+        stats = yield self.stats("log")
+        self.assertGreater(stats["channels"][0]["rewind"]["messages_left"], 0, "stopped in the middle of the rewind")
+        proc.signal(signal.SIGTERM)
+        self.assertEqual((yield deferToThread(proc.wait)), 0)
+
+        proc = self.start("--retention", "1h", *flags)
+        rest = yield self.consume(proc.port(), "log", "replay", total - len(first))
+        yield self.until(lambda: self.idle("log", "replay"))
+        stats = yield self.stats("log")
+        self.assertEqual((stats["channels"][0]["depth"], "rewind" in stats["channels"][0]), (0, False))
+        bodies = [m.body for m in first + rest]
+        self.assertEqual(sorted(bodies), [b"%06d" % i for i in range(total)], "every message once")
+        self.assertEqual(inversions([m.body for m in rest]), 0, "in publish order after the restart")
+        self.assertEqual(bodies, [b"%06d" % i for i in range(total)], "and across it")
+
+    def test_a_rewind_goes_on_in_publish_order_after_a_clean_restart(self) -> Any:
+        return self.check_order_across_sigterm()
+
+    def test_the_same_in_durable_mode(self) -> Any:
+        return self.check_order_across_sigterm("--mem-queue-size", "0", "--sync-every", "1")
+
+
+class RewindBudgetProcessTests(ReplayProcessTestCase):
+    """All rewinds together hold at most 20,000 messages and 16 MiB in their channels' memory (docs/replay.md)."""
+
+    @defer.inlineCallbacks
+    def test_many_channels_rewinding_without_consumers_hold_the_budget_at_most(self) -> Any:
+        proc = self.start("--retention", "1h")
+        yield self.call("POST", "/topic/create?topic=big")
+        total = 20_000
+        yield self.publish(proc.port(), "big", [b"%05d" % i + b"x" * 1019 for i in range(total)])
+        yield self.call("POST", "/topic/empty?topic=big")
+        rss_before = rss_mb(proc.proc.pid)  # type: ignore[union-attr]
+        channels = [f"c{k:02d}" for k in range(16)]
+        for channel in channels:  # one after the other: each start makes the others' shares smaller
+            code, _ = yield self.call("POST", f"/channel/create?topic=big&channel={channel}&since=earliest")
+            self.assertEqual(code, 200)
+
+        @defer.inlineCallbacks
+        def held() -> Any:
+            stats = yield self.stats("big")
+            return {c["channel_name"]: (c["depth"] - c["backend_depth"], c["memory_bytes"]) for c in stats["channels"]}
+
+        before: list[Any] = [None]
+
+        @defer.inlineCallbacks
+        def settled() -> Any:  # two looks a while apart find the same
+            now = yield held()
+            same, before[0] = now == before[0], now
+            return same
+
+        yield self.until(settled)
+        queued = before[0]
+        self.assertEqual(sorted(queued), channels)
+        self.assertLessEqual(sum(n for n, _ in queued.values()), 20_000)
+        self.assertLessEqual(sum(b for _, b in queued.values()), (16 << 20) + 16 * 1024, "a record over each at most")
+        self.assertGreater(min(n for n, _ in queued.values()), 0, "each has its share")
+        self.assertLess(rss_mb(proc.proc.pid) - rss_before, 64, "RSS grows by about the budget")  # type: ignore[union-attr]
+
+        got = yield self.consume(proc.port(), "big", "c07", total)  # one consumer: its channel goes on
+        self.assertEqual([m.body[:5] for m in got], [b"%05d" % i for i in range(total)])
+        queued = yield held()
+        self.assertEqual(queued["c07"], (0, 0))
+        self.assertEqual(
+            {k: v for k, v in queued.items() if k != "c07"}, {k: v for k, v in before[0].items() if k != "c07"}
+        )

@@ -121,3 +121,24 @@ class TimeoutQueueTests(unittest.TestCase):
         q.clear()
         q.push(c, 1.0)
         self.assertEqual(list(q.pop_due(1.5)), [c])
+
+    def test_a_bucket_emptied_before_its_time_keeps_no_table(self) -> None:
+        """A burst's bucket stays until its due time (the message timeout) even when its
+        messages were all finished long before: it does not keep the table it grew to."""
+        import sys
+
+        q = TimeoutQueue()
+        finished, requeued = [msg(i) for i in range(2500)], [msg(i) for i in range(2500, 5000)]
+        for m in finished:
+            m.client_id = 7
+        q.push_many(finished, 60.0)  # FINed (take_owned)
+        q.push_many(requeued, 60.1)  # REQ, TOUCH, a consumer gone (remove)
+        buckets = [finished[0].bucket, requeued[0].bucket]
+        self.assertGreater(min(map(sys.getsizeof, buckets)), 50_000)
+        q.take_owned(7, [m.id for m in finished])
+        for m in requeued:
+            q.remove(m.id)
+        self.assertEqual(list(map(sys.getsizeof, buckets)), [sys.getsizeof({})] * 2)
+        late = msg(9999)
+        q.push(late, 60.0)  # the same due time: the same bucket, used again
+        self.assertEqual(list(q.pop_due(61.0)), [late])

@@ -177,15 +177,16 @@ class _Service:
 
 class VersionTests(unittest.TestCase):
     def test_a_peer_of_another_link_version_is_refused_saying_so(self) -> None:
-        """Version 3's PINGs carry the token its ACKs echo (the lease): a node of
-        version 2 cannot read them, and is told so at its HELLO."""
+        """Version 3's PINGs carry the token its ACKs echo (the lease), version 4
+        adds the retained logs' frames: a node of version 2 cannot read them, and
+        is told so at its HELLO."""
         service = _Service()
         link = Link(service, dialer=False)  # type: ignore[arg-type]
         transport = StringTransport()
         link.makeConnection(transport)
         link.dataReceived(wire.frame(wire.HELLO, json.dumps({"version": 2, "nonce": "00"}).encode()))
         [(kind, payload)] = read_all(transport.value())
-        why = "protocol version 2 not supported (this node speaks 3)"
+        why = "protocol version 2 not supported (this node speaks 4)"
         self.assertEqual((kind, wire.json_payload(payload)), (wire.ERROR, {"error": why}))
         self.assertEqual(service.lost, [why])
         self.assertTrue(transport.disconnecting)

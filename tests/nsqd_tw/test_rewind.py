@@ -345,6 +345,252 @@ class RestartTests(RetentionTestCase):
         self.assertEqual(self.drain(n, channel, c), [b"m%d" % i for i in range(30)])
 
 
+class RestartOrderTests(RetentionTestCase):
+    """A rewind carried across a clean stop goes on in publish order (docs/replay.md)."""
+
+    def take(self, n: NSQD, channel: Channel, c: FakeConsumer, count: int) -> list[bytes]:
+        """What ``c`` gets, each FINed, until ``count`` came; then it takes nothing more."""
+        bodies: list[bytes] = []
+        for _ in range(1000):
+            n.reactor.advance(0)
+            if len(c.got) >= count:
+                c.ready_count = 0
+            for m in c.got[len(bodies) :]:
+                bodies.append(m.body)
+                channel.finish_message(c.id, m.id)
+                c.finished()
+            if not c.ready_count:
+                return bodies
+            channel.kick()
+        self.fail("not as many came")
+
+    def rewound(self, **flags: object) -> tuple[NSQD, Channel, list[bytes]]:
+        n = self.start(retention=3600.0, **flags)
+        self.publish(n, "t", 12_000, batch=1000)
+        channel = n.topics["t"].get_channel("c")
+        n.reactor.advance(0)
+        channel.empty()
+        n.retention.start_rewind(channel, None)
+        return n, channel, [b"m%d" % i for i in range(12_000)]
+
+    def restarted(self, **flags: object) -> tuple[NSQD, Channel, FakeConsumer]:
+        n = self.start(retention=3600.0, **flags)
+        channel = n.topics["t"].channels["c"]
+        return n, channel, self.consumer(channel, rdy=100)
+
+    def check_order(self, taken: int = 3000, **flags: object) -> tuple[list[bytes], dict[str, object]]:
+        n, channel, published = self.rewound(**flags)
+        first = self.take(n, channel, self.consumer(channel, rdy=100), taken)
+        self.assertGreater(len(channel.memory), 0, "copies queued in memory at the stop")
+        self.stop(n)
+        state = self.metadata()["topics"][0]["channels"][0]["rewind"]
+        n, channel, c = self.restarted(**flags)
+        self.assertEqual(channel.backend.depth(), 0, "its copies were not saved: read again")
+        rest = self.drain(n, channel, c)
+        self.assertEqual(first + rest, published, "each once, in publish order across the restart")
+        return first, state
+
+    def test_copies_in_memory_at_a_clean_stop_are_read_again_not_saved(self) -> None:
+        first, state = self.check_order()
+
+        def offset(k: int) -> int:  # of the k-th record (in the one segment): 4-byte size, 26-byte header, body
+            return sum(4 + 26 + len(b"m%d" % i) for i in range(k))
+
+        self.assertEqual(
+            state,
+            {"since": None, "from": [0, offset(len(first)), len(first)], "to": [0, offset(12_000), 12_000]},
+            "nsqd.dat: after a kill, it is read again from the first copy not delivered",
+        )
+
+    def test_the_same_in_durable_mode(self) -> None:
+        self.check_order(mem_queue_size=0, sync_every=1)
+
+    def test_the_same_with_batches_across_segments(self) -> None:
+        # 1,000 messages a segment (a publish), 2,500 a batch: the first copy not delivered is
+        # in the middle of a segment, in a batch read from three
+        first, state = self.check_order(3350, max_bytes_per_file=20_000)
+        self.assertEqual((len(first), state["from"][0], state["from"][2]), (3400, 3, 400))
+        self.assertEqual(len([f for f in self.retained_files() if f.endswith(".idx")]), 12)
+
+    def test_a_copy_in_flight_at_the_stop_comes_again(self) -> None:
+        n, channel, published = self.rewound()
+        c = self.consumer(channel, rdy=100)
+        first = self.take(n, channel, c, 2900)
+        c.ready_count = 100
+        channel.kick()
+        first += [m.body for m in c.got[2900:]]  # not finished: in flight at the stop
+        self.assertEqual(len(first), 3000)
+        self.stop(n)
+        n, channel, c = self.restarted()
+        rest = self.drain(n, channel, c)
+        again = [b for b in rest if b in first]
+        self.assertEqual(again, first[-100:], "the ones in flight come again (from the disk queue, in turns)")
+        self.assertEqual(first + [b for b in rest if b not in again], published, "the others once, in order")
+
+
+class BudgetTests(RetentionTestCase):
+    """What all rewinds together hold in memory and read in a reactor turn (rewind.RewindBudget)."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.n = self.start(retention=3600.0)
+        self.topic = self.n.get_topic("t")
+        self.published = [b"%05d" % i + b"x" * 995 for i in range(20_000)]  # 1 KiB records
+        for k in range(0, 20_000, 1000):
+            self.n.publish("t", self.published[k : k + 1000])
+        self.topic.empty()
+
+    def rewind(self, name: str) -> Channel:
+        channel = self.topic.get_channel(name)
+        self.n.retention.start_rewind(channel, None)
+        return channel
+
+    def held(self, channels: list[Channel]) -> tuple[int, int]:
+        return sum(len(c.memory) for c in channels), sum(c.memory_bytes for c in channels)
+
+    def test_channels_rewinding_together_hold_their_share_of_the_budget(self) -> None:
+        n = self.n
+        channels = []
+        for k in range(16):
+            channels.append(self.rewind(f"c{k}"))
+            for _ in range(20):
+                n.reactor.advance(0)
+            messages, size = n.retention.budget.share
+            for c in channels:
+                self.assertLessEqual((len(c.memory), c.memory_bytes), (messages, size + 1024), "a record over at most")
+            held, held_bytes = self.held(channels)
+            self.assertLessEqual(held, rewind_module.BUDGET_MESSAGES)
+            self.assertLessEqual(held_bytes, rewind_module.BUDGET_BYTES + 1024 * len(channels))
+        self.assertEqual(n.retention.budget.share, (1250, 1 << 20))
+        self.assertEqual({len(c.memory) > 500 for c in channels}, {True}, "each its share")
+        for c in channels:  # what each gave back comes again in its turn: all of it, once, in order
+            self.assertEqual(self.drain(n, c, self.consumer(c)), self.published)
+
+    def test_a_rewind_that_ends_gives_its_share_to_the_others(self) -> None:
+        n = self.n
+        a, b = self.rewind("a"), self.rewind("b")
+        n.reactor.advance(0)
+        for c in (a, b):  # 4 MiB each (ROOM_BYTES), fed again once 1 MiB is free
+            self.assertTrue(3 << 20 <= c.memory_bytes <= (4 << 20) + 1000, c.memory_bytes)
+        channels = [self.rewind(f"c{k}") for k in range(6)]
+        n.reactor.advance(0)
+        for c in (a, b, *channels):  # 8 rewind: 2 MiB each, fed again once 1 MiB is free
+            self.assertTrue(1 << 20 <= c.memory_bytes <= (2 << 20) + 1000, c.memory_bytes)
+        for c in channels:
+            c.empty()  # their rewinds end
+        n.reactor.advance(0)
+        for c in (a, b):
+            self.assertTrue(3 << 20 <= c.memory_bytes <= (4 << 20) + 1000, c.memory_bytes)
+        self.assertEqual(self.drain(n, a, self.consumer(a)), self.published)
+
+    def test_a_standby_drops_the_copies_given_back(self) -> None:
+        """A replication primary ships the copies it feeds; those a channel gives back
+        (read again later, shipped again then) are finished on the standby."""
+        n = self.n
+        shipped: dict[str, list[bytes]] = {"fed": [], "gone": []}
+
+        class Shipper:
+            def fed(self, channel: Channel, records: list[bytes]) -> None:
+                if channel.name == "a":
+                    shipped["fed"] += [r[10:26] for r in records]
+
+            def gone(self, channel: Channel, ids: list[bytes]) -> None:
+                if channel.name == "a":
+                    shipped["gone"] += list(ids)
+
+            def __getattr__(self, name: str) -> object:
+                return lambda *args, **kw: None
+
+        a = self.rewind("a")
+        n.reactor.advance(0)
+        held = [m.id for m in a.queued()]
+        n.shipper = Shipper()
+        channels = [self.rewind(f"c{k}") for k in range(7)]  # 8 rewind: a keeps 2 MiB
+        kept = [m.id for m in a.queued()]
+        self.assertEqual(kept, held[: len(kept)])
+        self.assertTrue(sorted(shipped["gone"]) == held[len(kept) :], "the last ones given back (IDs grow)")
+        for c in channels:
+            c.empty()  # a's share grows again: it reads them again
+        n.reactor.advance(0)
+        self.assertTrue(shipped["fed"][: len(held) - len(kept)] == held[len(kept) :], "shipped again, in order")
+        self.assertEqual(self.drain(n, a, self.consumer(a)), self.published)
+
+    def test_one_reactor_turn_feeds_a_few_batches_whatever_the_number_of_rewinds(self) -> None:
+        n = self.n
+        budget = n.retention.budget
+        channels = [self.rewind(f"c{k}") for k in range(16)]
+        turns: list[int] = []  # how many messages each reactor turn of the feeding read
+        turn = budget._turn
+
+        def one_turn() -> None:
+            before = sum(c.message_count for c in channels)
+            turn()
+            turns.append(sum(c.message_count for c in channels) - before)
+
+        budget._turn = one_turn  # type: ignore[method-assign]
+        consumers = [self.consumer(c, rdy=10_000) for c in channels]
+        for _ in range(10_000):
+            if sum(len(c.got) for c in consumers) >= 16 * 20_000:
+                break
+            n.reactor.advance(0)
+            for c, consumer in zip(channels, consumers, strict=True):
+                for m in consumer.got[self.finished.get(consumer.id, 0) :]:
+                    c.finish_message(consumer.id, m.id)
+                    consumer.finished()
+                self.finished[consumer.id] = len(consumer.got)
+            for c in channels:
+                c.kick()
+        for consumer in consumers:
+            self.assertEqual([m.body for m in consumer.got], self.published)
+        self.assertGreater(len(turns), 16 * 20_000 // rewind_module.TURN_MESSAGES)
+        self.assertLessEqual(max(turns), rewind_module.TURN_MESSAGES)
+
+
+class ReleaseTests(RetentionTestCase):
+    """Once the rewinds are over, the free memory of the C heap is given back (malloc_trim)."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        from nsqd_tw.core import retention
+
+        self.released: list[float] = []
+        self.patch(retention.memstats, "release_free_memory", lambda: self.released.append(self.n.now()))
+        self.n = self.start(retention=3600.0)
+        self.publish(self.n, "t", 100)
+        self.channel = self.n.topics["t"].get_channel("c")
+        self.channel.empty()
+
+    def tick(self, seconds: float) -> None:
+        self.n.reactor.advance(seconds)
+        self.n.retention.check_retention(self.n.now())
+
+    def test_once_the_copies_of_the_last_rewind_are_delivered(self) -> None:
+        n = self.n
+        a = n.retention.start_rewind(self.channel, None)
+        other = n.topics["t"].get_channel("other")
+        n.retention.start_rewind(other, None)
+        self.assertIsNone(self.channel.rewind, "read to its end at once: 100 copies queued")
+        self.assertIsNotNone(a)
+        self.tick(1)
+        self.assertEqual(self.released, [], "another rewind is not over")
+        other.empty()  # it ends
+        self.tick(1)
+        self.assertEqual(self.released, [], "copies are still queued")
+        self.assertEqual(len(self.drain(n, self.channel, self.consumer(self.channel))), 100)
+        self.tick(1)
+        self.assertEqual(self.released, [n.now()])
+        self.tick(20)
+        self.assertEqual(len(self.released), 1, "once")
+
+    def test_at_the_latest_ten_seconds_after_the_last_rewind_ended(self) -> None:
+        n = self.n
+        n.retention.start_rewind(self.channel, None)
+        ended = n.now()
+        for _ in range(12):
+            self.tick(1)
+        self.assertEqual(self.released, [ended + 10], "its copies are still queued: no consumer")
+
+
 class HTTPTests(unittest.TestCase):
     """The routes, in memory (StubTreq); the retained log on disk."""
 
