@@ -570,6 +570,7 @@ class DiskQueue:
             if fd is not None:
                 fds.append(os.dup(fd))
         self.count = 0
+        self.files.meta_on_disk = None  # written by the syncer's thread, if it can
         return fds, self.files.meta_file, self.meta_text()
 
     def sync_now(self) -> None:
@@ -577,7 +578,10 @@ class DiskQueue:
         if self._writer.fd is not None:
             os.fsync(self._writer.fd)
         self.deferred.write()
-        write_atomic(self.files.meta_file, self.meta_text())
+        text = self.meta_text()
+        if text != self.files.meta_on_disk:  # thousands of idle queues stop without an fsync each
+            write_atomic(self.files.meta_file, text)
+            self.files.meta_on_disk = text
         self.count = 0
 
     # -- reading internals ---------------------------------------------------------

@@ -238,6 +238,8 @@ class QueueFiles:
         self.orphans: list[int] = []
         self.meta_file = os.path.join(data_path, f"{name}.diskqueue.meta.dat")
         self.deferred_file = os.path.join(data_path, f"{name}.diskqueue.deferred.dat")
+        # the metadata file's content as last read or written, None if not known
+        self.meta_on_disk: bytes | None = None
 
     def data_file(self, num: int) -> str:
         return os.path.join(self.data_path, f"{self.name}.diskqueue.{num:06d}.dat")
@@ -249,6 +251,8 @@ class QueueFiles:
 
     def remove(self, path: str) -> bool:
         """Remove a file of this queue; False (logged) if it is still there."""
+        if path == self.meta_file:
+            self.meta_on_disk = None
         try:
             os.remove(path)
         except FileNotFoundError:
@@ -276,7 +280,7 @@ class QueueFiles:
         write file, never written over; with no metadata at all (lost, or never
         synced) reading starts at the oldest file. Depth is then to be recounted.
         """
-        raw = self._read_meta()
+        raw = self.meta_on_disk = self._read_meta()
         meta = Meta(0, 0, 0, 0, 0)
         if raw is not None:
             m = _META_RE.match(raw)

@@ -169,7 +169,7 @@ class IdentifyWritesTests(ProcessTestCase):
     Without TLS, Go writes IDENTIFY's answer and the first compressed frame in two
     writes, and an asyncio client parses the answer from its first read: nsqd sends
     the answer alone and the compressed OK once its reactor has slept, so the first
-    read holds the answer only. With TLS, the TLS OK and the compressed OK share one
+    read of a client that is not descheduled in between holds the answer only. With TLS, the TLS OK and the compressed OK share one
     TLS record (pynsq 0.9.1 on tornado 6.1 copes only with that)."""
 
     def test_without_tls_the_first_read_is_the_answer_alone(self) -> None:
@@ -178,8 +178,9 @@ class IdentifyWritesTests(ProcessTestCase):
             alone = 0
             for _ in range(50):
                 s, first = identify(port, **{codec: True})
-                answer = whole_frame(s, first)
-                rest = answer[4 + struct.unpack(">i", answer[:4])[0] :]
+                data = whole_frame(s, first)
+                size = 4 + struct.unpack(">i", data[:4])[0]
+                answer, rest = data[:size], data[size:]
                 alone += first == answer
                 self.assertTrue(json.loads(answer[8:])[codec])
                 while len(rest) < (len(SNAPPY_OK) if codec == "snappy" else 11):
@@ -189,7 +190,10 @@ class IdentifyWritesTests(ProcessTestCase):
                     self.assertEqual(rest, SNAPPY_OK)
                 else:
                     self.assertEqual(zlib.decompressobj(-15).decompress(rest), OK_FRAME)
-            self.assertEqual(alone, 50, codec)
+            # A client descheduled for longer than ANSWER_ALONE reads both
+            # writes at once (as it would from Go); one write would never
+            # come apart, so a first read of the answer alone shows two.
+            self.assertGreater(alone, 0, codec)
 
     def test_with_tls_the_tls_ok_and_the_compressed_ok_are_one_record(self) -> None:
         files = make_certs(os.path.abspath(self.mktemp_dir()))
