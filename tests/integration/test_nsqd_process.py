@@ -169,8 +169,9 @@ class IdentifyWritesTests(ProcessTestCase):
     Without TLS, Go writes IDENTIFY's answer and the first compressed frame in two
     writes, and an asyncio client parses the answer from its first read: nsqd sends
     the answer alone and the compressed OK once its reactor has slept, so the first
-    read of a client that is not descheduled in between holds the answer only. With TLS, the TLS OK and the compressed OK share one
-    TLS record (pynsq 0.9.1 on tornado 6.1 copes only with that)."""
+    read of a client that is not descheduled in between holds the answer only. With
+    TLS, the TLS OK and the compressed OK share one TLS record (pynsq 0.9.1 on
+    tornado 6.1 copes only with that)."""
 
     def test_without_tls_the_first_read_is_the_answer_alone(self) -> None:
         port = self.start(*LOOPBACK).port()
