@@ -27,14 +27,15 @@ the master spark-submit was given is used:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import re
 import sys
 from typing import Any
 
+from nsq_spark.batch_files import BatchFiles
 from nsq_spark.classcache import ClassCache, default_directory, stop_driver_jvm
+from nsq_spark.progress import ClearingHandler, Progress
 
 log = logging.getLogger("nsq_spark.archive")
 
@@ -352,84 +353,6 @@ SOURCE_SCHEMA = (
 )
 
 
-class BatchFiles:
-    """``foreachBatch``: a micro-batch's rows as Parquet files that appear
-    whole, once. Spark writes the batch under ``<output>/_incoming/<query>-b<id>``
-    (readers skip names starting with ``_``); each finished file is then
-    renamed to ``date=.../hour=.../part-<query>-b<id>-<n>.parquet``, where
-    ``<query>`` is the streaming query's id (kept in the checkpoint), so jobs
-    sharing an output never touch each other's files. A batch run again (the
-    job was killed before Spark recorded it) first removes every
-    ``part-<query>-b<id>-*`` an earlier attempt renamed into place, so what a reader
-    counts is each batch's rows exactly once. Works on any Hadoop filesystem
-    Spark can write to; on object stores a rename is a copy, still whole."""
-
-    def __init__(self, output: str, checkpoint: str, compression: str, since_ms: int | None = None) -> None:
-        self.output = output
-        self.checkpoint = checkpoint
-        self.compression = compression
-        self.since_ms = since_ms  # --since: rows published since then may be archived already
-        self.query: str | None = None
-
-    def _query_id(self, spark: Any, fs_of: Any) -> str:
-        """The streaming query's id, from the checkpoint's metadata file."""
-        if self.query is None:
-            jvm = spark._jvm
-            path = jvm.org.apache.hadoop.fs.Path(f"{self.checkpoint}/metadata")
-            stream = fs_of(path).open(path)
-            try:
-                text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
-            finally:
-                stream.close()
-            self.query = str(json.loads(text.splitlines()[0])["id"]).replace("-", "")[:12]
-        return self.query
-
-    def __call__(self, df: Any, batch_id: int) -> None:
-        spark = df.sparkSession
-        jvm = spark._jvm
-        Path = jvm.org.apache.hadoop.fs.Path
-        conf = spark._jsc.hadoopConfiguration()
-        out = Path(self.output)
-        fs = out.getFileSystem(conf)
-        tag = f"{self._query_id(spark, lambda p: p.getFileSystem(conf))}-b{batch_id:010d}"
-        incoming = Path(out, f"_incoming/{tag}")
-        for status in fs.globStatus(Path(out, f"date=*/hour=*/part-{tag}-*")) or []:
-            fs.delete(status.getPath(), False)
-        fs.delete(incoming, True)
-        if self.since_ms is not None:
-            df = self._not_archived(df, fs, out)
-        df.write.partitionBy("date", "hour").option("compression", self.compression).parquet(incoming.toString())
-        written = fs.globStatus(Path(incoming, "date=*/hour=*/*.parquet")) or []
-        for n, src in enumerate(sorted((s.getPath() for s in written), key=lambda p: p.toString())):
-            hour = src.getParent()
-            target = Path(out, f"{hour.getParent().getName()}/{hour.getName()}")
-            fs.mkdirs(target)
-            if not fs.rename(src, Path(target, f"part-{tag}-{n:05d}.parquet")):
-                raise OSError(f"could not move {src.toString()} into {target.toString()}")
-        fs.delete(incoming, True)
-
-    def _not_archived(self, df: Any, fs: Any, out: Any) -> Any:
-        """``df`` without the rows the archive already holds, looked up in the
-        hours of the rows published since ``--since``: a rewind delivers again
-        what the channel had, and what it archived before may be older than
-        the deduplication window. A message's hour is that of its nsqd
-        timestamp, so any earlier copy is in the same hour's files."""
-        from pyspark.sql import functions as F
-
-        recent = df.where(F.col("timestamp") >= F.timestamp_millis(F.lit(self.since_ms)))
-        Path = df.sparkSession._jvm.org.apache.hadoop.fs.Path
-        hours = [
-            f"{self.output}/date={r['date']}/hour={r['hour']}"
-            for r in recent.select("date", "hour").distinct().collect()
-            if fs.exists(Path(out, f"date={r['date']}/hour={r['hour']}"))
-        ]
-        if not hours:
-            return df
-        archived = df.sparkSession.read.option("basePath", self.output).parquet(*hours)
-        kept = df.join(archived.select("nsqd_address", "id"), ["nsqd_address", "id"], "left_anti")
-        return kept.select(*df.columns)
-
-
 def _spark_interval(text: str) -> str:
     """A Spark interval from a Go duration (``30s``), plain ``0``, or a Spark
     interval already (``10 minutes``)."""
@@ -438,159 +361,6 @@ def _spark_interval(text: str) -> str:
     from nsq_wire.gofmt import parse_duration
 
     return f"{int(parse_duration(text) * 1000)} milliseconds"
-
-
-class _Progress:
-    """What the job tells its user while it runs.
-
-    In a terminal, one live line redrawn every second: rows archived, rows/s,
-    the backlog left on the nodes (the channel's depth from ``/stats``, where an
-    HTTP address is known) and the time that leaves at this rate. Otherwise
-    (a log file, cron) one plain line per micro-batch. ``quiet``: neither.
-    Warnings and errors always show; in a terminal they clear the live line
-    first, which is then drawn again below them.
-    """
-
-    def __init__(self, topic: str, mode: str, backlog: Any = None, stream: Any = None) -> None:
-        import threading
-        import time
-
-        from pyspark.sql.streaming import StreamingQueryListener
-
-        self.topic = topic
-        self.mode = mode  # "live", "lines" or "quiet"
-        self.backlog = backlog  # () -> int | None: messages left on the nodes
-        self.stream = stream if stream is not None else sys.stderr
-        self.total = 0
-        self.last_batch = -1
-        self.started = time.monotonic()
-        self.left: int | None = None
-        self._line = ""
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._clock = time.monotonic
-        outer = self
-
-        class Listener(StreamingQueryListener):  # type: ignore[misc]
-            def onQueryStarted(self, event: Any) -> None:
-                outer.started = outer._clock()
-                if outer.mode == "lines":
-                    log.info("archiving %s: query %s started", topic, event.id)
-
-            def onQueryProgress(self, event: Any) -> None:
-                outer.batch(event.progress)
-
-            def onQueryIdle(self, event: Any) -> None:
-                pass
-
-            def onQueryTerminated(self, event: Any) -> None:
-                pass  # main() reports a failure, with its reason
-
-        self.listener = Listener()
-        if mode == "live":
-            threading.Thread(target=self._redraw_every_second, name="nsq-archive-progress", daemon=True).start()
-
-    def batch(self, p: Any) -> None:
-        self.last_batch = max(self.last_batch, p.batchId)
-        if not p.numInputRows:
-            return
-        self.total += p.numInputRows
-        if self.mode == "lines":
-            log.info(
-                "batch %d: %d messages archived (%d this run, %.1f rows/s)",
-                p.batchId,
-                p.numInputRows,
-                self.total,
-                p.processedRowsPerSecond or 0.0,
-            )
-        elif self.mode == "live":
-            self.draw()
-
-    def elapsed(self) -> float:
-        """Seconds since the query started."""
-        return self._clock() - self.started
-
-    def rate(self) -> float:
-        elapsed = self.elapsed()
-        return self.total / elapsed if elapsed > 0 else 0.0
-
-    def status(self) -> str:
-        rate = self.rate()
-        text = f"archived {self.total:,} rows of {self.topic}, {rate:,.0f} rows/s"
-        if self.left is not None:
-            text += f", {self.left:,} left on the nodes"
-            if rate > 0 and self.left:
-                text += f", about {_eta(self.left / rate)} to go"
-        return text
-
-    def draw(self) -> None:
-        with self._lock:
-            line = self.status()
-            pad = " " * max(0, len(self._line) - len(line))
-            self.stream.write("\r" + line + pad)
-            self.stream.flush()
-            self._line = line
-
-    def clear(self) -> None:
-        """Take the live line off the screen (before another line is written)."""
-        with self._lock:
-            if self._line:
-                self.stream.write("\r" + " " * len(self._line) + "\r")
-                self.stream.flush()
-                self._line = ""
-
-    def _redraw_every_second(self) -> None:
-        while not self._stop.wait(1.0):
-            if self.backlog is not None:
-                try:
-                    self.left = self.backlog()
-                except Exception:  # the planner logs what it cannot reach
-                    self.left = None
-            self.draw()
-
-    def close(self) -> None:
-        self._stop.set()
-        if self.mode == "live":
-            self.clear()
-
-    def catch_up(self, query: Any, timeout: float = 10.0) -> None:
-        """Wait until the listener has heard of the query's last batch: Spark
-        delivers progress events asynchronously, possibly after the query ended."""
-        import time
-
-        last = query.lastProgress
-        if not last:
-            return
-        deadline = time.monotonic() + timeout
-        while self.last_batch < last["batchId"] and time.monotonic() < deadline:
-            time.sleep(0.02)
-
-
-class _ClearingHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """A log handler that takes the live progress line away before a record and
-    draws it again after."""
-
-    def __init__(self, stream: Any) -> None:
-        super().__init__(stream)
-        self.progress: _Progress | None = None
-
-    def emit(self, record: logging.LogRecord) -> None:
-        progress = self.progress
-        if progress is not None and progress.mode == "live" and progress._line:
-            progress.clear()
-            super().emit(record)
-            progress.draw()
-        else:
-            super().emit(record)
-
-
-def _eta(seconds: float) -> str:
-    seconds = int(seconds + 0.5)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 def _planner(args: argparse.Namespace) -> Any:
@@ -640,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = parse_args(argv)
     mode = "quiet" if args.quiet else "live" if sys.stderr.isatty() else "lines"
-    handler = _ClearingHandler(sys.stderr)
+    handler = ClearingHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
     ours = logging.getLogger("nsq_spark")
     ours.addHandler(handler)
@@ -663,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         class_cache=class_cache,
         ui=args.trigger != "available-now",
     )
-    progress = _Progress(args.topic, mode, _backlog_of(args) if mode == "live" else None)
+    progress = Progress(args.topic, mode, _backlog_of(args) if mode == "live" else None)
     handler.progress = progress
     spark.streams.addListener(progress.listener)
     warm_workers(spark)

@@ -25,7 +25,8 @@ from nsqd_tw.storage.budget import DiskBudget
 from nsqd_tw.storage.diskqueue import DiskQueue
 from nsqd_tw.storage.faults import Gap
 from nsqd_tw.storage.layout import DataDirectory
-from nsqd_tw.storage.retained import RetainedLog, Segment
+from nsqd_tw.storage.retained import RetainedLog
+from nsqd_tw.storage.retained_segments import Segment
 from nsqd_tw.storage.spill import SUFFIX, SpillQueue
 from nsqd_tw.storage.syncer import NEVER_BY_COUNT, Syncer
 

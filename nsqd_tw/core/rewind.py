@@ -38,7 +38,8 @@ from typing import Any, NamedTuple, Protocol
 
 from nsq_wire.gofmt import rfc3339_nano
 from nsq_wire.message import ID_OFFSET, MESSAGE_HEADER_LENGTH
-from nsqd_tw.storage.retained import Position, RetainedLog
+from nsqd_tw.storage.retained import RetainedLog
+from nsqd_tw.storage.retained_segments import Position
 
 
 class Channel(Protocol):

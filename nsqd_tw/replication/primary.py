@@ -21,7 +21,8 @@ from nsqd_tw.core.replica import Backpressure, metadata_doc
 from nsqd_tw.core.topic import Topic
 from nsqd_tw.replication import wire
 from nsqd_tw.replication.errors import NoLease, NotInSync, ReplicaLost
-from nsqd_tw.storage.retained import RetainedLog, Segment
+from nsqd_tw.storage.retained import RetainedLog
+from nsqd_tw.storage.retained_segments import Segment
 from nsqd_tw.storage.snapshot import CHUNK, QueueSnapshot
 
 if TYPE_CHECKING:

@@ -34,7 +34,7 @@ _unpack_size = RECORD_SIZE.unpack_from
 
 
 class SegmentView(Protocol):
-    """What the faults need of a segment (:class:`~nsqd_tw.storage.retained.Segment`)."""
+    """What the faults need of a segment (:class:`~nsqd_tw.storage.retained_segments.Segment`)."""
 
     num: int
     count: int

@@ -35,7 +35,8 @@ from typing import Any, NamedTuple
 
 from nsqd_tw.storage.faults import Gap
 from nsqd_tw.storage.files import fsync_dir
-from nsqd_tw.storage.retained import RetainedLog, Segment
+from nsqd_tw.storage.retained import RetainedLog
+from nsqd_tw.storage.retained_segments import Segment
 
 PART = ".part"  # a segment being received whole (``<segment>.<uid>.part``), beside the one it will replace
 

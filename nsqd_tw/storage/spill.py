@@ -45,7 +45,9 @@ from zope.interface import implementer
 from nsq_wire.message import MESSAGE_HEADER_LENGTH, TIMESTAMP
 from nsqd_tw.storage.backend import CutRecord, IBackendQueue
 from nsqd_tw.storage.files import read_regular, write_atomic
-from nsqd_tw.storage.retained import MetaFiles, Position, RetainedLog, RetainedReader, Segment
+from nsqd_tw.storage.retained import RetainedLog
+from nsqd_tw.storage.retained_reader import RetainedReader
+from nsqd_tw.storage.retained_segments import MetaFiles, Position, Segment
 from nsqd_tw.storage.snapshot import CHUNK, QueueSnapshot
 from nsqd_tw.storage.syncer import NEVER_BY_COUNT
 

@@ -13,7 +13,8 @@ from nsqd_tw.storage.budget import DiskBudget
 from nsqd_tw.storage.errors import DiskBudgetFull
 from nsqd_tw.storage.faults import Gap, RetainedGap
 from nsqd_tw.storage.layout import DataDirectory
-from nsqd_tw.storage.retained import SPARSE_BYTES, Position, RetainedLog, SinceTooOld
+from nsqd_tw.storage.retained import RetainedLog, SinceTooOld
+from nsqd_tw.storage.retained_segments import SPARSE_BYTES, Position
 from nsqd_tw.storage.syncer import Syncer
 from tests.helpers import START_TIME, run_inline
 from tests.nsqd_tw.test_diskqueue import ListLog
