@@ -37,7 +37,7 @@ def linked_late(pair: ReplicaPair) -> None:
 
 def link(pair: ReplicaPair) -> None:
     pair.primary.repl.state.peer = pair.standby.address
-    pair.primary.repl._dial()
+    pair.primary.repl.pairing.dial()
 
 
 def pub(pair: ReplicaPair, body: bytes = b"x", settle: bool = True) -> list[tuple[int, bytes]]:
