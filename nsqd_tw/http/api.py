@@ -1,12 +1,13 @@
 """nsqd's HTTP API: routes answering every route of Go nsqd 1.3 as Go does.
 
 Go's response conventions and httprouter's routing come from
-:mod:`nsq_service.web`; this module has nsqd's routes.
+:mod:`nsq_service.web`; this module has nsqd's routes, Go's. Those beyond Go are
+each feature's module, a mixin of :class:`NSQDHTTPAPI` whose marked methods are
+registered on the same Klein app (:mod:`nsqd_tw.http.routes` lists them).
 """
 
 from __future__ import annotations
 
-import json
 import socket
 from typing import Any
 
@@ -36,9 +37,9 @@ from nsq_wire.version import VERSION, version_string
 from nsqd_tw.core.nsqd import NSQD
 from nsqd_tw.core.queue import QueueFull
 from nsqd_tw.core.retention import RewindError
-from nsqd_tw.core.settings import SettingsError, parse_settings
 from nsqd_tw.core.topic import DrainingError, StandbyError, Topic, TopicError
 from nsqd_tw.http.inspect import PeekRoutes
+from nsqd_tw.http.settings import SettingsRoutes
 from nsqd_tw.http.stats import get_stats, print_stats
 from nsqd_tw.lookup import split_host_port
 from nsqd_tw.options import TLS_REQUIRED
@@ -70,7 +71,7 @@ STANDBY_REFUSED = frozenset(
 )
 
 
-class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes):
+class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes, SettingsRoutes):
     log_namespace = "nsqd_tw.http.api"
     settable_options = ("nsqlookupd_tcp_addresses", "log_level")
 
@@ -408,54 +409,6 @@ class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes):
     def channel_unpause(self, request: Request) -> Any:
         self._existing_channel(request).unpause()
         return self._persisted()
-
-    # -- beyond Go: per-topic and per-channel settings ----------------------------
-
-    SETTINGS_BODY = 64 * 1024
-
-    def _settings_changes(self, request: Request) -> dict[str, Any] | None:
-        """PUT: the settings sent (JSON object; null clears a key); GET: None."""
-        if request.method != b"PUT":
-            return None
-        if content_length(request) > self.SETTINGS_BODY:
-            raise HTTPError(413, "BODY_TOO_BIG")
-        data = read_body(request, self.SETTINGS_BODY + 1)
-        if len(data) > self.SETTINGS_BODY:
-            raise HTTPError(413, "BODY_TOO_BIG")
-        try:
-            return parse_settings(json.loads(data or b"null"))
-        except (ValueError, RecursionError) as e:
-            text = str(e) if isinstance(e, SettingsError) else "body is not JSON"
-            raise HTTPError(400, f"INVALID_SETTINGS: {text}") from None
-
-    def _settings_answer(self, topic: Any, channel: Any, changes: dict[str, Any] | None) -> Any:
-        if changes is not None:
-            try:
-                topic.update_settings(changes, channel)
-            except SettingsError as e:
-                raise HTTPError(400, f"INVALID_SETTINGS: {e}") from None
-        queue = channel if channel is not None else topic
-        answer: dict[str, Any] = {"topic": topic.name}
-        if channel is not None:
-            answer["channel"] = channel.name
-        answer["settings"] = queue.settings_json()
-        answer["effective"] = queue.policy.as_json(topic.name)
-        if changes is None:
-            return answer
-        d = self._persisted()
-        return answer if d is None else d.addCallback(lambda _: answer)
-
-    @route("/topic/settings", "GET", "PUT", body=lambda api: api.SETTINGS_BODY)
-    def topic_settings(self, request: Request) -> Any:
-        changes = self._settings_changes(request)
-        return self._settings_answer(self._existing_topic(request), None, changes)
-
-    @route("/channel/settings", "GET", "PUT", body=lambda api: api.SETTINGS_BODY)
-    def channel_settings(self, request: Request) -> Any:
-        changes = self._settings_changes(request)
-        channel = self._existing_channel(request)
-        topic = self.nsqd.get_existing_topic(channel.topic_name)
-        return self._settings_answer(topic, channel, changes)
 
     @route("/topic/dead_letter", "GET")
     def topic_dead_letter(self, request: Request) -> dict[str, Any]:
