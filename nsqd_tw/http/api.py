@@ -15,14 +15,13 @@ from twisted.web.server import Request, Site
 
 from nsq_service.listen import Bound
 from nsq_service.memstats import GCPauses
-from nsq_service.options import BOOL, DURATION, ConfigError
+from nsq_service.options import DURATION
 from nsq_service.pprof import add_debug_routes
 from nsq_service.web import (
     BOOL_PARAMS,
     JSON_TYPE,
     GoHTTPAPI,
     HTTPError,
-    JSONValue,
     Router,
     content_length,
     go_parse_int,
@@ -38,6 +37,7 @@ from nsqd_tw.core.nsqd import NSQD
 from nsqd_tw.core.queue import QueueFull
 from nsqd_tw.core.retention import RewindError
 from nsqd_tw.core.topic import DrainingError, StandbyError, Topic, TopicError
+from nsqd_tw.http.drain import DRAINING, DrainRoutes
 from nsqd_tw.http.inspect import PeekRoutes
 from nsqd_tw.http.settings import SettingsRoutes
 from nsqd_tw.http.stats import get_stats, print_stats
@@ -48,7 +48,6 @@ from nsqd_tw.storage.errors import DiskBudgetFull
 from nsqd_tw.storage.faults import RetainedGap
 from nsqd_tw.storage.retained import SinceTooOld
 
-DRAINING = "DRAINING"  # beyond Go: a refused publish or creation while nsqd drains
 # beyond Go: what a replication standby refuses (it changes only as its primary says)
 STANDBY_REFUSED = frozenset(
     (
@@ -71,7 +70,7 @@ STANDBY_REFUSED = frozenset(
 )
 
 
-class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes, SettingsRoutes):
+class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes, SettingsRoutes, DrainRoutes):
     log_namespace = "nsqd_tw.http.api"
     settable_options = ("nsqlookupd_tcp_addresses", "log_level")
 
@@ -139,10 +138,6 @@ class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes, SettingsRoutes):
             "max_deflate_level": opts.max_deflate_level,
             **self._draining(),
         }
-
-    def _draining(self) -> dict[str, bool]:
-        """Beyond Go, after Go's keys: ``"draining": true`` while nsqd drains."""
-        return {"draining": True} if self.nsqd.draining else {}
 
     def _topic_from_query(self, request: Request) -> tuple[dict[str, list[str]], str]:
         """Go's getTopicFromQuery (the query alone: the body is not read)."""
@@ -479,25 +474,6 @@ class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes, SettingsRoutes):
         if len(body) == max_size + 1 or not body:
             raise HTTPError(413, "INVALID_VALUE")
         return body
-
-    def _stop_config(self, request: Request, name: str) -> JSONValue:
-        """Beyond Go: ``/config/drain`` (GET: whether nsqd drains; PUT ``true``: drain, as
-        SIGTERM does with --sigterm-mode drain) and ``/config/shutdown`` (PUT ``true``:
-        stop now, as SIGINT does). Neither can be undone: ``false`` is an INVALID_VALUE."""
-        if request.method == b"PUT":
-            try:
-                wanted = BOOL.from_flag(self._config_body(request).decode("utf-8", "replace").strip())
-            except ConfigError:
-                raise HTTPError(400, "INVALID_VALUE") from None
-            if not wanted:
-                raise HTTPError(400, "INVALID_VALUE")
-            if name == "drain":
-                self.nsqd.start_drain("PUT /config/drain")
-            else:
-                self.log.info("NSQ: stopping: PUT /config/shutdown")
-                self.nsqd.reactor.callLater(0, self.nsqd.request_stop)  # once this answer is written
-                return JSONValue(True)
-        return JSONValue(self.nsqd.draining if name == "drain" else not self.nsqd.running)
 
     # -- beyond Go: replication -------------------------------------------------------
 
