@@ -30,23 +30,20 @@ from nsq_service.web import (
 )
 from nsq_service.web import body as read_body
 from nsq_wire.errors import FatalClientError
-from nsq_wire.gofmt import parse_rfc3339_ns, rfc3339_nano
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
 from nsq_wire.version import VERSION, version_string
 from nsqd_tw.core.nsqd import NSQD
 from nsqd_tw.core.queue import QueueFull
-from nsqd_tw.core.retention import RewindError
 from nsqd_tw.core.topic import DrainingError, StandbyError, Topic, TopicError
 from nsqd_tw.http.drain import DRAINING, DrainRoutes
 from nsqd_tw.http.inspect import PeekRoutes
+from nsqd_tw.http.rewinds import RewindRoutes
 from nsqd_tw.http.settings import SettingsRoutes
 from nsqd_tw.http.stats import get_stats, print_stats
 from nsqd_tw.lookup import split_host_port
 from nsqd_tw.options import TLS_REQUIRED
 from nsqd_tw.replication.errors import NoLease, NotInSync, PromoteError, ReplicaLost
 from nsqd_tw.storage.errors import DiskBudgetFull
-from nsqd_tw.storage.faults import RetainedGap
-from nsqd_tw.storage.retained import SinceTooOld
 
 # beyond Go: what a replication standby refuses (it changes only as its primary says)
 STANDBY_REFUSED = frozenset(
@@ -70,7 +67,7 @@ STANDBY_REFUSED = frozenset(
 )
 
 
-class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes, SettingsRoutes, DrainRoutes):
+class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes, SettingsRoutes, DrainRoutes, RewindRoutes):
     log_namespace = "nsqd_tw.http.api"
     settable_options = ("nsqlookupd_tcp_addresses", "log_level")
 
@@ -317,59 +314,12 @@ class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes, SettingsRoutes, DrainRoutes):
         topic, name = self._existing_topic_channel(request)
         params = self.query(request)
         if "since" in params and name not in topic.channels:
-            return self._create_since(topic, name, _since(params))
+            return self._create_since(topic, name, params)
         try:
             topic.get_channel(name)
         except DrainingError:
             raise HTTPError(503, DRAINING) from None
         return None
-
-    # -- beyond Go: rewinds from the retained log --------------------------------------
-
-    def _create_since(self, topic: Topic, name: str, since: int | None) -> Any:
-        """A new channel that gets the retained past from ``since`` on, then what
-        is published from now on (checked before the channel is made)."""
-        if self.nsqd.draining:
-            raise HTTPError(503, DRAINING)
-        try:
-            self.nsqd.retention.create_channel_since(topic, name, since)
-        except DrainingError:
-            raise HTTPError(503, DRAINING) from None
-        except RewindError:
-            raise HTTPError(400, "NO_RETENTION") from None
-        except SinceTooOld as e:
-            raise _too_old(e) from None
-        except RetainedGap as e:
-            raise _in_gap(e) from None
-        return self._persisted()
-
-    @route("/channel/rewind", "POST")
-    def channel_rewind(self, request: Request) -> Any:
-        """The channel gets again every retained message published at or after
-        ``since``, with what it has queued; answered once nsqd.dat has the rewind."""
-        channel = self._existing_channel(request)
-        since = _since(self.query(request))
-        if self.nsqd.draining:
-            raise HTTPError(503, DRAINING)
-        try:
-            rewind = self.nsqd.retention.start_rewind(channel, since)
-        except RewindError:
-            raise HTTPError(400, "NO_RETENTION") from None
-        except SinceTooOld as e:
-            raise _too_old(e) from None
-        except RetainedGap as e:
-            raise _in_gap(e) from None
-        answer: dict[str, Any] = {
-            "topic": channel.topic_name,
-            "channel": channel.name,
-            "since": rewind.stats()["since"],
-            "messages": rewind.left + rewind.queued,
-        }
-        gaps = self.nsqd.retention.gaps_crossed(rewind)
-        if gaps:  # segments missing from the log: the rewind skips them
-            answer["gaps"] = [g.answer() for g in gaps]
-        d = self._persisted()
-        return answer if d is None else d.addCallback(lambda _: answer)
 
     @route("/channel/delete", "POST")
     def channel_delete(self, request: Request) -> None:
@@ -518,48 +468,6 @@ class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes, SettingsRoutes, DrainRoutes):
 def _standby_json(standby: StandbyError) -> dict[str, Any]:
     """Where a standby's refusal sends the client: its primary's HTTP address."""
     return {"primary": standby.primary_http or standby.primary, "epoch": standby.epoch}
-
-
-def _since(params: dict[str, list[str]]) -> int | None:
-    """``since``: Unix milliseconds, an RFC 3339 time (ns precision), or
-    ``earliest`` (None: from the oldest message retained)."""
-    if "since" not in params:
-        raise HTTPError(400, "MISSING_ARG_SINCE")
-    text = params["since"][0]
-    if text == "earliest":
-        return None
-    if text.isascii() and text.isdigit():
-        return int(text) * 1_000_000
-    try:
-        return parse_rfc3339_ns(text)
-    except ValueError:
-        raise HTTPError(400, "INVALID_ARG_SINCE") from None
-
-
-def _too_old(e: SinceTooOld) -> HTTPError:
-    """400, naming the earliest time from which every message is retained."""
-    earliest = rfc3339_nano(e.horizon_ns)
-    return HTTPError(
-        400,
-        f"SINCE_TOO_OLD: messages are retained from {earliest} on",
-        {"earliest": earliest, "earliest_ms": -(-e.horizon_ns // 1_000_000)},
-    )
-
-
-def _in_gap(e: RetainedGap) -> HTTPError:
-    """400, naming the messages missing from the log and the first time accepted after them."""
-    gap = e.gap
-    first, last = rfc3339_nano(gap.after_ns), rfc3339_nano(gap.before_ns)
-    return HTTPError(
-        400,
-        f"RETAINED_GAP: messages published from {first} to {last} are missing from the retained log",
-        {
-            "missing_from": first,
-            "missing_to": last,
-            "missing_to_ms": -(-gap.before_ns // 1_000_000),
-            "segments": [gap.first, gap.last],
-        },
-    )
 
 
 def _publish_refusal(e: Exception) -> str:
