@@ -35,6 +35,7 @@ from nsq_wire.version import VERSION, version_string
 from nsqd_tw.core.nsqd import NSQD
 from nsqd_tw.core.queue import QueueFull
 from nsqd_tw.core.topic import DrainingError, StandbyError, Topic, TopicError
+from nsqd_tw.http.deadletters import DeadLetterRoutes
 from nsqd_tw.http.drain import DRAINING, DrainRoutes
 from nsqd_tw.http.inspect import PeekRoutes
 from nsqd_tw.http.rewinds import RewindRoutes
@@ -67,7 +68,7 @@ STANDBY_REFUSED = frozenset(
 )
 
 
-class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes, SettingsRoutes, DrainRoutes, RewindRoutes):
+class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes, SettingsRoutes, DrainRoutes, RewindRoutes, DeadLetterRoutes):
     log_namespace = "nsqd_tw.http.api"
     settable_options = ("nsqlookupd_tcp_addresses", "log_level")
 
@@ -354,18 +355,6 @@ class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes, SettingsRoutes, DrainRoutes, RewindRout
     def channel_unpause(self, request: Request) -> Any:
         self._existing_channel(request).unpause()
         return self._persisted()
-
-    @route("/topic/dead_letter", "GET")
-    def topic_dead_letter(self, request: Request) -> dict[str, Any]:
-        """Beyond Go: where a dead letter of topic T came from (recent ones, by message ID)."""
-        params, topic = self._topic_from_query(request)
-        if "id" not in params:
-            raise HTTPError(400, "MISSING_ARG_ID")
-        msg_id = params["id"][0]
-        origin = self.nsqd.dead_letters.origin(topic, msg_id.encode("latin-1", "replace"))
-        if origin is None:
-            raise HTTPError(404, "DEAD_LETTER_NOT_FOUND")
-        return {"id": msg_id, "dead_letter_topic": topic, **origin}
 
     @route("/stats", "GET")
     def stats(self, request: Request) -> Any:
