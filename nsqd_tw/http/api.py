@@ -34,41 +34,23 @@ from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
 from nsq_wire.version import VERSION, version_string
 from nsqd_tw.core.nsqd import NSQD
 from nsqd_tw.core.queue import QueueFull
-from nsqd_tw.core.topic import DrainingError, StandbyError, Topic, TopicError
+from nsqd_tw.core.topic import DrainingError, Topic, TopicError
 from nsqd_tw.http.deadletters import DeadLetterRoutes
 from nsqd_tw.http.drain import DRAINING, DrainRoutes
 from nsqd_tw.http.inspect import PeekRoutes
+from nsqd_tw.http.replication import STANDBY_REFUSED, ReplicationRoutes, standby_json
 from nsqd_tw.http.rewinds import RewindRoutes
 from nsqd_tw.http.settings import SettingsRoutes
 from nsqd_tw.http.stats import get_stats, print_stats
 from nsqd_tw.lookup import split_host_port
 from nsqd_tw.options import TLS_REQUIRED
-from nsqd_tw.replication.errors import NoLease, NotInSync, PromoteError, ReplicaLost
+from nsqd_tw.replication.errors import NoLease, NotInSync, ReplicaLost
 from nsqd_tw.storage.errors import DiskBudgetFull
 
-# beyond Go: what a replication standby refuses (it changes only as its primary says)
-STANDBY_REFUSED = frozenset(
-    (
-        "/pub",
-        "/mpub",
-        "/topic/create",
-        "/topic/delete",
-        "/topic/empty",
-        "/topic/pause",
-        "/topic/unpause",
-        "/topic/settings",
-        "/channel/create",
-        "/channel/delete",
-        "/channel/empty",
-        "/channel/pause",
-        "/channel/unpause",
-        "/channel/settings",
-        "/channel/rewind",
-    )
-)
 
-
-class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes, SettingsRoutes, DrainRoutes, RewindRoutes, DeadLetterRoutes):
+class NSQDHTTPAPI(
+    GoHTTPAPI, PeekRoutes, SettingsRoutes, DrainRoutes, RewindRoutes, DeadLetterRoutes, ReplicationRoutes
+):
     log_namespace = "nsqd_tw.http.api"
     settable_options = ("nsqlookupd_tcp_addresses", "log_level")
 
@@ -98,7 +80,7 @@ class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes, SettingsRoutes, DrainRoutes, RewindRout
             and request.method in (b"POST", b"PUT")
             and request.path.decode("utf-8", "replace") in STANDBY_REFUSED
         ):
-            return self.v1(request, 503, standby.code, _standby_json(standby))
+            return self.v1(request, 503, standby.code, standby_json(standby))
         if self.tls_enabled or self.nsqd.opts.tls_required != TLS_REQUIRED:
             return None
         port = self.bound.https[1] if self.bound.https else 0
@@ -414,36 +396,6 @@ class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes, SettingsRoutes, DrainRoutes, RewindRout
             raise HTTPError(413, "INVALID_VALUE")
         return body
 
-    # -- beyond Go: replication -------------------------------------------------------
-
-    @route("/replication", "GET")
-    def replication(self, request: Request) -> dict[str, Any]:
-        """This node's role, epoch, peer, the link's state and lag (404 without replication)."""
-        if self.nsqd.replication is None:
-            raise HTTPError(404, "NOT_FOUND")
-        status: dict[str, Any] = self.nsqd.replication.status()
-        return status
-
-    @route("/replication/promote", "POST")
-    def replication_promote(self, request: Request) -> Any:
-        """Make this standby the primary (``force``: even while linked to its
-        primary, or not in sync); answered with the new status."""
-        replication = self.nsqd.replication
-        if replication is None:
-            raise HTTPError(404, "NOT_FOUND")
-        params = self.query(request)
-        force = "force" in params and BOOL_PARAMS.get(params["force"][0], True)
-
-        def refused(f: Any) -> None:
-            f.trap(PromoteError)
-            e = f.value
-            self.log.info("POST /replication/promote refused - {err}", err=e)
-            raise HTTPError(e.code, e.message, {"why": str(e)})
-
-        # answered once promoted: after the lease granted to the primary ran out, and its witnesses agreed
-        d = replication.promote_request(force=force)
-        return d.addCallbacks(lambda _: replication.status(), refused)
-
     @route("/metrics", "GET", style="raw", access_log=False)
     def metrics(self, request: Request) -> bytes:
         """Beyond Go: the stats in the Prometheus text format."""
@@ -452,11 +404,6 @@ class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes, SettingsRoutes, DrainRoutes, RewindRout
         if self._registry is None:
             self._registry = make_registry(self.nsqd, self.gc_pauses)
         return self.finish(request, 200, render(self._registry), CONTENT_TYPE, nsq=False)
-
-
-def _standby_json(standby: StandbyError) -> dict[str, Any]:
-    """Where a standby's refusal sends the client: its primary's HTTP address."""
-    return {"primary": standby.primary_http or standby.primary, "epoch": standby.epoch}
 
 
 def _publish_refusal(e: Exception) -> str:
