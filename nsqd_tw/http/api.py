@@ -38,6 +38,7 @@ from nsqd_tw.core.topic import DrainingError, Topic, TopicError
 from nsqd_tw.http.deadletters import DeadLetterRoutes
 from nsqd_tw.http.drain import DRAINING, DrainRoutes
 from nsqd_tw.http.inspect import PeekRoutes
+from nsqd_tw.http.prometheus import MetricsRoutes
 from nsqd_tw.http.replication import STANDBY_REFUSED, ReplicationRoutes, standby_json
 from nsqd_tw.http.rewinds import RewindRoutes
 from nsqd_tw.http.settings import SettingsRoutes
@@ -49,7 +50,14 @@ from nsqd_tw.storage.errors import DiskBudgetFull
 
 
 class NSQDHTTPAPI(
-    GoHTTPAPI, PeekRoutes, SettingsRoutes, DrainRoutes, RewindRoutes, DeadLetterRoutes, ReplicationRoutes
+    GoHTTPAPI,
+    PeekRoutes,
+    SettingsRoutes,
+    RewindRoutes,
+    DeadLetterRoutes,
+    DrainRoutes,
+    ReplicationRoutes,
+    MetricsRoutes,
 ):
     log_namespace = "nsqd_tw.http.api"
     settable_options = ("nsqlookupd_tcp_addresses", "log_level")
@@ -64,7 +72,6 @@ class NSQDHTTPAPI(
         self.nsqd = nsqd
         self.bound = bound if bound is not None else Bound()
         self.tls_enabled = tls_enabled
-        self._registry: Any = None
         super().__init__(nsqd.reactor, nsqd.log_gate, gc_pauses)
 
     def add_routes(self, router: Router) -> None:
@@ -395,15 +402,6 @@ class NSQDHTTPAPI(
         if len(body) == max_size + 1 or not body:
             raise HTTPError(413, "INVALID_VALUE")
         return body
-
-    @route("/metrics", "GET", style="raw", access_log=False)
-    def metrics(self, request: Request) -> bytes:
-        """Beyond Go: the stats in the Prometheus text format."""
-        from nsqd_tw.http.metrics import CONTENT_TYPE, make_registry, render
-
-        if self._registry is None:
-            self._registry = make_registry(self.nsqd, self.gc_pauses)
-        return self.finish(request, 200, render(self._registry), CONTENT_TYPE, nsq=False)
 
 
 def _publish_refusal(e: Exception) -> str:
