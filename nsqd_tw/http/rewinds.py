@@ -33,12 +33,8 @@ class RewindRoutes(FeatureRoutes):
             self.nsqd.retention.create_channel_since(topic, name, since)
         except DrainingError:
             raise HTTPError(503, DRAINING) from None
-        except RewindError:
-            raise HTTPError(400, "NO_RETENTION") from None
-        except SinceTooOld as e:
-            raise _too_old(e) from None
-        except RetainedGap as e:
-            raise _in_gap(e) from None
+        except (RewindError, SinceTooOld, RetainedGap) as e:
+            raise _refused(e) from None
         return self._persisted()
 
     @route("/channel/rewind", "POST")
@@ -51,12 +47,8 @@ class RewindRoutes(FeatureRoutes):
             raise HTTPError(503, DRAINING)
         try:
             rewind = self.nsqd.retention.start_rewind(channel, since)
-        except RewindError:
-            raise HTTPError(400, "NO_RETENTION") from None
-        except SinceTooOld as e:
-            raise _too_old(e) from None
-        except RetainedGap as e:
-            raise _in_gap(e) from None
+        except (RewindError, SinceTooOld, RetainedGap) as e:
+            raise _refused(e) from None
         answer: dict[str, Any] = {
             "topic": channel.topic_name,
             "channel": channel.name,
@@ -84,6 +76,16 @@ def _since(params: dict[str, list[str]]) -> int | None:
         return parse_rfc3339_ns(text)
     except ValueError:
         raise HTTPError(400, "INVALID_ARG_SINCE") from None
+
+
+def _refused(e: Exception) -> HTTPError:
+    """Why a rewind cannot start, 400: the topic retains nothing (NO_RETENTION),
+    ``since`` is before what it retains, or inside a gap of its log."""
+    if isinstance(e, SinceTooOld):
+        return _too_old(e)
+    if isinstance(e, RetainedGap):
+        return _in_gap(e)
+    return HTTPError(400, "NO_RETENTION")
 
 
 def _too_old(e: SinceTooOld) -> HTTPError:
