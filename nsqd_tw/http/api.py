@@ -1,12 +1,13 @@
 """nsqd's HTTP API: routes answering every route of Go nsqd 1.3 as Go does.
 
 Go's response conventions and httprouter's routing come from
-:mod:`nsq_service.web`; this module has nsqd's routes.
+:mod:`nsq_service.web`; this module has nsqd's routes, Go's. Those beyond Go are
+each feature's module, a mixin of :class:`NSQDHTTPAPI` whose marked methods are
+registered on the same Klein app (:mod:`nsqd_tw.http.routes` lists them).
 """
 
 from __future__ import annotations
 
-import json
 import socket
 from typing import Any
 
@@ -14,14 +15,13 @@ from twisted.web.server import Request, Site
 
 from nsq_service.listen import Bound
 from nsq_service.memstats import GCPauses
-from nsq_service.options import BOOL, DURATION, ConfigError
+from nsq_service.options import DURATION
 from nsq_service.pprof import add_debug_routes
 from nsq_service.web import (
     BOOL_PARAMS,
     JSON_TYPE,
     GoHTTPAPI,
     HTTPError,
-    JSONValue,
     Router,
     content_length,
     go_parse_int,
@@ -30,47 +30,35 @@ from nsq_service.web import (
 )
 from nsq_service.web import body as read_body
 from nsq_wire.errors import FatalClientError
-from nsq_wire.gofmt import parse_rfc3339_ns, rfc3339_nano
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
 from nsq_wire.version import VERSION, version_string
 from nsqd_tw.core.nsqd import NSQD
 from nsqd_tw.core.queue import QueueFull
-from nsqd_tw.core.retention import RewindError
-from nsqd_tw.core.settings import SettingsError, parse_settings
-from nsqd_tw.core.topic import DrainingError, StandbyError, Topic, TopicError
+from nsqd_tw.core.topic import DrainingError, Topic, TopicError
+from nsqd_tw.http.deadletters import DeadLetterRoutes
+from nsqd_tw.http.drain import DRAINING, DrainRoutes
 from nsqd_tw.http.inspect import PeekRoutes
+from nsqd_tw.http.prometheus import MetricsRoutes
+from nsqd_tw.http.replication import STANDBY_REFUSED, ReplicationRoutes, standby_json
+from nsqd_tw.http.rewinds import RewindRoutes
+from nsqd_tw.http.settings import SettingsRoutes
 from nsqd_tw.http.stats import get_stats, print_stats
 from nsqd_tw.lookup import split_host_port
 from nsqd_tw.options import TLS_REQUIRED
-from nsqd_tw.replication.errors import NoLease, NotInSync, PromoteError, ReplicaLost
+from nsqd_tw.replication.errors import NoLease, NotInSync, ReplicaLost
 from nsqd_tw.storage.errors import DiskBudgetFull
-from nsqd_tw.storage.faults import RetainedGap
-from nsqd_tw.storage.retained import SinceTooOld
-
-DRAINING = "DRAINING"  # beyond Go: a refused publish or creation while nsqd drains
-# beyond Go: what a replication standby refuses (it changes only as its primary says)
-STANDBY_REFUSED = frozenset(
-    (
-        "/pub",
-        "/mpub",
-        "/topic/create",
-        "/topic/delete",
-        "/topic/empty",
-        "/topic/pause",
-        "/topic/unpause",
-        "/topic/settings",
-        "/channel/create",
-        "/channel/delete",
-        "/channel/empty",
-        "/channel/pause",
-        "/channel/unpause",
-        "/channel/settings",
-        "/channel/rewind",
-    )
-)
 
 
-class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes):
+class NSQDHTTPAPI(
+    GoHTTPAPI,
+    PeekRoutes,
+    SettingsRoutes,
+    RewindRoutes,
+    DeadLetterRoutes,
+    DrainRoutes,
+    ReplicationRoutes,
+    MetricsRoutes,
+):
     log_namespace = "nsqd_tw.http.api"
     settable_options = ("nsqlookupd_tcp_addresses", "log_level")
 
@@ -84,7 +72,6 @@ class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes):
         self.nsqd = nsqd
         self.bound = bound if bound is not None else Bound()
         self.tls_enabled = tls_enabled
-        self._registry: Any = None
         super().__init__(nsqd.reactor, nsqd.log_gate, gc_pauses)
 
     def add_routes(self, router: Router) -> None:
@@ -100,7 +87,7 @@ class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes):
             and request.method in (b"POST", b"PUT")
             and request.path.decode("utf-8", "replace") in STANDBY_REFUSED
         ):
-            return self.v1(request, 503, standby.code, _standby_json(standby))
+            return self.v1(request, 503, standby.code, standby_json(standby))
         if self.tls_enabled or self.nsqd.opts.tls_required != TLS_REQUIRED:
             return None
         port = self.bound.https[1] if self.bound.https else 0
@@ -138,10 +125,6 @@ class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes):
             "max_deflate_level": opts.max_deflate_level,
             **self._draining(),
         }
-
-    def _draining(self) -> dict[str, bool]:
-        """Beyond Go, after Go's keys: ``"draining": true`` while nsqd drains."""
-        return {"draining": True} if self.nsqd.draining else {}
 
     def _topic_from_query(self, request: Request) -> tuple[dict[str, list[str]], str]:
         """Go's getTopicFromQuery (the query alone: the body is not read)."""
@@ -321,59 +304,12 @@ class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes):
         topic, name = self._existing_topic_channel(request)
         params = self.query(request)
         if "since" in params and name not in topic.channels:
-            return self._create_since(topic, name, _since(params))
+            return self._create_since(topic, name, params)
         try:
             topic.get_channel(name)
         except DrainingError:
             raise HTTPError(503, DRAINING) from None
         return None
-
-    # -- beyond Go: rewinds from the retained log --------------------------------------
-
-    def _create_since(self, topic: Topic, name: str, since: int | None) -> Any:
-        """A new channel that gets the retained past from ``since`` on, then what
-        is published from now on (checked before the channel is made)."""
-        if self.nsqd.draining:
-            raise HTTPError(503, DRAINING)
-        try:
-            self.nsqd.retention.create_channel_since(topic, name, since)
-        except DrainingError:
-            raise HTTPError(503, DRAINING) from None
-        except RewindError:
-            raise HTTPError(400, "NO_RETENTION") from None
-        except SinceTooOld as e:
-            raise _too_old(e) from None
-        except RetainedGap as e:
-            raise _in_gap(e) from None
-        return self._persisted()
-
-    @route("/channel/rewind", "POST")
-    def channel_rewind(self, request: Request) -> Any:
-        """The channel gets again every retained message published at or after
-        ``since``, with what it has queued; answered once nsqd.dat has the rewind."""
-        channel = self._existing_channel(request)
-        since = _since(self.query(request))
-        if self.nsqd.draining:
-            raise HTTPError(503, DRAINING)
-        try:
-            rewind = self.nsqd.retention.start_rewind(channel, since)
-        except RewindError:
-            raise HTTPError(400, "NO_RETENTION") from None
-        except SinceTooOld as e:
-            raise _too_old(e) from None
-        except RetainedGap as e:
-            raise _in_gap(e) from None
-        answer: dict[str, Any] = {
-            "topic": channel.topic_name,
-            "channel": channel.name,
-            "since": rewind.stats()["since"],
-            "messages": rewind.left + rewind.queued,
-        }
-        gaps = self.nsqd.retention.gaps_crossed(rewind)
-        if gaps:  # segments missing from the log: the rewind skips them
-            answer["gaps"] = [g.answer() for g in gaps]
-        d = self._persisted()
-        return answer if d is None else d.addCallback(lambda _: answer)
 
     @route("/channel/delete", "POST")
     def channel_delete(self, request: Request) -> None:
@@ -408,66 +344,6 @@ class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes):
     def channel_unpause(self, request: Request) -> Any:
         self._existing_channel(request).unpause()
         return self._persisted()
-
-    # -- beyond Go: per-topic and per-channel settings ----------------------------
-
-    SETTINGS_BODY = 64 * 1024
-
-    def _settings_changes(self, request: Request) -> dict[str, Any] | None:
-        """PUT: the settings sent (JSON object; null clears a key); GET: None."""
-        if request.method != b"PUT":
-            return None
-        if content_length(request) > self.SETTINGS_BODY:
-            raise HTTPError(413, "BODY_TOO_BIG")
-        data = read_body(request, self.SETTINGS_BODY + 1)
-        if len(data) > self.SETTINGS_BODY:
-            raise HTTPError(413, "BODY_TOO_BIG")
-        try:
-            return parse_settings(json.loads(data or b"null"))
-        except (ValueError, RecursionError) as e:
-            text = str(e) if isinstance(e, SettingsError) else "body is not JSON"
-            raise HTTPError(400, f"INVALID_SETTINGS: {text}") from None
-
-    def _settings_answer(self, topic: Any, channel: Any, changes: dict[str, Any] | None) -> Any:
-        if changes is not None:
-            try:
-                topic.update_settings(changes, channel)
-            except SettingsError as e:
-                raise HTTPError(400, f"INVALID_SETTINGS: {e}") from None
-        queue = channel if channel is not None else topic
-        answer: dict[str, Any] = {"topic": topic.name}
-        if channel is not None:
-            answer["channel"] = channel.name
-        answer["settings"] = queue.settings_json()
-        answer["effective"] = queue.policy.as_json(topic.name)
-        if changes is None:
-            return answer
-        d = self._persisted()
-        return answer if d is None else d.addCallback(lambda _: answer)
-
-    @route("/topic/settings", "GET", "PUT", body=lambda api: api.SETTINGS_BODY)
-    def topic_settings(self, request: Request) -> Any:
-        changes = self._settings_changes(request)
-        return self._settings_answer(self._existing_topic(request), None, changes)
-
-    @route("/channel/settings", "GET", "PUT", body=lambda api: api.SETTINGS_BODY)
-    def channel_settings(self, request: Request) -> Any:
-        changes = self._settings_changes(request)
-        channel = self._existing_channel(request)
-        topic = self.nsqd.get_existing_topic(channel.topic_name)
-        return self._settings_answer(topic, channel, changes)
-
-    @route("/topic/dead_letter", "GET")
-    def topic_dead_letter(self, request: Request) -> dict[str, Any]:
-        """Beyond Go: where a dead letter of topic T came from (recent ones, by message ID)."""
-        params, topic = self._topic_from_query(request)
-        if "id" not in params:
-            raise HTTPError(400, "MISSING_ARG_ID")
-        msg_id = params["id"][0]
-        origin = self.nsqd.dead_letters.origin(topic, msg_id.encode("latin-1", "replace"))
-        if origin is None:
-            raise HTTPError(404, "DEAD_LETTER_NOT_FOUND")
-        return {"id": msg_id, "dead_letter_topic": topic, **origin}
 
     @route("/stats", "GET")
     def stats(self, request: Request) -> Any:
@@ -526,111 +402,6 @@ class NSQDHTTPAPI(GoHTTPAPI, PeekRoutes):
         if len(body) == max_size + 1 or not body:
             raise HTTPError(413, "INVALID_VALUE")
         return body
-
-    def _stop_config(self, request: Request, name: str) -> JSONValue:
-        """Beyond Go: ``/config/drain`` (GET: whether nsqd drains; PUT ``true``: drain, as
-        SIGTERM does with --sigterm-mode drain) and ``/config/shutdown`` (PUT ``true``:
-        stop now, as SIGINT does). Neither can be undone: ``false`` is an INVALID_VALUE."""
-        if request.method == b"PUT":
-            try:
-                wanted = BOOL.from_flag(self._config_body(request).decode("utf-8", "replace").strip())
-            except ConfigError:
-                raise HTTPError(400, "INVALID_VALUE") from None
-            if not wanted:
-                raise HTTPError(400, "INVALID_VALUE")
-            if name == "drain":
-                self.nsqd.start_drain("PUT /config/drain")
-            else:
-                self.log.info("NSQ: stopping: PUT /config/shutdown")
-                self.nsqd.reactor.callLater(0, self.nsqd.request_stop)  # once this answer is written
-                return JSONValue(True)
-        return JSONValue(self.nsqd.draining if name == "drain" else not self.nsqd.running)
-
-    # -- beyond Go: replication -------------------------------------------------------
-
-    @route("/replication", "GET")
-    def replication(self, request: Request) -> dict[str, Any]:
-        """This node's role, epoch, peer, the link's state and lag (404 without replication)."""
-        if self.nsqd.replication is None:
-            raise HTTPError(404, "NOT_FOUND")
-        status: dict[str, Any] = self.nsqd.replication.status()
-        return status
-
-    @route("/replication/promote", "POST")
-    def replication_promote(self, request: Request) -> Any:
-        """Make this standby the primary (``force``: even while linked to its
-        primary, or not in sync); answered with the new status."""
-        replication = self.nsqd.replication
-        if replication is None:
-            raise HTTPError(404, "NOT_FOUND")
-        params = self.query(request)
-        force = "force" in params and BOOL_PARAMS.get(params["force"][0], True)
-
-        def refused(f: Any) -> None:
-            f.trap(PromoteError)
-            e = f.value
-            self.log.info("POST /replication/promote refused - {err}", err=e)
-            raise HTTPError(e.code, e.message, {"why": str(e)})
-
-        # answered once promoted: after the lease granted to the primary ran out, and its witnesses agreed
-        d = replication.promote_request(force=force)
-        return d.addCallbacks(lambda _: replication.status(), refused)
-
-    @route("/metrics", "GET", style="raw", access_log=False)
-    def metrics(self, request: Request) -> bytes:
-        """Beyond Go: the stats in the Prometheus text format."""
-        from nsqd_tw.http.metrics import CONTENT_TYPE, make_registry, render
-
-        if self._registry is None:
-            self._registry = make_registry(self.nsqd, self.gc_pauses)
-        return self.finish(request, 200, render(self._registry), CONTENT_TYPE, nsq=False)
-
-
-def _standby_json(standby: StandbyError) -> dict[str, Any]:
-    """Where a standby's refusal sends the client: its primary's HTTP address."""
-    return {"primary": standby.primary_http or standby.primary, "epoch": standby.epoch}
-
-
-def _since(params: dict[str, list[str]]) -> int | None:
-    """``since``: Unix milliseconds, an RFC 3339 time (ns precision), or
-    ``earliest`` (None: from the oldest message retained)."""
-    if "since" not in params:
-        raise HTTPError(400, "MISSING_ARG_SINCE")
-    text = params["since"][0]
-    if text == "earliest":
-        return None
-    if text.isascii() and text.isdigit():
-        return int(text) * 1_000_000
-    try:
-        return parse_rfc3339_ns(text)
-    except ValueError:
-        raise HTTPError(400, "INVALID_ARG_SINCE") from None
-
-
-def _too_old(e: SinceTooOld) -> HTTPError:
-    """400, naming the earliest time from which every message is retained."""
-    earliest = rfc3339_nano(e.horizon_ns)
-    return HTTPError(
-        400,
-        f"SINCE_TOO_OLD: messages are retained from {earliest} on",
-        {"earliest": earliest, "earliest_ms": -(-e.horizon_ns // 1_000_000)},
-    )
-
-
-def _in_gap(e: RetainedGap) -> HTTPError:
-    """400, naming the messages missing from the log and the first time accepted after them."""
-    gap = e.gap
-    first, last = rfc3339_nano(gap.after_ns), rfc3339_nano(gap.before_ns)
-    return HTTPError(
-        400,
-        f"RETAINED_GAP: messages published from {first} to {last} are missing from the retained log",
-        {
-            "missing_from": first,
-            "missing_to": last,
-            "missing_to_ms": -(-gap.before_ns // 1_000_000),
-            "segments": [gap.first, gap.last],
-        },
-    )
 
 
 def _publish_refusal(e: Exception) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from twisted.web.server import Request
 
@@ -19,10 +19,7 @@ from nsq_service.web import JSON_TYPE, HTTPError, go_parse_int, route
 from nsq_wire import gojson
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.queue import CutMessage, MessageQueue
-
-if TYPE_CHECKING:
-    from nsqd_tw.core.nsqd import NSQD
-    from nsqd_tw.core.topic import Topic
+from nsqd_tw.http.routes import FeatureRoutes
 
 PEEK_DEFAULT = 10  # messages /topic/peek and /channel/peek answer with, unless ?n= says
 PEEK_MAX = 1000
@@ -37,19 +34,8 @@ _CLOSE = b"]}"
 _CLOSE_TRUNCATED = b'],"truncated":true}'
 
 
-class PeekRoutes:
+class PeekRoutes(FeatureRoutes):
     """The peek routes of :class:`nsqd_tw.http.api.NSQDHTTPAPI` (a mixin of it)."""
-
-    nsqd: NSQD
-
-    if TYPE_CHECKING:
-
-        def query(self, request: Request) -> dict[str, list[str]]: ...
-        def _existing_topic(self, request: Request) -> Topic: ...
-        def _existing_channel(self, request: Request) -> Any: ...
-        def finish(
-            self, request: Request, code: int, data: bytes, content_type: bytes | None = None, nsq: bool = True
-        ) -> bytes: ...
 
     def _peek_count(self, request: Request) -> int:
         """``n``: 1 to PEEK_MAX (PEEK_DEFAULT when not given)."""

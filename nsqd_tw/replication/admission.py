@@ -97,7 +97,7 @@ def check_peer(
 ) -> tuple[str, str]:
     """Whether this node (``state``, at epoch ``mine`` before the link) keeps an
     authenticated link to ``peer`` (its node ID, role and epoch) at ``address``,
-    on which ``who`` (:func:`.service.decide`: ``"me"``, ``"peer"`` or None)
+    on which ``who`` (:func:`.pairing.decide`: ``"me"``, ``"peer"`` or None)
     would be the primary: ``(verdict, text)``.
 
     - :data:`OK`: no peer recorded yet, the recorded one, or a node whose epoch is

@@ -17,7 +17,7 @@ from nsqd_tw.core.replica import STATE_FILE, SYNCED_FILE, ReplicaState, StandbyA
 from nsqd_tw.core.topic import StandbyError
 from nsqd_tw.http.api import NSQDHTTPAPI
 from nsqd_tw.replication import wire
-from nsqd_tw.replication.service import decide
+from nsqd_tw.replication.pairing import decide
 from tests.helpers import FakeClient
 from tests.nsqd_tw.replicas import Node, RawLink, ReplicaPair, held, live
 
@@ -352,7 +352,7 @@ class SnapshotTests(unittest.TestCase):
         self.assertEqual(pair.primary.state, "disconnected")
 
         pair.primary.repl.state.peer = pair.standby.address
-        pair.primary.repl._dial()
+        pair.primary.repl.pairing.dial()
         pair.settle()
         self.assertEqual(pair.primary.state, "in_sync")
         standby = pair.standby.nsqd
@@ -393,7 +393,7 @@ class SnapshotTests(unittest.TestCase):
         channel = pair.primary.channel("t", "c")
         self.assertGreater(channel.backend.depth(), 40)
         pair.primary.repl.state.peer = pair.standby.address
-        pair.primary.repl._dial()
+        pair.primary.repl.pairing.dial()
         pair.settle()
         self.assertEqual(pair.primary.state, "in_sync")
         got = pair.standby.channel("t", "c")

@@ -18,7 +18,7 @@ from nsqd_tw.core import nsqd as nsqd_module
 from nsqd_tw.core import replica as replica_module
 from nsqd_tw.core.replica import STATE_FILE, SYNCED_FILE, StandbyApply
 from nsqd_tw.http.api import NSQDHTTPAPI
-from nsqd_tw.replication import primary as primary_module
+from nsqd_tw.replication import catchup
 from nsqd_tw.replication import standby as standby_module
 from nsqd_tw.storage.files import PathError
 from tests.helpers import FakeClient, make_nsqd
@@ -37,7 +37,7 @@ def linked_late(pair: ReplicaPair) -> None:
 
 def link(pair: ReplicaPair) -> None:
     pair.primary.repl.state.peer = pair.standby.address
-    pair.primary.repl._dial()
+    pair.primary.repl.pairing.dial()
 
 
 def pub(pair: ReplicaPair, body: bytes = b"x", settle: bool = True) -> list[tuple[int, bytes]]:
@@ -85,15 +85,15 @@ class RequiredTests(unittest.TestCase):
 class CatchingUpTests(unittest.TestCase):
     def setUp(self) -> None:
         # a snapshot of small frames that waits, once begun, for the test to send them
-        self.patch(primary_module, "SNAPSHOT_FRAMES_PER_TURN", 1)
-        self.patch(primary_module, "SNAPSHOT_CHUNK", 4096)
-        start = primary_module.SnapshotSender.start
+        self.patch(catchup, "SNAPSHOT_FRAMES_PER_TURN", 1)
+        self.patch(catchup, "SNAPSHOT_CHUNK", 4096)
+        start = catchup.SnapshotSender.start
 
-        def start_held(sender: primary_module.SnapshotSender) -> None:
+        def start_held(sender: catchup.SnapshotSender) -> None:
             start(sender)
             sender.pauseProducing()
 
-        self.patch(primary_module.SnapshotSender, "start", start_held)
+        self.patch(catchup.SnapshotSender, "start", start_held)
 
     def send(self, pair: ReplicaPair, frames: int) -> None:
         """Let the snapshot send ``frames`` more frames, and move them."""
