@@ -13,7 +13,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from nsq_wire.message import ID_OFFSET, MESSAGE_HEADER_LENGTH
+from nsq_wire.message import MESSAGE_HEADER_LENGTH
 from nsq_wire.names import is_ephemeral
 from nsqd_tw.core.bounds import trim
 from nsqd_tw.core.deadletters import dead_at_return, expired_to_dead_letter
@@ -21,7 +21,8 @@ from nsqd_tw.core.expiry import step_over_expired
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.pqueue import DeferredQueue, TimeoutQueue
 from nsqd_tw.core.quantile import Quantile, new_latency_quantile
-from nsqd_tw.core.queue import BYTES, Context, Item, MessageQueue, as_items, body_size
+from nsqd_tw.core.queue import BYTES, Context, Item, MessageQueue, as_items
+from nsqd_tw.core.skips import forget, skipped, unskipped
 
 if TYPE_CHECKING:
     from nsqd_tw.core.rewind import Rewind
@@ -87,7 +88,7 @@ class Channel(MessageQueue):
         self.finish_count = 0
         self.duplicate_count = 0  # beyond Go: copies not delivered, their message in flight (rewinds)
         # beyond Go, a replication standby's channel: how many copies of each message ID
-        # its primary finished or superseded that are still queued here (see skip())
+        # its primary finished or superseded that are still queued here (core/skips.py)
         self.skips: dict[bytes, int] = {}
         # --e2e-processing-latency-percentile: publish to FIN (Go's), and (beyond Go)
         # delivery to FIN, the consumer's own time; both or neither
@@ -305,7 +306,7 @@ class Channel(MessageQueue):
             taken = len(burst)
             if burst:
                 if self.skips:
-                    burst = self._unskipped(burst)
+                    burst = unskipped(self, burst)
                 if self.copies:
                     burst = self._unique(burst)
                 push_many(burst, now + c.msg_timeout)
@@ -436,8 +437,8 @@ class Channel(MessageQueue):
         """One message to ``c``, for a channel with a TTL or a consumer with a sample
         rate: False when nothing is queued (due now)."""
         msg = self.take_next()
-        while msg is not None and self.skips and self._skipped(msg.id):
-            self._forget(msg)  # (a promoted standby) finished on its old primary
+        while msg is not None and self.skips and skipped(self, msg.id):
+            forget(self, msg)  # (a promoted standby) finished on its old primary
             msg = self.take_next()
         if expire_before and msg is not None and msg.timestamp < expire_before:
             msg = step_over_expired(self, msg, expire_before)
@@ -715,89 +716,6 @@ class Channel(MessageQueue):
             client.empty()
         self._empty()
         self.skips.clear()
-
-    # -- beyond Go: a replication standby's channel ------------------------------------
-
-    def skip(self, ids: Sequence[bytes]) -> None:
-        """The primary is done with a copy of each of ``ids`` (finished, expired,
-        trimmed, dead-lettered): the next copy of each met here is dropped."""
-        skips = self.skips
-        for msg_id in ids:
-            skips[msg_id] = skips.get(msg_id, 0) + 1
-        self.compact()
-
-    def supersede(self, msg: Message, delay: float) -> None:
-        """The primary queued ``msg`` again (REQ, timeout, its consumer gone), after
-        ``delay`` seconds: its copy here gives way to this one, which keeps the
-        attempts and the delay the primary gave it."""
-        old = self.deferred.remove(msg.id)
-        if old is None:
-            self.skips[msg.id] = self.skips.get(msg.id, 0) + 1
-        elif old.ref is not None:
-            self.backend.done(old.ref)
-        msg.deferred = delay
-        self.stage([msg] if delay else [msg.encode()])
-        self.compact()
-
-    def compact(self) -> None:
-        """Drop the skipped copies at the heads of memory and the backend, so the
-        standby's queues shrink as the primary's consumers finish (counts left
-        once nothing is held here are of copies this channel never had)."""
-        skips = self.skips
-        if not skips:
-            return
-        memory, backend = self.memory, self.backend
-        head = getattr(backend, "head", None)
-        while True:
-            moved = False
-            while memory:
-                held = memory[0]
-                msg_id = held[ID_OFFSET:MESSAGE_HEADER_LENGTH] if isinstance(held, bytes) else held.id
-                if not self._skipped(msg_id):
-                    break
-                memory.popleft()
-                self.memory_bytes -= body_size(held)
-                if not isinstance(held, bytes) and held.ref is not None:
-                    backend.done(held.ref)
-                moved = True
-            if backend.depth():
-                record = head() if head is not None else next(iter(backend.peek(1)), None)
-                if record is not None and self._skipped(record[ID_OFFSET:MESSAGE_HEADER_LENGTH]):
-                    read = backend.read()
-                    if read is not None:
-                        backend.done(read[1])
-                        backend.take_deferred(read[0][ID_OFFSET:MESSAGE_HEADER_LENGTH])
-                    moved = True
-            if not moved or not skips:
-                break
-        if not memory and not backend.depth() and not self.deferred:
-            skips.clear()
-
-    def _unskipped(self, burst: list[Message]) -> list[Message]:
-        """A promoted standby's burst without the copies its old primary finished
-        or superseded (one check per burst while any count is left)."""
-        out = []
-        for msg in burst:
-            if self.skips and self._skipped(msg.id):
-                self._forget(msg)
-            else:
-                out.append(msg)
-        return out
-
-    def _forget(self, msg: Message) -> None:
-        if msg.ref is not None:
-            self.backend.done(msg.ref)
-
-    def _skipped(self, msg_id: bytes) -> bool:
-        """Whether a copy of ``msg_id`` is to be dropped (and count it dropped)."""
-        n = self.skips.get(msg_id)
-        if not n:
-            return False
-        if n == 1:
-            del self.skips[msg_id]
-        else:
-            self.skips[msg_id] = n - 1
-        return True
 
     def delete(self) -> None:
         """Close consumers, drop everything, delete the backend."""

@@ -20,6 +20,7 @@ from nsq_service.web import http_client
 from nsq_wire.gofmt import join_host_port
 from nsqd_tw.core.nsqd import NSQD
 from nsqd_tw.core.replica import PRIMARY, STANDBY, STATE_FILE, SYNCED_FILE, ReplicaState, ReplicaStateError
+from nsqd_tw.core.skips import compact
 from nsqd_tw.core.topic import StandbyError
 from nsqd_tw.replication import wire
 from nsqd_tw.replication.admission import NEW, OK, Admission, check_peer
@@ -344,7 +345,7 @@ class ReplicationService(service.Service):
             self.link.fail(f"promoted to primary at epoch {me.epoch}")
         for topic in self.nsqd.topics.values():
             for channel in topic.channels.values():
-                channel.compact()
+                compact(channel)
             if not topic.started:
                 topic.start()
         self.primary = Primary(self)
