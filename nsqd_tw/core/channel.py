@@ -25,7 +25,7 @@ from nsqd_tw.core.queue import BYTES, Context, Item, MessageQueue, as_items
 from nsqd_tw.core.skips import forget, skipped, unskipped
 
 if TYPE_CHECKING:
-    from nsqd_tw.core.rewind import Rewind
+    from nsqd_tw.core.rewind import Copies, Rewind
 
 # the most bytes of bodies one burst to a consumer carries
 BURST_BYTES = 1 << 20
@@ -76,10 +76,8 @@ class Channel(MessageQueue):
         self._rr = 0
         self.more_scheduled = False  # a delivery that stepped over many expired goes on next turn
         self.rewind: Rewind | None = None  # beyond Go: retained messages it is getting again
-        # a rewind's copies may meet the messages they copy: no ID is in flight twice
-        self.copies = False
-        # a rewind read to its end whose copies are not all finished: done again after a kill
-        self.rewind_pending: dict[str, Any] | None = None
+        # a rewind's copies may meet the messages they copy: no ID is in flight twice (core/rewind.py)
+        self.copies: Copies | None = None
 
         self.message_count = 0
         self.requeue_count = 0
@@ -263,8 +261,8 @@ class Channel(MessageQueue):
             return
         queued = len(self.memory) + self.backend.depth()
         if not queued:
-            if self.copies:
-                self._copies_gone()
+            if self.copies is not None:
+                self.copies.gone(self)
             if self.skips and not self.in_flight and not self.deferred:
                 self.skips.clear()  # (a promoted standby's) counts of copies it never had
             return
@@ -307,8 +305,8 @@ class Channel(MessageQueue):
             if burst:
                 if self.skips:
                     burst = unskipped(self, burst)
-                if self.copies:
-                    burst = self._unique(burst)
+                if self.copies is not None:
+                    burst = self.copies.unique(self, burst)
                 push_many(burst, now + c.msg_timeout)
                 c.send_messages(burst)
             if taken < want:
@@ -444,8 +442,8 @@ class Channel(MessageQueue):
             msg = step_over_expired(self, msg, expire_before)
         if msg is None:
             return False
-        if self.copies and msg.id in self.in_flight:
-            self._drop_copy(msg)
+        if self.copies is not None and msg.id in self.in_flight:
+            self.copies.drop(self, msg)
             return True
         if c.sample_rate and random.randrange(100) > c.sample_rate:
             if self.ctx.shipper is not None:
@@ -463,79 +461,10 @@ class Channel(MessageQueue):
         """A consumer may have gained capacity (RDY, FIN, REQ, unpause)."""
         if self.memory or self.backend.depth():
             self._dispatch()
-        elif self.copies:
-            self._copies_gone()
+        elif self.copies is not None:
+            self.copies.gone(self)
         if self.rewind is not None:
             self.rewind.poke()
-
-    def is_clear(self) -> bool:
-        """Nothing queued, in flight or deferred: every copy a rewind queued is finished."""
-        return not self.memory and not self.in_flight and not self.deferred and not self.backend.depth()
-
-    def _copies_gone(self) -> None:
-        """Nothing queued: once nothing is in flight or deferred either, no copy
-        of a rewind is left (and a rewind read to its end is over for good)."""
-        if self.rewind is None and not self.in_flight and not self.deferred:
-            self.copies = False
-            if self.rewind_pending is not None:
-                self.rewind_pending = None
-                if not self.ephemeral:
-                    self.ctx.metadata_changed(self.topic_name)
-
-    def _unique(self, burst: list[Message]) -> list[Message]:
-        """A burst without the copies of a message already in flight (a rewind's
-        copy meeting its original): the consumer has that message, a second
-        copy under the same ID could not be told apart by FIN."""
-        in_flight = self.in_flight
-        ids: set[bytes] = set()
-        out = []
-        for msg in burst:
-            if msg.id in in_flight or msg.id in ids:
-                self._drop_copy(msg)
-            else:
-                ids.add(msg.id)
-                out.append(msg)
-        return out
-
-    def _drop_copy(self, msg: Message) -> None:
-        self.duplicate_count += 1
-        if msg.ref is not None:
-            self.backend.done(msg.ref)
-        if self.ctx.shipper is not None:
-            self.ctx.shipper.gone(self, (msg.id,))
-
-    def feed(self, records: list[bytes]) -> None:
-        """A rewind's records (beyond Go): queued in memory behind what is there,
-        whatever --mem-queue-size (the rewind keeps to a few MiB), then delivered."""
-        self.memory.extend(records)
-        self.memory_bytes += sum(map(len, records)) - MESSAGE_HEADER_LENGTH * len(records)
-        self.message_count += len(records)
-        if self.ctx.shipper is not None:
-            self.ctx.shipper.fed(self, records)
-        self._dispatch()
-
-    def cancel_rewind(self, why: str) -> None:
-        rewind = self.rewind
-        if rewind is not None:
-            self.ctx.log.info(
-                "CHANNEL({topic}:{name}): rewind since {since} cancelled ({why}), {left} messages left",
-                topic=self.topic_name,
-                name=self.name,
-                since=rewind.since_text(),
-                why=why,
-                left=rewind.left,
-            )
-            self.ctx.retention.rewind_finished(self, rewind)
-
-    def rewind_state(self) -> dict[str, Any] | None:
-        """What nsqd.dat keeps of its rewind: where to read again from after a
-        kill (its copies finished up to there), ``{}`` when only copies may be
-        left (a clean stop saved them), None when nothing is."""
-        if self.rewind is not None:
-            return self.rewind.state()
-        if self.rewind_pending is not None:
-            return self.rewind_pending
-        return {} if self.copies else None
 
     # -- consumers -------------------------------------------------------
 
@@ -709,7 +638,8 @@ class Channel(MessageQueue):
         """Drop every queued, in-flight and deferred message (and a rewind's rest)."""
         if self.ctx.shipper is not None and not self.exiting:
             self.ctx.shipper.control("channel_empty", self)
-        self.cancel_rewind("channel emptied")
+        if self.rewind is not None:
+            self.rewind.cancel("channel emptied")
         self.in_flight.clear()
         self.deferred.clear()
         for client in self._consumers:
@@ -721,14 +651,19 @@ class Channel(MessageQueue):
         """Close consumers, drop everything, delete the backend."""
         self.exiting = True
         self.ctx.log.info("CHANNEL({name}): deleting", name=self.name)
-        self.cancel_rewind("channel deleted")
+        if self.rewind is not None:
+            self.rewind.cancel("channel deleted")
         self._close_clients()
         self.empty()
         self.backend.delete()
 
     def is_empty(self) -> bool:
-        """Nothing queued, in flight or deferred."""
+        """Nothing queued, in flight or deferred (every copy a rewind queued is finished)."""
         return not self.in_flight and not self.deferred and not self.depth()
+
+    def rewind_state(self) -> dict[str, Any] | None:
+        """What nsqd.dat keeps of its rewind (beyond Go: :meth:`Copies.state`)."""
+        return self.copies.state(self) if self.copies is not None else None
 
     def close(self, retire_empty: bool = False) -> None:
         """Close consumers and hand everything still held to the backend.
@@ -737,18 +672,8 @@ class Channel(MessageQueue):
         retire = retire_empty and self.is_empty()
         self.exiting = True
         self.ctx.log.info("CHANNEL({name}): closing", name=self.name)
-        if self.rewind is not None or self.rewind_pending is not None:
-            if self.rewind is not None:
-                rewind = self.rewind
-                # its copies in memory are not saved below (after the start they would be delivered
-                # in turns with the copies it reads on): it reads them again, in order
-                rewind.take_back()
-                rewind.safe = rewind.reader.position  # what else it queued is saved with the rest below
-                rewind.close()  # its position stays, for nsqd.dat
-            else:
-                self.rewind_pending = {}  # its copies are saved below: nothing to read again
-            if not self.ephemeral:
-                self.ctx.metadata_changed(self.topic_name)  # nsqd.dat, written after the close, says so
+        if self.copies is not None:
+            self.copies.close(self)  # before its memory is saved below
         self._close_clients()
         self._flush()
         self._release_backend(retire)
