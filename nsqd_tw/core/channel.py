@@ -232,25 +232,13 @@ class Channel(MessageQueue):
         except Exception:
             self._hold(msg)  # keep it rather than lose it; health tells the operator
 
+    def _wait(self, msg: Message, at: int) -> None:
+        self.deferred.push(msg, at / 1e9)
+
     def _spare_capacity(self) -> int:
         if self.paused:
             return 0
         return sum(max(0, c.ready_count - c.in_flight_count) for c in self._consumers if not c.blocked)
-
-    def take_next(self) -> Message | None:
-        """The next queued message due now; one deferred (durable mode) waits its time."""
-        msg, at = self._next()
-        return msg if at is None else self._due(msg, at)
-
-    def _due(self, msg: Message | None, at: int | None) -> Message | None:
-        """``msg`` has a deliver-at time (ns; durable mode): it waits in the deferred
-        queue if that is to come, and the next message due now is returned."""
-        now_ns = self.ctx.now_ns()
-        while at is not None and at > now_ns:
-            assert msg is not None
-            self.deferred.push(msg, at / 1e9)
-            msg, at = self._next()
-        return msg
 
     def _dispatch(self) -> None:
         """Send queued messages to consumers with RDY capacity, round-robin: each
@@ -344,92 +332,6 @@ class Channel(MessageQueue):
             msg.client_id = client_id
             msg.delivery_ts = now
         return burst
-
-    def _take_memory(self, n: int) -> list[Message]:
-        """Up to ``n`` messages from memory, decoded."""
-        taken: list[Message] = []
-        memory = self.memory
-        decode = Message.decode
-        size = 0
-        while memory and len(taken) < n:
-            held = memory.popleft()
-            if isinstance(held, bytes):
-                size += len(held) - MESSAGE_HEADER_LENGTH
-                held = decode(held)
-            else:
-                size += len(held.body)
-            taken.append(held)
-        self.memory_bytes -= size
-        return taken
-
-    def _take_both(self, burst: list[Message], n: int, read_many: Callable[[int], list[tuple[bytes, object]]]) -> None:
-        """:meth:`_take` with records in the backend, in :meth:`_next`'s turns: the
-        ``i``-th call prefers the backend iff the flag toggled ``i + 1`` times is
-        True, and takes the other source when the preferred one has nothing left;
-        the flag is left as that many calls leave it. The backend's turns are read
-        in runs; a record with a deliver-at time to come takes its turn and waits
-        in the deferred queue."""
-        while len(burst) < n:
-            want = n - len(burst)
-            backend_first = not self._take_backend  # the flag once toggled
-            # the backend's turns of the next ``want``: every other one, the first included if backend_first
-            from_backend = (want + backend_first) // 2 if self.memory else want
-            from_disk, ended = self._read_turns(from_backend, read_many) if from_backend else ([], False)
-            # memory's turns, and the backend's too once it has nothing left
-            from_memory = self._take_memory(want - len(from_disk) if ended else want - from_backend)
-            if len(from_memory) < want - from_backend and not ended:  # memory ran out: its turns go to the backend
-                more, ended = self._read_turns(want - len(from_memory) - len(from_disk), read_many)
-                from_disk += more
-            turns = len(from_disk) + len(from_memory)
-            if not turns:
-                break
-            first, second = (from_disk, from_memory) if backend_first else (from_memory, from_disk)
-            k = min(len(first), len(second))
-            taken: list[Any] = [None] * (2 * k)
-            taken[0::2] = first[:k]
-            taken[1::2] = second[:k]
-            taken += first[k:]
-            taken += second[k:]
-            if turns & 1:  # toggled an odd number of times
-                self._take_backend = backend_first
-            burst += [m for m in taken if m is not None] if None in from_disk else taken
-            if ended and not self.memory:
-                break
-
-    def _read_turns(
-        self, n: int, read_many: Callable[[int], list[tuple[bytes, object]]]
-    ) -> tuple[list[Message | None], bool]:
-        """The backend's next ``n`` turns: its messages, None for one whose deliver-at
-        time is to come (moved to the deferred queue); and whether it ran out. A
-        record that does not decode takes no turn, as in :meth:`_next`."""
-        backend = self.backend
-        take_deferred = backend.take_deferred
-        decode = Message.decode
-        out: list[Message | None] = []
-        now_ns = None
-        while len(out) < n:
-            asked = n - len(out)
-            records = read_many(asked)
-            for data, ref in records:
-                try:
-                    msg = decode(data)
-                except ValueError as e:
-                    self.ctx.log.error("failed to decode message - {err}", err=e)
-                    backend.done(ref)
-                    continue
-                msg.ref = ref
-                at = take_deferred(msg.id)
-                if at is not None:
-                    if now_ns is None:
-                        now_ns = self.ctx.now_ns()
-                    if at > now_ns:
-                        self.deferred.push(msg, at / 1e9)
-                        out.append(None)
-                        continue
-                out.append(msg)
-            if len(records) < asked:
-                return out, True
-        return out, False
 
     def _deliver_one(self, c: Consumer, now: float, expire_before: int) -> bool:
         """One message to ``c``, for a channel with a TTL or a consumer with a sample
