@@ -9,7 +9,6 @@ scheduling come from the ``ctx`` (the NSQD) it was made with.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -17,12 +16,12 @@ from nsq_wire.message import MESSAGE_HEADER_LENGTH
 from nsq_wire.names import is_ephemeral
 from nsqd_tw.core.bounds import trim
 from nsqd_tw.core.deadletters import dead_at_return, expired_to_dead_letter
-from nsqd_tw.core.expiry import step_over_expired
+from nsqd_tw.core.expiry import deliver_one
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.pqueue import DeferredQueue, TimeoutQueue
 from nsqd_tw.core.quantile import Quantile, new_latency_quantile
 from nsqd_tw.core.queue import BYTES, Context, Item, MessageQueue, as_items
-from nsqd_tw.core.skips import forget, skipped, unskipped
+from nsqd_tw.core.skips import unskipped
 
 if TYPE_CHECKING:
     from nsqd_tw.core.rewind import Copies, Rewind
@@ -284,7 +283,7 @@ class Channel(MessageQueue):
                 continue
             misses = 0
             if expire_before or c.sample_rate:
-                if not self._deliver_one(c, now, expire_before):
+                if not deliver_one(self, c, now, expire_before):
                     break
                 continue
             want = room if room < share else share
@@ -332,32 +331,6 @@ class Channel(MessageQueue):
             msg.client_id = client_id
             msg.delivery_ts = now
         return burst
-
-    def _deliver_one(self, c: Consumer, now: float, expire_before: int) -> bool:
-        """One message to ``c``, for a channel with a TTL or a consumer with a sample
-        rate: False when nothing is queued (due now)."""
-        msg = self.take_next()
-        while msg is not None and self.skips and skipped(self, msg.id):
-            forget(self, msg)  # (a promoted standby) finished on its old primary
-            msg = self.take_next()
-        if expire_before and msg is not None and msg.timestamp < expire_before:
-            msg = step_over_expired(self, msg, expire_before)
-        if msg is None:
-            return False
-        if self.copies is not None and msg.id in self.in_flight:
-            self.copies.drop(self, msg)
-            return True
-        if c.sample_rate and random.randrange(100) > c.sample_rate:
-            if self.ctx.shipper is not None:
-                self.ctx.shipper.gone(self, (msg.id,))
-            return True  # sampled out: gone from the channel, as in Go
-        if msg.attempts < 65535:
-            msg.attempts += 1
-        msg.client_id = c.id
-        msg.delivery_ts = now
-        self.in_flight.push(msg, now + c.msg_timeout)
-        c.send_messages([msg])
-        return True
 
     def kick(self) -> None:
         """A consumer may have gained capacity (RDY, FIN, REQ, unpause)."""

@@ -25,15 +25,20 @@ from nsqd_tw.core.pqueue import DeferredQueue
 from nsqd_tw.core.queue import Item, body_size
 
 
-class Channel(Protocol):
+class Counted(Protocol):
+    """What a burst's skipping needs of its channel."""
+
+    backend: Any
+    # how many copies of each message ID its primary finished or superseded that are still queued here
+    skips: dict[bytes, int]
+
+
+class Channel(Counted, Protocol):
     """What skip counts need of a channel (:class:`nsqd_tw.core.channel.Channel`)."""
 
     memory: deque[Item]
     memory_bytes: int
-    backend: Any
     deferred: DeferredQueue
-    # how many copies of each message ID its primary finished or superseded that are still queued here
-    skips: dict[bytes, int]
 
     def stage(self, items: Sequence[Item], keep_on_failure: bool = False) -> Callable[[], None]: ...
 
@@ -108,12 +113,12 @@ def unskipped(channel: Channel, burst: list[Message]) -> list[Message]:
     return out
 
 
-def forget(channel: Channel, msg: Message) -> None:
+def forget(channel: Counted, msg: Message) -> None:
     if msg.ref is not None:
         channel.backend.done(msg.ref)
 
 
-def skipped(channel: Channel, msg_id: bytes) -> bool:
+def skipped(channel: Counted, msg_id: bytes) -> bool:
     """Whether a copy of ``msg_id`` is to be dropped (and count it dropped)."""
     skips = channel.skips
     n = skips.get(msg_id)
