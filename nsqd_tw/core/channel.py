@@ -304,34 +304,6 @@ class Channel(MessageQueue):
                 share = min(most, max(1, -(-queued // ready)))
         self._rr = i % n
 
-    def _take(self, n: int, client_id: int, now: float) -> list[Message]:
-        """Up to ``n`` queued messages due now, memory and backend in turns as
-        :meth:`_next` takes them, as delivered to consumer ``client_id`` at ``now``
-        (an attempt more)."""
-        burst: list[Message] = []
-        backend = self.backend
-        if not backend.depth():  # memory alone: once per message delivered
-            burst = self._take_memory(n)
-            if len(burst) & 1:  # as many turns as _next would have taken
-                self._take_backend = not self._take_backend
-        elif (read_many := getattr(backend, "read_many", None)) is not None:
-            self._take_both(burst, n, read_many)
-        else:  # a backend without read_many (an embedder's): one at a time
-            next_ = self._next
-            while len(burst) < n:
-                msg, at = next_()
-                if at is not None:
-                    msg = self._due(msg, at)
-                if msg is None:
-                    break
-                burst.append(msg)
-        for msg in burst:
-            if msg.attempts < 65535:  # the wire's 16 bits stay full instead of wrapping to 0 (nsqio/nsq#1397)
-                msg.attempts += 1
-            msg.client_id = client_id
-            msg.delivery_ts = now
-        return burst
-
     def kick(self) -> None:
         """A consumer may have gained capacity (RDY, FIN, REQ, unpause)."""
         if self.memory or self.backend.depth():

@@ -160,11 +160,22 @@ def expire_queue(queue: MessageQueue, before_ns: int, now_ns: int, limit: int, d
 
 
 def _redate(queue: MessageQueue, msg: Message | None, now_ns: int) -> None:
-    """``msg``, taken from a head, goes behind the others stamped ``now_ns``."""
+    """``msg``, taken from a head, goes behind the others stamped ``now_ns`` (as a
+    new record: its record in durable mode is done once the copy is written)."""
     if msg is None:
         return
     msg.timestamp = now_ns
-    queue.put_behind(msg)
+    record = msg.encode()
+    if queue._room_for(msg):
+        queue._hold(record)
+    elif not queue.ephemeral:
+        try:
+            queue._write([record])
+        except Exception:
+            queue.hold_first(msg)  # kept where it was rather than lost
+            return
+    if msg.ref is not None:
+        queue.backend.done(msg.ref)
 
 
 class SweepHost(Protocol):

@@ -209,23 +209,6 @@ class MessageQueue:
         self.memory.appendleft(msg)
         self.memory_bytes += len(msg.body)
 
-    def put_behind(self, msg: Message) -> None:
-        """``msg``, taken from a head, goes behind everything queued (as a new
-        record: its record in durable mode is done once the copy is written)."""
-        record = msg.encode()
-        if len(self.memory) < self._mem_size and (
-            not self._mem_bytes or self.memory_bytes + len(msg.body) <= self._mem_bytes
-        ):
-            self._hold(record)
-        elif not self.ephemeral:
-            try:
-                self._write([record])
-            except Exception:
-                self.hold_first(msg)  # kept where it was rather than lost
-                return
-        if msg.ref is not None:
-            self.backend.done(msg.ref)
-
     def queued(self) -> list[Message]:
         """What memory holds, as messages (for inspection: tests and tools)."""
         return [Message.decode(m) if isinstance(m, bytes) else m for m in self.memory]
@@ -360,6 +343,34 @@ class MessageQueue:
             self._wait(msg, at)
             msg, at = self._next()
         return msg
+
+    def _take(self, n: int, client_id: int, now: float) -> list[Message]:
+        """A channel's burst: up to ``n`` queued messages due now, memory and backend
+        in turns as :meth:`_next` takes them, as delivered to consumer ``client_id``
+        at ``now`` (an attempt more)."""
+        burst: list[Message] = []
+        backend = self.backend
+        if not backend.depth():  # memory alone: once per message delivered
+            burst = self._take_memory(n)
+            if len(burst) & 1:  # as many turns as _next would have taken
+                self._take_backend = not self._take_backend
+        elif (read_many := getattr(backend, "read_many", None)) is not None:
+            self._take_both(burst, n, read_many)
+        else:  # a backend without read_many (an embedder's): one at a time
+            next_ = self._next
+            while len(burst) < n:
+                msg, at = next_()
+                if at is not None:
+                    msg = self._due(msg, at)
+                if msg is None:
+                    break
+                burst.append(msg)
+        for msg in burst:
+            if msg.attempts < 65535:  # the wire's 16 bits stay full instead of wrapping to 0 (nsqio/nsq#1397)
+                msg.attempts += 1
+            msg.client_id = client_id
+            msg.delivery_ts = now
+        return burst
 
     def _take_memory(self, n: int) -> list[Message]:
         """Up to ``n`` messages from memory, decoded."""
