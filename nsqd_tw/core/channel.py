@@ -189,18 +189,28 @@ class Channel(MessageQueue):
         if mark is not None:
             self._unwrite(mark, written)
 
-    def _back(self, msg: Message) -> None:
+    def _back(self, msg: Message, delay: float = 0.0) -> None:
         """A message delivered comes back (REQ, timeout, its consumer gone): queued
-        again, or past ``max_attempts`` moved to the dead-letter topic."""
+        again, or deferred for ``delay`` seconds, or past ``max_attempts`` moved to
+        the dead-letter topic."""
         shipper = self.ctx.shipper
-        if not dead_at_return(self, msg):
-            self._put(msg)
+        if dead_at_return(self, msg):
             if shipper is not None:
-                shipper.requeued(self, msg, 0.0)
-            if self.trims:
-                trim(self)
-        elif shipper is not None:
-            shipper.gone(self, (msg.id,))
+                shipper.gone(self, (msg.id,))
+            return
+        if not delay:
+            self._put(msg)
+        elif msg.id in self.deferred:
+            return
+        else:
+            due = self.ctx.now() + delay
+            self.deferred.push(msg, due)
+            if msg.ref is not None:
+                self.backend.set_deferred(msg.id, int(due * 1e9))  # survives a crash too
+        if shipper is not None:
+            shipper.requeued(self, msg, delay)
+        if self.trims:
+            trim(self)
 
     def expired(self, msg: Message) -> None:
         if not expired_to_dead_letter(self, msg):
@@ -403,22 +413,8 @@ class Channel(MessageQueue):
         if delay <= 0:
             if self.exiting:
                 raise ChannelError("exiting")
-            self._back(msg)
-            return
-        shipper = self.ctx.shipper
-        if dead_at_return(self, msg):
-            if shipper is not None:
-                shipper.gone(self, (msg.id,))
-            return
-        if msg.id not in self.deferred:
-            due = self.ctx.now() + delay
-            self.deferred.push(msg, due)
-            if msg.ref is not None:
-                self.backend.set_deferred(msg.id, int(due * 1e9))  # survives a crash too
-            if shipper is not None:
-                shipper.requeued(self, msg, delay)
-            if self.trims:
-                trim(self)
+            delay = 0.0
+        self._back(msg, delay)
 
     def touch_message(self, client_id: int, msg_id: bytes, timeout: float) -> None:
         msg = self._pop_in_flight(client_id, msg_id)
