@@ -9,18 +9,18 @@ scheduling come from the ``ctx`` (the NSQD) it was made with.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from nsq_wire.message import MESSAGE_HEADER_LENGTH
 from nsq_wire.names import is_ephemeral
 from nsqd_tw.core.bounds import trim
+from nsqd_tw.core.channelqueue import ChannelError, ChannelQueue
 from nsqd_tw.core.deadletters import dead_at_return, expired_to_dead_letter
 from nsqd_tw.core.expiry import deliver_one
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.pqueue import DeferredQueue, TimeoutQueue
 from nsqd_tw.core.quantile import Quantile, new_latency_quantile
-from nsqd_tw.core.queue import BYTES, Context, Item, MessageQueue, as_items
+from nsqd_tw.core.queue import Context, as_items
 from nsqd_tw.core.skips import unskipped
 
 if TYPE_CHECKING:
@@ -28,10 +28,6 @@ if TYPE_CHECKING:
 
 # the most bytes of bodies one burst to a consumer carries
 BURST_BYTES = 1 << 20
-
-
-class ChannelError(Exception):
-    """A refused channel operation; ``str()`` is Go's text."""
 
 
 class Consumer(Protocol):
@@ -50,7 +46,7 @@ class Consumer(Protocol):
     def close(self) -> None: ...
 
 
-class Channel(MessageQueue):
+class Channel(ChannelQueue):
     write_error = "CHANNEL({name}): failed to write message to backend - {err}"
 
     @property
@@ -108,87 +104,6 @@ class Channel(MessageQueue):
         self.stage(as_items(msgs), keep_on_failure)
         self._dispatch()
 
-    def stage(self, items: Sequence[Item], keep_on_failure: bool = False) -> Callable[[], None]:
-        """Queue what the topic publishes (records, and deferred messages by their
-        delay) without delivering it, and return a function that takes it back.
-
-        Memory first, then the backend, in one write for the batch. If that
-        write fails the error is raised and nothing of the batch stays queued,
-        unless ``keep_on_failure`` (they came from a backlog nobody else holds),
-        when they stay in memory. A topic stages a publish in every channel
-        before delivering it, so that a failure in one takes it back from all.
-        """
-        if self.exiting:
-            raise ChannelError("exiting")
-        to_backend: list[Item] = []
-        in_memory = 0
-        deferred_ids: list[bytes] = []
-        now = None
-        memory, mem_size, mem_bytes = self.memory, self._mem_size, self._mem_bytes
-        # beyond Go: a retained topic's backlog kept as runs of its log takes every
-        # publish until it is read (storage/spill.py)
-        spilling = getattr(self.backend, "spilling", False)
-        items_left: Sequence[Item] = items
-        if not self.ephemeral and all(map(isinstance, items, BYTES)):  # records only (no DPUB)
-            if not (spilling or mem_bytes):  # what memory has room for in one go, the rest to the backend
-                in_memory = self._hold_records(items)  # type: ignore[arg-type]
-                to_backend = list(items[in_memory:])
-                items_left = ()
-            elif spilling or len(memory) >= mem_size:  # memory is full: every record to the backend
-                to_backend = list(items)
-                items_left = ()
-        for item in items_left:  # _room_for and _hold inlined below: once per message published
-            if not isinstance(item, bytes):  # deferred
-                if now is None:
-                    now = self.ctx.now()
-                if self.backend.acked:
-                    to_backend.append(item)  # durable: on disk, with its deliver-at time
-                elif item.id not in self.deferred:
-                    self.deferred.push(item, now + item.deferred)
-                    deferred_ids.append(item.id)
-                continue
-            size = len(item) - MESSAGE_HEADER_LENGTH
-            if not spilling and (
-                (len(memory) < mem_size and (not mem_bytes or self.memory_bytes + size <= mem_bytes))
-                # Go hands an ephemeral message straight to a waiting consumer even
-                # when its memory queue is full (or 0), and drops it otherwise
-                or (self.ephemeral and len(memory) < self._spare_capacity())
-            ):
-                memory.append(item)
-                self.memory_bytes += size
-                in_memory += 1
-            elif not self.ephemeral:
-                to_backend.append(item)
-        mark = None
-        if to_backend:
-            try:
-                mark = self._write(to_backend)
-            except Exception:
-                if not keep_on_failure:
-                    self._take_back(in_memory, deferred_ids, None, [])
-                    raise
-                for m in to_backend:
-                    if not isinstance(m, bytes):
-                        self.deferred.push(m, self.ctx.now() + m.deferred)
-                    else:
-                        self._hold(m)
-                self.message_count += len(items)
-                raise
-        self.message_count += len(items)
-
-        def take_back() -> None:
-            self._take_back(in_memory, deferred_ids, mark, to_backend)
-            self.message_count -= len(items)
-
-        return take_back
-
-    def _take_back(self, in_memory: int, deferred_ids: list[bytes], mark: object, written: list[Item]) -> None:
-        self._unhold(in_memory)
-        for msg_id in deferred_ids:
-            self.deferred.remove(msg_id)
-        if mark is not None:
-            self._unwrite(mark, written)
-
     def _back(self, msg: Message, delay: float = 0.0) -> None:
         """A message delivered comes back (REQ, timeout, its consumer gone): queued
         again, or deferred for ``delay`` seconds, or past ``max_attempts`` moved to
@@ -224,25 +139,6 @@ class Channel(MessageQueue):
         super().discard(msg)
         if self.ctx.shipper is not None:  # expired or trimmed: gone on the standby too
             self.ctx.shipper.gone(self, (msg.id,))
-
-    def _put(self, msg: Message) -> None:
-        """Queue a message coming back (REQ, timeout, release): it is never dropped."""
-        if (
-            msg.ref is not None  # read in durable mode: still on disk, owned until done
-            or self._room_for(msg)
-            or (self.ephemeral and len(self.memory) < self._spare_capacity())
-        ):
-            self._hold(msg)
-            return
-        if self.ephemeral:
-            return
-        try:
-            self._write([msg])
-        except Exception:
-            self._hold(msg)  # keep it rather than lose it; health tells the operator
-
-    def _wait(self, msg: Message, at: int) -> None:
-        self.deferred.push(msg, at / 1e9)
 
     def _spare_capacity(self) -> int:
         if self.paused:

@@ -8,13 +8,13 @@ shared by every channel of its topic; one coming back (REQ, timeout) stays a
 :class:`Message`, which also carries its attempts and durable-mode record. A failed write turns nsqd's health
 to the error and is taken back whole; the next good one turns it back. Read
 back, memory and backend take turns, like Go's select over both channels (a
-consumer's messagePump): a message at a time, or a channel's burst in one pass.
+consumer's messagePump; a channel's bursts: core/channelqueue.py).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from itertools import repeat
 from typing import Any, Protocol
 
@@ -326,143 +326,6 @@ class MessageQueue:
             self.memory_bytes -= len(held.body)
             return held, None
         return None, None
-
-    # -- reading back, for delivery (a channel's bursts) ---------------------------------
-
-    def take_next(self) -> Message | None:
-        """The next queued message due now; one deferred (durable mode) waits its time."""
-        msg, at = self._next()
-        return msg if at is None else self._due(msg, at)
-
-    def _due(self, msg: Message | None, at: int | None) -> Message | None:
-        """``msg`` has a deliver-at time (ns; durable mode): it waits (:meth:`_wait`)
-        if that is to come, and the next message due now is returned."""
-        now_ns = self.ctx.now_ns()
-        while at is not None and at > now_ns:
-            assert msg is not None
-            self._wait(msg, at)
-            msg, at = self._next()
-        return msg
-
-    def _take(self, n: int, client_id: int, now: float) -> list[Message]:
-        """A channel's burst: up to ``n`` queued messages due now, memory and backend
-        in turns as :meth:`_next` takes them, as delivered to consumer ``client_id``
-        at ``now`` (an attempt more)."""
-        burst: list[Message] = []
-        backend = self.backend
-        if not backend.depth():  # memory alone: once per message delivered
-            burst = self._take_memory(n)
-            if len(burst) & 1:  # as many turns as _next would have taken
-                self._take_backend = not self._take_backend
-        elif (read_many := getattr(backend, "read_many", None)) is not None:
-            self._take_both(burst, n, read_many)
-        else:  # a backend without read_many (an embedder's): one at a time
-            next_ = self._next
-            while len(burst) < n:
-                msg, at = next_()
-                if at is not None:
-                    msg = self._due(msg, at)
-                if msg is None:
-                    break
-                burst.append(msg)
-        for msg in burst:
-            if msg.attempts < 65535:  # the wire's 16 bits stay full instead of wrapping to 0 (nsqio/nsq#1397)
-                msg.attempts += 1
-            msg.client_id = client_id
-            msg.delivery_ts = now
-        return burst
-
-    def _take_memory(self, n: int) -> list[Message]:
-        """Up to ``n`` messages from memory, decoded."""
-        taken: list[Message] = []
-        memory = self.memory
-        decode = Message.decode
-        size = 0
-        while memory and len(taken) < n:
-            held = memory.popleft()
-            if isinstance(held, bytes):
-                size += len(held) - MESSAGE_HEADER_LENGTH
-                held = decode(held)
-            else:
-                size += len(held.body)
-            taken.append(held)
-        self.memory_bytes -= size
-        return taken
-
-    def _take_both(self, burst: list[Message], n: int, read_many: Callable[[int], list[tuple[bytes, object]]]) -> None:
-        """A channel's burst (``Channel._take``) with records in the backend, in
-        :meth:`_next`'s turns: the ``i``-th call prefers the backend iff the flag
-        toggled ``i + 1`` times is True, and takes the other source when the
-        preferred one has nothing left; the flag is left as that many calls
-        leave it. The backend's turns are read
-        in runs; a record with a deliver-at time to come takes its turn and waits
-        (:meth:`_wait`)."""
-        while len(burst) < n:
-            want = n - len(burst)
-            backend_first = not self._take_backend  # the flag once toggled
-            # the backend's turns of the next ``want``: every other one, the first included if backend_first
-            from_backend = (want + backend_first) // 2 if self.memory else want
-            from_disk, ended = self._read_turns(from_backend, read_many) if from_backend else ([], False)
-            # memory's turns, and the backend's too once it has nothing left
-            from_memory = self._take_memory(want - len(from_disk) if ended else want - from_backend)
-            if len(from_memory) < want - from_backend and not ended:  # memory ran out: its turns go to the backend
-                more, ended = self._read_turns(want - len(from_memory) - len(from_disk), read_many)
-                from_disk += more
-            turns = len(from_disk) + len(from_memory)
-            if not turns:
-                break
-            first, second = (from_disk, from_memory) if backend_first else (from_memory, from_disk)
-            k = min(len(first), len(second))
-            taken: list[Any] = [None] * (2 * k)
-            taken[0::2] = first[:k]
-            taken[1::2] = second[:k]
-            taken += first[k:]
-            taken += second[k:]
-            if turns & 1:  # toggled an odd number of times
-                self._take_backend = backend_first
-            burst += [m for m in taken if m is not None] if None in from_disk else taken
-            if ended and not self.memory:
-                break
-
-    def _read_turns(
-        self, n: int, read_many: Callable[[int], list[tuple[bytes, object]]]
-    ) -> tuple[list[Message | None], bool]:
-        """The backend's next ``n`` turns: its messages, None for one whose deliver-at
-        time is to come (it waits: :meth:`_wait`); and whether it ran out. A
-        record that does not decode takes no turn, as in :meth:`_next`."""
-        backend = self.backend
-        take_deferred = backend.take_deferred
-        decode = Message.decode
-        out: list[Message | None] = []
-        now_ns = None
-        while len(out) < n:
-            asked = n - len(out)
-            records = read_many(asked)
-            for data, ref in records:
-                try:
-                    msg = decode(data)
-                except ValueError as e:
-                    self.ctx.log.error("failed to decode message - {err}", err=e)
-                    backend.done(ref)
-                    continue
-                msg.ref = ref
-                at = take_deferred(msg.id)
-                if at is not None:
-                    if now_ns is None:
-                        now_ns = self.ctx.now_ns()
-                    if at > now_ns:
-                        self._wait(msg, at)
-                        out.append(None)
-                        continue
-                out.append(msg)
-            if len(records) < asked:
-                return out, True
-        return out, False
-
-    def _wait(self, msg: Message, at: int) -> None:
-        """``msg``, read from the backend, has a deliver-at time (ns) to come
-        (durable mode): it waits for it (a channel's deferred queue)."""
-        raise NotImplementedError
 
     def _next_item(self) -> tuple[Item | None, object | None, int | None]:
         """:meth:`_next` for a queue that only hands its messages on (a topic's
