@@ -57,6 +57,15 @@ class Retained(Protocol):
     def rewind_finished(self, channel: Any, rewind: Any, completed: bool = False) -> None: ...
 
 
+class Stores(Protocol):
+    """Where topics and channels get their backend, and report what they could not
+    write at stop (nsqd_tw.core.stores.QueueStores)."""
+
+    def new_backend(self, name: str, ephemeral: bool) -> IBackendQueue: ...
+    def could_not_save(self, queue: str, lost: int, total: int, err: Exception) -> None: ...
+    def could_not_close(self, what: str, err: Exception) -> None: ...
+
+
 class Context(Protocol):
     """What topics and channels need of their nsqd (the NSQD)."""
 
@@ -74,16 +83,17 @@ class Context(Protocol):
     def now(self) -> float: ...
     def now_ns(self) -> int: ...
     def schedule(self, fn: Any) -> None: ...
-    def new_backend(self, name: str, ephemeral: bool) -> IBackendQueue: ...
     def set_health(self, err: BaseException | None) -> None: ...
     def metadata_changed(self, topic_name: str | None = None) -> None: ...
-    def could_not_save(self, queue: str, lost: int, total: int, err: Exception) -> None: ...
-    def could_not_close(self, what: str, err: Exception) -> None: ...
-    def policy_changed(self, queue: Any) -> None: ...
-    def dead_letter(self, channel: Any, target: str, msg: Message, why: str) -> bool: ...
-    def after_sync(self, fn: Any) -> None: ...
 
+    @property
+    def stores(self) -> Stores: ...
+
+    # beyond Go: the settings the flags give every queue; the TTL sweep (core/expiry.py),
+    # told when a queue's policy changes; dead letters (core/deadletters.py)
     settings_defaults: dict[str, Any]
+    expiry: Any
+    dead_letters: Any
 
     loading: bool
 
@@ -118,7 +128,7 @@ class MessageQueue:
         self._mem_bytes = opts.mem_queue_bytes  # 0: no budget in bytes
         self.memory: deque[Item] = deque()
         self.memory_bytes = 0  # the bodies' bytes in self.memory
-        self.backend = ctx.new_backend(backend_name, ephemeral)
+        self.backend = ctx.stores.new_backend(backend_name, ephemeral)
         self._take_backend = False
         # beyond Go: the queue's own settings and what applies (see nsqd_tw.core.settings)
         self.own_settings: dict[str, Any] = {}
@@ -140,7 +150,7 @@ class MessageQueue:
     def set_policy(self, policy: Policy) -> None:
         if policy != self.policy:
             self.policy = policy
-            self.ctx.policy_changed(self)
+            self.ctx.expiry.policy_changed(self)
 
     # -- beyond Go: what TTL expiry and bounds use (nsqd_tw.core.expiry, .bounds) ------------
 
@@ -357,7 +367,7 @@ class MessageQueue:
         all_items: list[Item] = [*items, *deferred]
         saved, err = self._put_what_fits([m if isinstance(m, bytes) else m.encode() for m in all_items])
         if err is not None:
-            self.ctx.could_not_save(self.save_name, len(all_items) - saved, len(all_items), err)
+            self.ctx.stores.could_not_save(self.save_name, len(all_items) - saved, len(all_items), err)
         self._remember_delays(items[:saved])
         for d in deferred[: max(0, saved - len(items))]:
             self.backend.set_deferred(d.id, int(d.pri * 1e9))
