@@ -1,7 +1,15 @@
-"""NSQD: the topics, the clients, health, storage, the queue scan and draining.
+"""NSQD: the topics, the clients, health, the queue scan, the metadata, as Go's nsqd/nsqd.go.
 
 One reactor thread owns all of it. Time and scheduling come from the injected
 reactor (any ``IReactorTime``), so tests drive it with ``task.Clock``.
+
+What Go's nsqd does not have lives in a module of its own, which the NSQD, its
+topics and channels reach through an attribute named for it: ``stores``
+(core/stores.py: the queues' backends, durable mode, what a stop could not
+write), ``drain`` (core/drain.py), ``shipper`` and ``standby`` (core/roles.py:
+replication), ``expiry``, ``dead_letters``, ``retention`` (core/expiry.py,
+core/deadletters.py, core/retention.py). The layers above hook in through its
+base class (core/hooks.py).
 """
 
 from __future__ import annotations
@@ -15,7 +23,6 @@ from typing import Any, Protocol
 from twisted.application import service
 from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
-from twisted.python.failure import Failure
 
 from nsq_service.limits import RateLimitedLog
 from nsq_service.log import LogGate
@@ -28,6 +35,7 @@ from nsqd_tw.core.deadletters import DeadLetters
 from nsqd_tw.core.drain import Drain, on_sigterm, start_drain
 from nsqd_tw.core.expiry import ExpirySweep
 from nsqd_tw.core.guid import GUIDFactory
+from nsqd_tw.core.hooks import Hooks
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.metadata import (
     METADATA_FILE,
@@ -70,8 +78,10 @@ def memory_backend_factory(name: str, ephemeral: bool) -> IBackendQueue:
     return MemoryBackendQueue(name)
 
 
-class NSQD(service.Service):
-    """The core nsqd service. Its parent starts it first and stops it last."""
+class NSQD(Hooks, service.Service):
+    """The core nsqd service. Its parent starts it first and stops it last. What
+    the layers above hook into it (observers, the lookupds' channels of a new
+    topic) is its base class's, :class:`~nsqd_tw.core.hooks.Hooks`."""
 
     name = "nsqd"
 
@@ -89,6 +99,7 @@ class NSQD(service.Service):
             from twisted.internet import reactor as _reactor
 
             reactor = _reactor  # type: ignore[assignment]
+        Hooks.__init__(self)
         self.opts = opts
         # this server's --log-level: what it creates logs through loggers of this gate
         self.log_gate = LogGate(opts.log_level)
@@ -136,36 +147,6 @@ class NSQD(service.Service):
         self.shipper: Shipper | None = None
         self.standby: StandbyError | None = None
         self.replication: Any = None
-
-        # who is told of changes (see observe_changes, observe_options, set_channel_source)
-        self._change_observers: list[Callable[[str, Topic | Channel], None]] = []
-        self._option_observers: list[Callable[[str], None]] = []
-        self._closed_observers: list[Callable[[bool], None]] = []
-        self._channel_source: Callable[[str], defer.Deferred[list[str]] | None] | None = None
-        # topics waiting for their channels from the lookupds, and who waits for their start
-        self._starting: dict[Topic, list[defer.Deferred[None]]] = {}
-
-    # -- observers ----------------------------------------------------------
-
-    def observe_changes(self, observer: Callable[[str, Topic | Channel], None]) -> None:
-        """Call ``observer(what, obj)`` when a topic or channel is created or deleted
-        (``topic_created``, ``topic_deleted``, ``channel_created``, ``channel_deleted``)."""
-        self._change_observers.append(observer)
-
-    def observe_options(self, observer: Callable[[str], None]) -> None:
-        """Call ``observer(name)`` when an option changes at run time (PUT /config)."""
-        self._option_observers.append(observer)
-
-    def observe_closed(self, observer: Callable[[bool], None]) -> None:
-        """Call ``observer(clean)`` once the queues are closed at stop (``clean``:
-        everything they held was written)."""
-        self._closed_observers.append(observer)
-
-    def set_channel_source(self, source: Callable[[str], defer.Deferred[list[str]] | None]) -> None:
-        """``source(topic)`` names the channels a new topic must have before its
-        messages flow (nsqlookupd knows them), or None; messages published
-        meanwhile are held by the topic."""
-        self._channel_source = source
 
     # -- time and scheduling --------------------------------------------
 
@@ -248,52 +229,8 @@ class NSQD(service.Service):
         self._changed("topic_created", topic)
         if self.loading or replicated:
             return topic  # started once its channels are loaded (or its primary's topic starts)
-        query = self._channel_source(name) if self._channel_source is not None else None
-        if query is None:
-            topic.start()
-            return topic
-
-        # messages published meanwhile are held by the topic, not lost
-        self._starting[topic] = []
-
-        def create(channels: list[str]) -> None:
-            if self.topics.get(name) is not topic or topic.exiting:
-                return
-            for channel in channels:
-                if is_valid_channel_name(channel) and not channel.endswith("#ephemeral"):
-                    # what the cluster has (for a topic made before a drain began) is no new channel
-                    topic.get_channel(channel, while_draining=True)
-
-        def start(result: Any) -> Any:
-            if isinstance(result, Failure):
-                self.log.failure("failed to pre-create channels for topic {name}", result, name=name)
-            if not topic.exiting:
-                topic.start()
-            for waiter in self._starting.pop(topic, ()):
-                waiter.callback(None)
-
-        query.addCallback(create).addBoth(start)
+        self._start_topic(topic)  # once the lookupds' channels for it exist, as Go's GetTopic
         return topic
-
-    def topic_ready(self, name: str) -> defer.Deferred[None] | None:
-        """Create the topic if it does not exist (as :meth:`get_topic`); a Deferred
-        that fires once it has started if this call created it and it waits for the
-        lookupds' channels, else None.
-
-        Go's GetTopic returns only then, so the command that creates a topic is
-        answered after the topic's channels exist and its messages flow: a client
-        that publishes and then subscribes finds them flowing. Other commands
-        meanwhile do not wait (their messages are held by the topic), as in Go.
-        """
-        if name in self.topics:
-            return None
-        topic = self.get_topic(name)
-        waiters = self._starting.get(topic)
-        if waiters is None:
-            return None
-        d: defer.Deferred[None] = defer.Deferred()
-        waiters.append(d)
-        return d
 
     def publish(self, topic_name: str, bodies: list[bytes], delay: float = 0.0) -> defer.Deferred[None] | None:
         """Publish message bodies to a topic (created if needed): :meth:`publish_to`
@@ -379,14 +316,6 @@ class NSQD(service.Service):
         """An ephemeral topic lost its last channel: delete it."""
         if self.topics.get(topic.name) is topic:
             self.delete_existing_topic(topic.name)
-
-    def options_changed(self, name: str) -> None:
-        """An option changed at run time (PUT /config/...): tell the observers."""
-        for observer in self._option_observers:
-            try:
-                observer(name)
-            except Exception:
-                self.log.failure("option observer failed for {name}", name=name)
 
     def _changed(self, what: str, obj: Topic | Channel) -> None:
         if not obj.ephemeral:
