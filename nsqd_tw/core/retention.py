@@ -42,7 +42,7 @@ class Owner(Protocol):
     """What the retained logs and rewinds need of their nsqd (the NSQD)."""
 
     opts: NSQDOptions
-    shipper: Any  # a replication primary's Shipper (core/nsqd.py), or None
+    shipper: Any  # a replication primary's Shipper (core/roles.py), or None
     log: Any
     syncer: Syncer
     data_dir: DataDirectory
