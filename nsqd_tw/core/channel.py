@@ -9,29 +9,25 @@ scheduling come from the ``ctx`` (the NSQD) it was made with.
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from nsq_wire.message import ID_OFFSET, MESSAGE_HEADER_LENGTH
 from nsq_wire.names import is_ephemeral
 from nsqd_tw.core.bounds import trim
+from nsqd_tw.core.channelqueue import ChannelError, ChannelQueue
 from nsqd_tw.core.deadletters import dead_at_return, expired_to_dead_letter
-from nsqd_tw.core.expiry import step_over_expired
+from nsqd_tw.core.expiry import deliver_one
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.pqueue import DeferredQueue, TimeoutQueue
 from nsqd_tw.core.quantile import Quantile, new_latency_quantile
-from nsqd_tw.core.queue import BYTES, Context, Item, MessageQueue, as_items, body_size
+from nsqd_tw.core.queue import Context, as_items
+from nsqd_tw.core.skips import unskipped
 
 if TYPE_CHECKING:
-    from nsqd_tw.core.rewind import Rewind
+    from nsqd_tw.core.rewind import Copies, Rewind
 
 # the most bytes of bodies one burst to a consumer carries
 BURST_BYTES = 1 << 20
-
-
-class ChannelError(Exception):
-    """A refused channel operation; ``str()`` is Go's text."""
 
 
 class Consumer(Protocol):
@@ -50,7 +46,7 @@ class Consumer(Protocol):
     def close(self) -> None: ...
 
 
-class Channel(MessageQueue):
+class Channel(ChannelQueue):
     write_error = "CHANNEL({name}): failed to write message to backend - {err}"
 
     @property
@@ -75,10 +71,8 @@ class Channel(MessageQueue):
         self._rr = 0
         self.more_scheduled = False  # a delivery that stepped over many expired goes on next turn
         self.rewind: Rewind | None = None  # beyond Go: retained messages it is getting again
-        # a rewind's copies may meet the messages they copy: no ID is in flight twice
-        self.copies = False
-        # a rewind read to its end whose copies are not all finished: done again after a kill
-        self.rewind_pending: dict[str, Any] | None = None
+        # a rewind's copies may meet the messages they copy: no ID is in flight twice (core/rewind.py)
+        self.copies: Copies | None = None
 
         self.message_count = 0
         self.requeue_count = 0
@@ -87,7 +81,7 @@ class Channel(MessageQueue):
         self.finish_count = 0
         self.duplicate_count = 0  # beyond Go: copies not delivered, their message in flight (rewinds)
         # beyond Go, a replication standby's channel: how many copies of each message ID
-        # its primary finished or superseded that are still queued here (see skip())
+        # its primary finished or superseded that are still queued here (core/skips.py)
         self.skips: dict[bytes, int] = {}
         # --e2e-processing-latency-percentile: publish to FIN (Go's), and (beyond Go)
         # delivery to FIN, the consumer's own time; both or neither
@@ -110,99 +104,28 @@ class Channel(MessageQueue):
         self.stage(as_items(msgs), keep_on_failure)
         self._dispatch()
 
-    def stage(self, items: Sequence[Item], keep_on_failure: bool = False) -> Callable[[], None]:
-        """Queue what the topic publishes (records, and deferred messages by their
-        delay) without delivering it, and return a function that takes it back.
-
-        Memory first, then the backend, in one write for the batch. If that
-        write fails the error is raised and nothing of the batch stays queued,
-        unless ``keep_on_failure`` (they came from a backlog nobody else holds),
-        when they stay in memory. A topic stages a publish in every channel
-        before delivering it, so that a failure in one takes it back from all.
-        """
-        if self.exiting:
-            raise ChannelError("exiting")
-        to_backend: list[Item] = []
-        in_memory = 0
-        deferred_ids: list[bytes] = []
-        now = None
-        memory, mem_size, mem_bytes = self.memory, self._mem_size, self._mem_bytes
-        # beyond Go: a retained topic's backlog kept as runs of its log takes every
-        # publish until it is read (storage/spill.py)
-        spilling = getattr(self.backend, "spilling", False)
-        items_left: Sequence[Item] = items
-        if not self.ephemeral and all(map(isinstance, items, BYTES)):  # records only (no DPUB)
-            if not (spilling or mem_bytes):  # what memory has room for in one go, the rest to the backend
-                in_memory = self._hold_records(items)  # type: ignore[arg-type]
-                to_backend = list(items[in_memory:])
-                items_left = ()
-            elif spilling or len(memory) >= mem_size:  # memory is full: every record to the backend
-                to_backend = list(items)
-                items_left = ()
-        for item in items_left:  # _room_for and _hold inlined below: once per message published
-            if not isinstance(item, bytes):  # deferred
-                if now is None:
-                    now = self.ctx.now()
-                if self.backend.acked:
-                    to_backend.append(item)  # durable: on disk, with its deliver-at time
-                elif item.id not in self.deferred:
-                    self.deferred.push(item, now + item.deferred)
-                    deferred_ids.append(item.id)
-                continue
-            size = len(item) - MESSAGE_HEADER_LENGTH
-            if not spilling and (
-                (len(memory) < mem_size and (not mem_bytes or self.memory_bytes + size <= mem_bytes))
-                # Go hands an ephemeral message straight to a waiting consumer even
-                # when its memory queue is full (or 0), and drops it otherwise
-                or (self.ephemeral and len(memory) < self._spare_capacity())
-            ):
-                memory.append(item)
-                self.memory_bytes += size
-                in_memory += 1
-            elif not self.ephemeral:
-                to_backend.append(item)
-        mark = None
-        if to_backend:
-            try:
-                mark = self._write(to_backend)
-            except Exception:
-                if not keep_on_failure:
-                    self._take_back(in_memory, deferred_ids, None, [])
-                    raise
-                for m in to_backend:
-                    if not isinstance(m, bytes):
-                        self.deferred.push(m, self.ctx.now() + m.deferred)
-                    else:
-                        self._hold(m)
-                self.message_count += len(items)
-                raise
-        self.message_count += len(items)
-
-        def take_back() -> None:
-            self._take_back(in_memory, deferred_ids, mark, to_backend)
-            self.message_count -= len(items)
-
-        return take_back
-
-    def _take_back(self, in_memory: int, deferred_ids: list[bytes], mark: object, written: list[Item]) -> None:
-        self._unhold(in_memory)
-        for msg_id in deferred_ids:
-            self.deferred.remove(msg_id)
-        if mark is not None:
-            self._unwrite(mark, written)
-
-    def _back(self, msg: Message) -> None:
+    def _back(self, msg: Message, delay: float = 0.0) -> None:
         """A message delivered comes back (REQ, timeout, its consumer gone): queued
-        again, or past ``max_attempts`` moved to the dead-letter topic."""
+        again, or deferred for ``delay`` seconds, or past ``max_attempts`` moved to
+        the dead-letter topic."""
         shipper = self.ctx.shipper
-        if not dead_at_return(self, msg):
-            self._put(msg)
+        if dead_at_return(self, msg):
             if shipper is not None:
-                shipper.requeued(self, msg, 0.0)
-            if self.trims:
-                trim(self)
-        elif shipper is not None:
-            shipper.gone(self, (msg.id,))
+                shipper.gone(self, (msg.id,))
+            return
+        if not delay:
+            self._put(msg)
+        elif msg.id in self.deferred:
+            return
+        else:
+            due = self.ctx.now() + delay
+            self.deferred.push(msg, due)
+            if msg.ref is not None:
+                self.backend.set_deferred(msg.id, int(due * 1e9))  # survives a crash too
+        if shipper is not None:
+            shipper.requeued(self, msg, delay)
+        if self.trims:
+            trim(self)
 
     def expired(self, msg: Message) -> None:
         if not expired_to_dead_letter(self, msg):
@@ -217,41 +140,10 @@ class Channel(MessageQueue):
         if self.ctx.shipper is not None:  # expired or trimmed: gone on the standby too
             self.ctx.shipper.gone(self, (msg.id,))
 
-    def _put(self, msg: Message) -> None:
-        """Queue a message coming back (REQ, timeout, release): it is never dropped."""
-        if (
-            msg.ref is not None  # read in durable mode: still on disk, owned until done
-            or self._room_for(msg)
-            or (self.ephemeral and len(self.memory) < self._spare_capacity())
-        ):
-            self._hold(msg)
-            return
-        if self.ephemeral:
-            return
-        try:
-            self._write([msg])
-        except Exception:
-            self._hold(msg)  # keep it rather than lose it; health tells the operator
-
     def _spare_capacity(self) -> int:
         if self.paused:
             return 0
         return sum(max(0, c.ready_count - c.in_flight_count) for c in self._consumers if not c.blocked)
-
-    def take_next(self) -> Message | None:
-        """The next queued message due now; one deferred (durable mode) waits its time."""
-        msg, at = self._next()
-        return msg if at is None else self._due(msg, at)
-
-    def _due(self, msg: Message | None, at: int | None) -> Message | None:
-        """``msg`` has a deliver-at time (ns; durable mode): it waits in the deferred
-        queue if that is to come, and the next message due now is returned."""
-        now_ns = self.ctx.now_ns()
-        while at is not None and at > now_ns:
-            assert msg is not None
-            self.deferred.push(msg, at / 1e9)
-            msg, at = self._next()
-        return msg
 
     def _dispatch(self) -> None:
         """Send queued messages to consumers with RDY capacity, round-robin: each
@@ -262,8 +154,8 @@ class Channel(MessageQueue):
             return
         queued = len(self.memory) + self.backend.depth()
         if not queued:
-            if self.copies:
-                self._copies_gone()
+            if self.copies is not None:
+                self.copies.gone(self)
             if self.skips and not self.in_flight and not self.deferred:
                 self.skips.clear()  # (a promoted standby's) counts of copies it never had
             return
@@ -297,7 +189,7 @@ class Channel(MessageQueue):
                 continue
             misses = 0
             if expire_before or c.sample_rate:
-                if not self._deliver_one(c, now, expire_before):
+                if not deliver_one(self, c, now, expire_before):
                     break
                 continue
             want = room if room < share else share
@@ -305,9 +197,9 @@ class Channel(MessageQueue):
             taken = len(burst)
             if burst:
                 if self.skips:
-                    burst = self._unskipped(burst)
-                if self.copies:
-                    burst = self._unique(burst)
+                    burst = unskipped(self, burst)
+                if self.copies is not None:
+                    burst = self.copies.unique(self, burst)
                 push_many(burst, now + c.msg_timeout)
                 c.send_messages(burst)
             if taken < want:
@@ -318,223 +210,14 @@ class Channel(MessageQueue):
                 share = min(most, max(1, -(-queued // ready)))
         self._rr = i % n
 
-    def _take(self, n: int, client_id: int, now: float) -> list[Message]:
-        """Up to ``n`` queued messages due now, memory and backend in turns as
-        :meth:`_next` takes them, as delivered to consumer ``client_id`` at ``now``
-        (an attempt more)."""
-        burst: list[Message] = []
-        backend = self.backend
-        if not backend.depth():  # memory alone: once per message delivered
-            burst = self._take_memory(n)
-            if len(burst) & 1:  # as many turns as _next would have taken
-                self._take_backend = not self._take_backend
-        elif (read_many := getattr(backend, "read_many", None)) is not None:
-            self._take_both(burst, n, read_many)
-        else:  # a backend without read_many (an embedder's): one at a time
-            next_ = self._next
-            while len(burst) < n:
-                msg, at = next_()
-                if at is not None:
-                    msg = self._due(msg, at)
-                if msg is None:
-                    break
-                burst.append(msg)
-        for msg in burst:
-            if msg.attempts < 65535:  # the wire's 16 bits stay full instead of wrapping to 0 (nsqio/nsq#1397)
-                msg.attempts += 1
-            msg.client_id = client_id
-            msg.delivery_ts = now
-        return burst
-
-    def _take_memory(self, n: int) -> list[Message]:
-        """Up to ``n`` messages from memory, decoded."""
-        taken: list[Message] = []
-        memory = self.memory
-        decode = Message.decode
-        size = 0
-        while memory and len(taken) < n:
-            held = memory.popleft()
-            if isinstance(held, bytes):
-                size += len(held) - MESSAGE_HEADER_LENGTH
-                held = decode(held)
-            else:
-                size += len(held.body)
-            taken.append(held)
-        self.memory_bytes -= size
-        return taken
-
-    def _take_both(self, burst: list[Message], n: int, read_many: Callable[[int], list[tuple[bytes, object]]]) -> None:
-        """:meth:`_take` with records in the backend, in :meth:`_next`'s turns: the
-        ``i``-th call prefers the backend iff the flag toggled ``i + 1`` times is
-        True, and takes the other source when the preferred one has nothing left;
-        the flag is left as that many calls leave it. The backend's turns are read
-        in runs; a record with a deliver-at time to come takes its turn and waits
-        in the deferred queue."""
-        while len(burst) < n:
-            want = n - len(burst)
-            backend_first = not self._take_backend  # the flag once toggled
-            # the backend's turns of the next ``want``: every other one, the first included if backend_first
-            from_backend = (want + backend_first) // 2 if self.memory else want
-            from_disk, ended = self._read_turns(from_backend, read_many) if from_backend else ([], False)
-            # memory's turns, and the backend's too once it has nothing left
-            from_memory = self._take_memory(want - len(from_disk) if ended else want - from_backend)
-            if len(from_memory) < want - from_backend and not ended:  # memory ran out: its turns go to the backend
-                more, ended = self._read_turns(want - len(from_memory) - len(from_disk), read_many)
-                from_disk += more
-            turns = len(from_disk) + len(from_memory)
-            if not turns:
-                break
-            first, second = (from_disk, from_memory) if backend_first else (from_memory, from_disk)
-            k = min(len(first), len(second))
-            taken: list[Any] = [None] * (2 * k)
-            taken[0::2] = first[:k]
-            taken[1::2] = second[:k]
-            taken += first[k:]
-            taken += second[k:]
-            if turns & 1:  # toggled an odd number of times
-                self._take_backend = backend_first
-            burst += [m for m in taken if m is not None] if None in from_disk else taken
-            if ended and not self.memory:
-                break
-
-    def _read_turns(
-        self, n: int, read_many: Callable[[int], list[tuple[bytes, object]]]
-    ) -> tuple[list[Message | None], bool]:
-        """The backend's next ``n`` turns: its messages, None for one whose deliver-at
-        time is to come (moved to the deferred queue); and whether it ran out. A
-        record that does not decode takes no turn, as in :meth:`_next`."""
-        backend = self.backend
-        take_deferred = backend.take_deferred
-        decode = Message.decode
-        out: list[Message | None] = []
-        now_ns = None
-        while len(out) < n:
-            asked = n - len(out)
-            records = read_many(asked)
-            for data, ref in records:
-                try:
-                    msg = decode(data)
-                except ValueError as e:
-                    self.ctx.log.error("failed to decode message - {err}", err=e)
-                    backend.done(ref)
-                    continue
-                msg.ref = ref
-                at = take_deferred(msg.id)
-                if at is not None:
-                    if now_ns is None:
-                        now_ns = self.ctx.now_ns()
-                    if at > now_ns:
-                        self.deferred.push(msg, at / 1e9)
-                        out.append(None)
-                        continue
-                out.append(msg)
-            if len(records) < asked:
-                return out, True
-        return out, False
-
-    def _deliver_one(self, c: Consumer, now: float, expire_before: int) -> bool:
-        """One message to ``c``, for a channel with a TTL or a consumer with a sample
-        rate: False when nothing is queued (due now)."""
-        msg = self.take_next()
-        while msg is not None and self.skips and self._skipped(msg.id):
-            self._forget(msg)  # (a promoted standby) finished on its old primary
-            msg = self.take_next()
-        if expire_before and msg is not None and msg.timestamp < expire_before:
-            msg = step_over_expired(self, msg, expire_before)
-        if msg is None:
-            return False
-        if self.copies and msg.id in self.in_flight:
-            self._drop_copy(msg)
-            return True
-        if c.sample_rate and random.randrange(100) > c.sample_rate:
-            if self.ctx.shipper is not None:
-                self.ctx.shipper.gone(self, (msg.id,))
-            return True  # sampled out: gone from the channel, as in Go
-        if msg.attempts < 65535:
-            msg.attempts += 1
-        msg.client_id = c.id
-        msg.delivery_ts = now
-        self.in_flight.push(msg, now + c.msg_timeout)
-        c.send_messages([msg])
-        return True
-
     def kick(self) -> None:
         """A consumer may have gained capacity (RDY, FIN, REQ, unpause)."""
         if self.memory or self.backend.depth():
             self._dispatch()
-        elif self.copies:
-            self._copies_gone()
+        elif self.copies is not None:
+            self.copies.gone(self)
         if self.rewind is not None:
             self.rewind.poke()
-
-    def is_clear(self) -> bool:
-        """Nothing queued, in flight or deferred: every copy a rewind queued is finished."""
-        return not self.memory and not self.in_flight and not self.deferred and not self.backend.depth()
-
-    def _copies_gone(self) -> None:
-        """Nothing queued: once nothing is in flight or deferred either, no copy
-        of a rewind is left (and a rewind read to its end is over for good)."""
-        if self.rewind is None and not self.in_flight and not self.deferred:
-            self.copies = False
-            if self.rewind_pending is not None:
-                self.rewind_pending = None
-                if not self.ephemeral:
-                    self.ctx.metadata_changed(self.topic_name)
-
-    def _unique(self, burst: list[Message]) -> list[Message]:
-        """A burst without the copies of a message already in flight (a rewind's
-        copy meeting its original): the consumer has that message, a second
-        copy under the same ID could not be told apart by FIN."""
-        in_flight = self.in_flight
-        ids: set[bytes] = set()
-        out = []
-        for msg in burst:
-            if msg.id in in_flight or msg.id in ids:
-                self._drop_copy(msg)
-            else:
-                ids.add(msg.id)
-                out.append(msg)
-        return out
-
-    def _drop_copy(self, msg: Message) -> None:
-        self.duplicate_count += 1
-        if msg.ref is not None:
-            self.backend.done(msg.ref)
-        if self.ctx.shipper is not None:
-            self.ctx.shipper.gone(self, (msg.id,))
-
-    def feed(self, records: list[bytes]) -> None:
-        """A rewind's records (beyond Go): queued in memory behind what is there,
-        whatever --mem-queue-size (the rewind keeps to a few MiB), then delivered."""
-        self.memory.extend(records)
-        self.memory_bytes += sum(map(len, records)) - MESSAGE_HEADER_LENGTH * len(records)
-        self.message_count += len(records)
-        if self.ctx.shipper is not None:
-            self.ctx.shipper.fed(self, records)
-        self._dispatch()
-
-    def cancel_rewind(self, why: str) -> None:
-        rewind = self.rewind
-        if rewind is not None:
-            self.ctx.log.info(
-                "CHANNEL({topic}:{name}): rewind since {since} cancelled ({why}), {left} messages left",
-                topic=self.topic_name,
-                name=self.name,
-                since=rewind.since_text(),
-                why=why,
-                left=rewind.left,
-            )
-            self.ctx.retention.rewind_finished(self, rewind)
-
-    def rewind_state(self) -> dict[str, Any] | None:
-        """What nsqd.dat keeps of its rewind: where to read again from after a
-        kill (its copies finished up to there), ``{}`` when only copies may be
-        left (a clean stop saved them), None when nothing is."""
-        if self.rewind is not None:
-            return self.rewind.state()
-        if self.rewind_pending is not None:
-            return self.rewind_pending
-        return {} if self.copies else None
 
     # -- consumers -------------------------------------------------------
 
@@ -626,22 +309,8 @@ class Channel(MessageQueue):
         if delay <= 0:
             if self.exiting:
                 raise ChannelError("exiting")
-            self._back(msg)
-            return
-        shipper = self.ctx.shipper
-        if dead_at_return(self, msg):
-            if shipper is not None:
-                shipper.gone(self, (msg.id,))
-            return
-        if msg.id not in self.deferred:
-            due = self.ctx.now() + delay
-            self.deferred.push(msg, due)
-            if msg.ref is not None:
-                self.backend.set_deferred(msg.id, int(due * 1e9))  # survives a crash too
-            if shipper is not None:
-                shipper.requeued(self, msg, delay)
-            if self.trims:
-                trim(self)
+            delay = 0.0
+        self._back(msg, delay)
 
     def touch_message(self, client_id: int, msg_id: bytes, timeout: float) -> None:
         msg = self._pop_in_flight(client_id, msg_id)
@@ -708,7 +377,8 @@ class Channel(MessageQueue):
         """Drop every queued, in-flight and deferred message (and a rewind's rest)."""
         if self.ctx.shipper is not None and not self.exiting:
             self.ctx.shipper.control("channel_empty", self)
-        self.cancel_rewind("channel emptied")
+        if self.rewind is not None:
+            self.rewind.cancel("channel emptied")
         self.in_flight.clear()
         self.deferred.clear()
         for client in self._consumers:
@@ -716,101 +386,23 @@ class Channel(MessageQueue):
         self._empty()
         self.skips.clear()
 
-    # -- beyond Go: a replication standby's channel ------------------------------------
-
-    def skip(self, ids: Sequence[bytes]) -> None:
-        """The primary is done with a copy of each of ``ids`` (finished, expired,
-        trimmed, dead-lettered): the next copy of each met here is dropped."""
-        skips = self.skips
-        for msg_id in ids:
-            skips[msg_id] = skips.get(msg_id, 0) + 1
-        self.compact()
-
-    def supersede(self, msg: Message, delay: float) -> None:
-        """The primary queued ``msg`` again (REQ, timeout, its consumer gone), after
-        ``delay`` seconds: its copy here gives way to this one, which keeps the
-        attempts and the delay the primary gave it."""
-        old = self.deferred.remove(msg.id)
-        if old is None:
-            self.skips[msg.id] = self.skips.get(msg.id, 0) + 1
-        elif old.ref is not None:
-            self.backend.done(old.ref)
-        msg.deferred = delay
-        self.stage([msg] if delay else [msg.encode()])
-        self.compact()
-
-    def compact(self) -> None:
-        """Drop the skipped copies at the heads of memory and the backend, so the
-        standby's queues shrink as the primary's consumers finish (counts left
-        once nothing is held here are of copies this channel never had)."""
-        skips = self.skips
-        if not skips:
-            return
-        memory, backend = self.memory, self.backend
-        head = getattr(backend, "head", None)
-        while True:
-            moved = False
-            while memory:
-                held = memory[0]
-                msg_id = held[ID_OFFSET:MESSAGE_HEADER_LENGTH] if isinstance(held, bytes) else held.id
-                if not self._skipped(msg_id):
-                    break
-                memory.popleft()
-                self.memory_bytes -= body_size(held)
-                if not isinstance(held, bytes) and held.ref is not None:
-                    backend.done(held.ref)
-                moved = True
-            if backend.depth():
-                record = head() if head is not None else next(iter(backend.peek(1)), None)
-                if record is not None and self._skipped(record[ID_OFFSET:MESSAGE_HEADER_LENGTH]):
-                    read = backend.read()
-                    if read is not None:
-                        backend.done(read[1])
-                        backend.take_deferred(read[0][ID_OFFSET:MESSAGE_HEADER_LENGTH])
-                    moved = True
-            if not moved or not skips:
-                break
-        if not memory and not backend.depth() and not self.deferred:
-            skips.clear()
-
-    def _unskipped(self, burst: list[Message]) -> list[Message]:
-        """A promoted standby's burst without the copies its old primary finished
-        or superseded (one check per burst while any count is left)."""
-        out = []
-        for msg in burst:
-            if self.skips and self._skipped(msg.id):
-                self._forget(msg)
-            else:
-                out.append(msg)
-        return out
-
-    def _forget(self, msg: Message) -> None:
-        if msg.ref is not None:
-            self.backend.done(msg.ref)
-
-    def _skipped(self, msg_id: bytes) -> bool:
-        """Whether a copy of ``msg_id`` is to be dropped (and count it dropped)."""
-        n = self.skips.get(msg_id)
-        if not n:
-            return False
-        if n == 1:
-            del self.skips[msg_id]
-        else:
-            self.skips[msg_id] = n - 1
-        return True
-
     def delete(self) -> None:
         """Close consumers, drop everything, delete the backend."""
         self.exiting = True
         self.ctx.log.info("CHANNEL({name}): deleting", name=self.name)
-        self.cancel_rewind("channel deleted")
+        if self.rewind is not None:
+            self.rewind.cancel("channel deleted")
         self._close_clients()
         self.empty()
         self.backend.delete()
 
     def is_empty(self) -> bool:
-        """Nothing queued, in flight or deferred."""
+        """Nothing queued, in flight or deferred (every copy a rewind queued is finished)."""
         return not self.in_flight and not self.deferred and not self.depth()
+
+    def rewind_state(self) -> dict[str, Any] | None:
+        """What nsqd.dat keeps of its rewind (beyond Go: :meth:`Copies.state`)."""
+        return self.copies.state(self) if self.copies is not None else None
 
     def close(self, retire_empty: bool = False) -> None:
         """Close consumers and hand everything still held to the backend.
@@ -819,18 +411,8 @@ class Channel(MessageQueue):
         retire = retire_empty and self.is_empty()
         self.exiting = True
         self.ctx.log.info("CHANNEL({name}): closing", name=self.name)
-        if self.rewind is not None or self.rewind_pending is not None:
-            if self.rewind is not None:
-                rewind = self.rewind
-                # its copies in memory are not saved below (after the start they would be delivered
-                # in turns with the copies it reads on): it reads them again, in order
-                rewind.take_back()
-                rewind.safe = rewind.reader.position  # what else it queued is saved with the rest below
-                rewind.close()  # its position stays, for nsqd.dat
-            else:
-                self.rewind_pending = {}  # its copies are saved below: nothing to read again
-            if not self.ephemeral:
-                self.ctx.metadata_changed(self.topic_name)  # nsqd.dat, written after the close, says so
+        if self.copies is not None:
+            self.copies.close(self)  # before its memory is saved below
         self._close_clients()
         self._flush()
         self._release_backend(retire)

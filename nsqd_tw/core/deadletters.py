@@ -98,7 +98,10 @@ def dead_letter(channel: Channel, msg: Message, why: str) -> bool:
     """Publish ``msg`` to the channel's dead-letter topic (False: it has none, or
     that could not take the message: then it stays in the channel)."""
     target = channel.policy.dead_letter_to(channel.topic_name)
-    if target is None or not channel.ctx.dead_letter(channel, target, msg, why):
+    if target is None:
+        return False
+    dead_letters = channel.ctx.dead_letters
+    if not dead_letters.move(channel, target, msg, why):
         return False
     ref = msg.ref
     if ref is not None:  # durable: done once the copy is on disk; a crash before leaves it in both
@@ -107,7 +110,7 @@ def dead_letter(channel: Channel, msg: Message, why: str) -> bool:
             if not channel.exiting:  # closed meanwhile: its record stays, read again at the next start
                 channel.backend.done(ref)
 
-        channel.ctx.after_sync(done)
+        dead_letters.after_sync(done)
     channel.dead_letter_count += 1
     return True
 
@@ -234,6 +237,12 @@ class DeadLetters:
             self.nsqd.queue_events.emit(
                 (c.topic_name, c.name, "arrived expired"), LogLevel.info, _arrived_expired(c, source), n=1
             )
+
+    def after_sync(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` once everything written so far is fsynced (not if the sync fails)."""
+        d = self.nsqd.syncer.commit()
+        d.addCallback(lambda _: fn())
+        d.addErrback(lambda f: None)  # the failure is logged and is the health error (QueueStores.sync_result)
 
     # -- dead_letters.json ----------------------------------------------------------
 

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from twisted.internet.task import LoopingCall
 
+from nsq_service.options import DURATION
 from nsq_wire.gofmt import go_duration
 from nsqd_tw.core.channel import Channel
 from nsqd_tw.core.topic import Topic
@@ -167,6 +168,47 @@ class Drain:
         self.over = True
         self.cancel()
         self._stop()
+
+
+class DrainHost(Protocol):
+    """What starting a drain needs of its nsqd (the NSQD)."""
+
+    opts: Any
+    log: Any
+    reactor: Any
+    topics: dict[str, Topic]
+    drain: Drain | None
+    request_stop: Callable[[], None]
+
+
+def on_sigterm(nsqd: DrainHost) -> bool:
+    """SIGTERM arrived: True when nsqd takes it itself (``--sigterm-mode drain``:
+    a drain starts, or goes on), False when it stops nsqd as usual."""
+    if nsqd.opts.sigterm_mode != "drain":
+        return False
+    if nsqd.drain is None:
+        start_drain(nsqd, "SIGTERM")
+    else:
+        nsqd.log.info("DRAIN: SIGTERM during the drain changes nothing (SIGINT or PUT /config/shutdown stops now)")
+    return True
+
+
+def start_drain(nsqd: DrainHost, why: str) -> None:
+    """Refuse new messages, topics and channels from now on; stop once every
+    queue is empty (see the module's docstring). A drain cannot be undone."""
+    if nsqd.drain is not None:
+        nsqd.log.info("DRAIN: already draining ({why} changes nothing)", why=why)
+        return
+    timeout = nsqd.opts.drain_timeout
+    nsqd.drain = Drain(nsqd.reactor, nsqd.log, nsqd.topics.values, timeout, lambda: nsqd.request_stop())
+    nsqd.log.info(
+        "DRAIN: started by {why}: refusing new messages, topics and channels; {left} left; stopping when "
+        "every queue is empty{limit}",
+        why=why,
+        left=nsqd.drain.left().text(),
+        limit=f" or after --drain-timeout {DURATION.show(timeout)}" if timeout else "",
+    )
+    nsqd.drain.start()
 
 
 def _seconds(seconds: float) -> str:

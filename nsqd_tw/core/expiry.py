@@ -18,12 +18,15 @@ to now and moved behind the others (a WARNING counts them), so it expires
 
 from __future__ import annotations
 
+import random
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from twisted.logger import LogLevel
 
 from nsqd_tw.core.message import Message
+from nsqd_tw.core.pqueue import TimeoutQueue
+from nsqd_tw.core.skips import forget, skipped
 
 if TYPE_CHECKING:
     from nsqd_tw.core.queue import MessageQueue
@@ -53,6 +56,9 @@ class Channel(Protocol):
     backend: Any
     exiting: bool
     more_scheduled: bool
+    in_flight: TimeoutQueue
+    skips: dict[bytes, int]
+    copies: Any  # a rewind's copies (core/rewind.py), or None
 
     def expired(self, msg: Message) -> None: ...
     def take_next(self) -> Message | None: ...
@@ -78,6 +84,34 @@ def step_over_expired(channel: Channel, msg: Message | None, expire_before: int)
     if msg is None:
         release_if_empty(channel)
     return msg
+
+
+def deliver_one(channel: Channel, c: Any, now: float, expire_before: int) -> bool:
+    """One message of ``channel`` to its consumer ``c``, for a channel with a TTL
+    or a consumer with a sample rate (``Channel._dispatch`` looks at each message
+    then): False when nothing is queued (due now)."""
+    msg = channel.take_next()
+    while msg is not None and channel.skips and skipped(channel, msg.id):
+        forget(channel, msg)  # (a promoted standby) finished on its old primary
+        msg = channel.take_next()
+    if expire_before and msg is not None and msg.timestamp < expire_before:
+        msg = step_over_expired(channel, msg, expire_before)
+    if msg is None:
+        return False
+    if channel.copies is not None and msg.id in channel.in_flight:
+        channel.copies.drop(channel, msg)
+        return True
+    if c.sample_rate and random.randrange(100) > c.sample_rate:
+        if channel.ctx.shipper is not None:
+            channel.ctx.shipper.gone(channel, (msg.id,))
+        return True  # sampled out: gone from the channel, as in Go
+    if msg.attempts < 65535:
+        msg.attempts += 1
+    msg.client_id = c.id
+    msg.delivery_ts = now
+    channel.in_flight.push(msg, now + c.msg_timeout)
+    c.send_messages([msg])
+    return True
 
 
 def _deliver_again(channel: Channel) -> None:
@@ -126,11 +160,22 @@ def expire_queue(queue: MessageQueue, before_ns: int, now_ns: int, limit: int, d
 
 
 def _redate(queue: MessageQueue, msg: Message | None, now_ns: int) -> None:
-    """``msg``, taken from a head, goes behind the others stamped ``now_ns``."""
+    """``msg``, taken from a head, goes behind the others stamped ``now_ns`` (as a
+    new record: its record in durable mode is done once the copy is written)."""
     if msg is None:
         return
     msg.timestamp = now_ns
-    queue.put_behind(msg)
+    record = msg.encode()
+    if queue._room_for(msg):
+        queue._hold(record)
+    elif not queue.ephemeral:
+        try:
+            queue._write([record])
+        except Exception:
+            queue.hold_first(msg)  # kept where it was rather than lost
+            return
+    if msg.ref is not None:
+        queue.backend.done(msg.ref)
 
 
 class SweepHost(Protocol):

@@ -1,7 +1,15 @@
-"""NSQD: the topics, the clients, health, storage, the queue scan and draining.
+"""NSQD: the topics, the clients, health, the queue scan, the metadata, as Go's nsqd/nsqd.go.
 
 One reactor thread owns all of it. Time and scheduling come from the injected
 reactor (any ``IReactorTime``), so tests drive it with ``task.Clock``.
+
+What Go's nsqd does not have lives in a module of its own, which the NSQD, its
+topics and channels reach through an attribute named for it: ``stores``
+(core/stores.py: the queues' backends, durable mode, what a stop could not
+write), ``drain`` (core/drain.py), ``shipper`` and ``standby`` (core/roles.py:
+replication), ``expiry``, ``dead_letters``, ``retention`` (core/expiry.py,
+core/deadletters.py, core/retention.py). The layers above hook in through its
+base class (core/hooks.py).
 """
 
 from __future__ import annotations
@@ -15,19 +23,19 @@ from typing import Any, Protocol
 from twisted.application import service
 from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
-from twisted.python.failure import Failure
 
 from nsq_service.limits import RateLimitedLog
 from nsq_service.log import LogGate
-from nsq_service.options import DURATION, StartError
-from nsq_wire.message import MESSAGE_HEADER_LENGTH, records
+from nsq_service.options import StartError
+from nsq_wire.message import records
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
 from nsq_wire.version import version_string
 from nsqd_tw.core.channel import Channel
 from nsqd_tw.core.deadletters import DeadLetters
-from nsqd_tw.core.drain import Drain
+from nsqd_tw.core.drain import Drain, on_sigterm, start_drain
 from nsqd_tw.core.expiry import ExpirySweep
 from nsqd_tw.core.guid import GUIDFactory
+from nsqd_tw.core.hooks import Hooks
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.metadata import (
     METADATA_FILE,
@@ -36,75 +44,18 @@ from nsqd_tw.core.metadata import (
     MetadataSnapshot,
     read_metadata,
 )
-from nsqd_tw.core.queue import Item, MessageQueue
+from nsqd_tw.core.queue import Item
 from nsqd_tw.core.retention import Retention
-from nsqd_tw.core.settings import defaults_from_options, parse_kept_settings
+from nsqd_tw.core.roles import Shipper, refuse_unshipped, set_standby, shipped
+from nsqd_tw.core.settings import defaults_from_options, loaded_settings
+from nsqd_tw.core.stores import QueueStores
 from nsqd_tw.core.topic import DrainingError, StandbyError, Topic, TopicError
 from nsqd_tw.options import NSQDOptions
 from nsqd_tw.storage.backend import DummyBackendQueue, IBackendQueue, MemoryBackendQueue
 from nsqd_tw.storage.budget import DiskBudget
-from nsqd_tw.storage.diskqueue import DiskQueue
 from nsqd_tw.storage.files import write_atomic
 from nsqd_tw.storage.layout import DataDirectory
-from nsqd_tw.storage.syncer import NEVER_BY_COUNT, Syncer
-
-
-class Shipper(Protocol):
-    """Beyond Go: what a replication primary ships to its standby
-    (:mod:`nsqd_tw.replication`); the core calls it as things change."""
-
-    @property
-    def refusal(self) -> Exception | None:
-        """Why publishes are refused now (--replication-required, no lease), or None."""
-
-    def poll(self) -> None:
-        """Before a publish: take in what the standby acknowledged meanwhile."""
-
-    def confirm(self, result: Any) -> Any:
-        """A publish on this node alone, about to be acknowledged: raises if it may
-        not be (another node may have taken over); else returns ``result``."""
-
-    def published(self, topic: Topic, items: list[Item]) -> defer.Deferred[None] | None:
-        """Messages published (records; DPUB's as deferred Messages): a Deferred that
-        fires once the standby holds them when the publisher must wait for that."""
-
-    def gone(self, channel: Channel, ids: Any) -> None:
-        """A copy of each of ``ids`` left ``channel`` for good (FIN, TTL, trim, dead letter)."""
-
-    def requeued(self, channel: Channel, msg: Message, delay: float) -> None:
-        """``msg`` came back to ``channel`` (REQ, timeout), queued again after ``delay``."""
-
-    def fed(self, channel: Channel, records: list[bytes]) -> None:
-        """A rewind queued copies of retained messages in ``channel``."""
-
-    def control(self, op: str, topic: Topic | Channel, channel: Channel | None = None) -> None:
-        """A topic or channel was paused, unpaused, emptied, started or given settings."""
-
-    def replicate(self, doc: dict[str, Any]) -> None:
-        """A change of a retained log or a rewind (``doc``: its op, topic, ...)."""
-
-
-def both(a: defer.Deferred[None], b: defer.Deferred[None]) -> defer.Deferred[None]:
-    """A Deferred that fires once ``a`` and ``b`` have, failing with the first
-    failure; of ``b``'s class (a standby's :class:`~nsqd_tw.core.replica.Backpressure`)."""
-    d: defer.Deferred[None] = type(b)()
-    left = [2]
-
-    def one(result: Any) -> None:
-        if d.called:
-            if isinstance(result, Failure):
-                result.trap(Exception)  # the first failure was reported
-            return
-        if isinstance(result, Failure):
-            d.errback(result)
-            return
-        left[0] -= 1
-        if not left[0]:
-            d.callback(None)
-
-    a.addBoth(one)
-    b.addBoth(one)
-    return d
+from nsqd_tw.storage.syncer import Syncer
 
 
 class Client(Protocol):
@@ -127,8 +78,10 @@ def memory_backend_factory(name: str, ephemeral: bool) -> IBackendQueue:
     return MemoryBackendQueue(name)
 
 
-class NSQD(service.Service):
-    """The core nsqd service. Its parent starts it first and stops it last."""
+class NSQD(Hooks, service.Service):
+    """The core nsqd service. Its parent starts it first and stops it last. What
+    the layers above hook into it (observers, the lookupds' channels of a new
+    topic) is its base class's, :class:`~nsqd_tw.core.hooks.Hooks`."""
 
     name = "nsqd"
 
@@ -146,6 +99,7 @@ class NSQD(service.Service):
             from twisted.internet import reactor as _reactor
 
             reactor = _reactor  # type: ignore[assignment]
+        Hooks.__init__(self)
         self.opts = opts
         # this server's --log-level: what it creates logs through loggers of this gate
         self.log_gate = LogGate(opts.log_level)
@@ -155,7 +109,9 @@ class NSQD(service.Service):
         self.data_path = opts.data_path or os.getcwd()
         # durable mode: every message on disk, fsynced before OK, owned until FIN
         self.durable = backend_factory is None and opts.mem_queue_size == 0 and opts.sync_every <= 1
-        self.syncer = Syncer(reactor, run_blocking, self._sync_result)
+        # how the queues are stored (their backends), what they share, what a stop could not write
+        self.stores = QueueStores(self)
+        self.syncer = Syncer(reactor, run_blocking, self.stores.sync_result)
         self.disk_budget = DiskBudget(opts.max_disk_bytes)
         self.dirlock = DirLock(self.data_path)
         self.data_dir = DataDirectory(opts.data_path)
@@ -164,14 +120,10 @@ class NSQD(service.Service):
         self.clients: dict[int, Client] = {}
         self._client_seq = 0
         self.health_error: BaseException | None = None
-        self._sync_failed: BaseException | None = None
         self.start_time = self.now()
         self.loading = False
-        self.metadata_loaded = False
-        # a stop that could not write everything: the errors, the messages lost, the exit status
-        self.stop_errors = 0
-        self.unsaved = 0
-        self.exit_code = 0  # only the process that loaded nsqd.dat may write it
+        self.metadata_loaded = False  # only the process that loaded nsqd.dat may write it
+        self.exit_code = 0  # 1 once stopped if a queue could not write what it held
 
         self.drain: Drain | None = None
         # how nsqd stops its process (a drain's end, PUT /config/shutdown): makeService
@@ -195,36 +147,6 @@ class NSQD(service.Service):
         self.shipper: Shipper | None = None
         self.standby: StandbyError | None = None
         self.replication: Any = None
-
-        # who is told of changes (see observe_changes, observe_options, set_channel_source)
-        self._change_observers: list[Callable[[str, Topic | Channel], None]] = []
-        self._option_observers: list[Callable[[str], None]] = []
-        self._closed_observers: list[Callable[[bool], None]] = []
-        self._channel_source: Callable[[str], defer.Deferred[list[str]] | None] | None = None
-        # topics waiting for their channels from the lookupds, and who waits for their start
-        self._starting: dict[Topic, list[defer.Deferred[None]]] = {}
-
-    # -- observers ----------------------------------------------------------
-
-    def observe_changes(self, observer: Callable[[str, Topic | Channel], None]) -> None:
-        """Call ``observer(what, obj)`` when a topic or channel is created or deleted
-        (``topic_created``, ``topic_deleted``, ``channel_created``, ``channel_deleted``)."""
-        self._change_observers.append(observer)
-
-    def observe_options(self, observer: Callable[[str], None]) -> None:
-        """Call ``observer(name)`` when an option changes at run time (PUT /config)."""
-        self._option_observers.append(observer)
-
-    def observe_closed(self, observer: Callable[[bool], None]) -> None:
-        """Call ``observer(clean)`` once the queues are closed at stop (``clean``:
-        everything they held was written)."""
-        self._closed_observers.append(observer)
-
-    def set_channel_source(self, source: Callable[[str], defer.Deferred[list[str]] | None]) -> None:
-        """``source(topic)`` names the channels a new topic must have before its
-        messages flow (nsqlookupd knows them), or None; messages published
-        meanwhile are held by the topic."""
-        self._channel_source = source
 
     # -- time and scheduling --------------------------------------------
 
@@ -258,36 +180,13 @@ class NSQD(service.Service):
         return self.drain is not None
 
     def sigterm(self) -> bool:
-        """SIGTERM arrived: True when nsqd takes it itself (``--sigterm-mode drain``:
-        a drain starts, or goes on), False when it stops nsqd as usual."""
-        if self.opts.sigterm_mode != "drain":
-            return False
-        if self.drain is None:
-            self.start_drain("SIGTERM")
-        else:
-            self.log.info("DRAIN: SIGTERM during the drain changes nothing (SIGINT or PUT /config/shutdown stops now)")
-        return True
+        """SIGTERM arrived: True when nsqd takes it itself (:func:`nsqd_tw.core.drain.on_sigterm`)."""
+        return on_sigterm(self)
 
     def start_drain(self, why: str) -> None:
-        """Refuse new messages, topics and channels from now on; stop once every
-        queue is empty (see :mod:`nsqd_tw.core.drain`). A drain cannot be undone."""
-        if self.drain is not None:
-            self.log.info("DRAIN: already draining ({why} changes nothing)", why=why)
-            return
-        timeout = self.opts.drain_timeout
-        self.drain = Drain(self.reactor, self.log, self.topics.values, timeout, lambda: self.request_stop())
-        self.log.info(
-            "DRAIN: started by {why}: refusing new messages, topics and channels; {left} left; stopping when "
-            "every queue is empty{limit}",
-            why=why,
-            left=self.drain.left().text(),
-            limit=f" or after --drain-timeout {DURATION.show(timeout)}" if timeout else "",
-        )
-        self.drain.start()
-
-    def _refuse_while_draining(self) -> None:
-        if self.drain is not None:
-            raise DrainingError()
+        """Refuse new messages, topics and channels; stop once every queue is
+        empty (:func:`nsqd_tw.core.drain.start_drain`). A drain cannot be undone."""
+        start_drain(self, why)
 
     def _stop_alone(self) -> None:
         if self.running:
@@ -296,30 +195,9 @@ class NSQD(service.Service):
     # -- beyond Go: replication ---------------------------------------------
 
     def set_standby(self, refusal: StandbyError | None) -> None:
-        """Refuse producers and consumers as a replication standby (``refusal``
-        names the primary; every client is disconnected), or serve (None)."""
-        was, self.standby = self.standby, refusal
-        if (was is None) == (refusal is None):
-            return
-        if refusal is not None:
-            for client in list(self.clients.values()):
-                client.shutdown()
-        sync_every = self._queue_sync_every()
-        for topic in self.topics.values():
-            topic.apply_policies()  # a standby bounds nothing; a primary its bounded queues
-            for queue in (topic, *topic.channels.values()):
-                backend = getattr(queue.backend, "inner", queue.backend)  # a SpillQueue's disk queue
-                if isinstance(backend, DiskQueue):
-                    backend.sync_every = sync_every
-
-    def _queue_sync_every(self) -> int:
-        """A disk queue's --sync-every. A standby that is not durable fsyncs on the
-        --sync-timeout tick only: its disk queues' writes are in the page cache
-        when it acknowledges them (a kill -9 loses none), and it serves nobody
-        until promoted, when --sync-every applies again."""
-        if self.standby is not None and not self.durable:
-            return NEVER_BY_COUNT
-        return max(self.opts.sync_every, 1)
+        """Refuse producers and consumers as a replication standby, or serve (None):
+        :func:`nsqd_tw.core.roles.set_standby`."""
+        set_standby(self, refusal)
 
     # -- clients ----------------------------------------------------------
 
@@ -333,37 +211,6 @@ class NSQD(service.Service):
 
     # -- topics and channels ----------------------------------------------
 
-    def new_backend(self, name: str, ephemeral: bool) -> IBackendQueue:
-        if ephemeral:
-            return DummyBackendQueue(name)
-        if self.backend_factory is not None:
-            return self.backend_factory(name, ephemeral)
-        opts = self.opts
-        return DiskQueue(
-            name,
-            opts.data_path,
-            opts.max_bytes_per_file,
-            MESSAGE_HEADER_LENGTH,
-            opts.max_msg_size + MESSAGE_HEADER_LENGTH,
-            self._queue_sync_every(),
-            self.syncer,
-            self.log,
-            acked=self.durable,
-            budget=self.disk_budget,
-            directory=self.data_dir,
-        )
-
-    def _sync_result(self, err: BaseException | None) -> None:
-        if err is not None:
-            self.log.error("DISKQUEUE: failed to sync - {err}", err=err)
-            self.set_health(err)
-            self._sync_failed = err
-        elif self._sync_failed is not None:
-            # a sync that works again clears only what a sync said (a refused write stays)
-            if self.health_error is self._sync_failed:
-                self.set_health(None)
-            self._sync_failed = None
-
     def get_topic(self, name: str, replicated: bool = False) -> Topic:
         """The topic, created (and started) if it does not exist; a standby creates
         one only from its primary (``replicated``, and then it is not started)."""
@@ -373,7 +220,8 @@ class NSQD(service.Service):
         if not replicated:
             if self.standby is not None:
                 raise self.standby
-            self._refuse_while_draining()
+            if self.drain is not None:
+                raise DrainingError()
         topic = Topic(name, self)
         topic.apply_policies()
         self.topics[name] = topic
@@ -381,52 +229,8 @@ class NSQD(service.Service):
         self._changed("topic_created", topic)
         if self.loading or replicated:
             return topic  # started once its channels are loaded (or its primary's topic starts)
-        query = self._channel_source(name) if self._channel_source is not None else None
-        if query is None:
-            topic.start()
-            return topic
-
-        # messages published meanwhile are held by the topic, not lost
-        self._starting[topic] = []
-
-        def create(channels: list[str]) -> None:
-            if self.topics.get(name) is not topic or topic.exiting:
-                return
-            for channel in channels:
-                if is_valid_channel_name(channel) and not channel.endswith("#ephemeral"):
-                    # what the cluster has (for a topic made before a drain began) is no new channel
-                    topic.get_channel(channel, while_draining=True)
-
-        def start(result: Any) -> Any:
-            if isinstance(result, Failure):
-                self.log.failure("failed to pre-create channels for topic {name}", result, name=name)
-            if not topic.exiting:
-                topic.start()
-            for waiter in self._starting.pop(topic, ()):
-                waiter.callback(None)
-
-        query.addCallback(create).addBoth(start)
+        self._start_topic(topic)  # once the lookupds' channels for it exist, as Go's GetTopic
         return topic
-
-    def topic_ready(self, name: str) -> defer.Deferred[None] | None:
-        """Create the topic if it does not exist (as :meth:`get_topic`); a Deferred
-        that fires once it has started if this call created it and it waits for the
-        lookupds' channels, else None.
-
-        Go's GetTopic returns only then, so the command that creates a topic is
-        answered after the topic's channels exist and its messages flow: a client
-        that publishes and then subscribes finds them flowing. Other commands
-        meanwhile do not wait (their messages are held by the topic), as in Go.
-        """
-        if name in self.topics:
-            return None
-        topic = self.get_topic(name)
-        waiters = self._starting.get(topic)
-        if waiters is None:
-            return None
-        d: defer.Deferred[None] = defer.Deferred()
-        waiters.append(d)
-        return d
 
     def publish(self, topic_name: str, bodies: list[bytes], delay: float = 0.0) -> defer.Deferred[None] | None:
         """Publish message bodies to a topic (created if needed): :meth:`publish_to`
@@ -444,15 +248,13 @@ class NSQD(service.Service):
         mode returns a Deferred that fires once the messages are fsynced (answer
         OK then); otherwise ``None``: they are stored already.
         """
-        if self.drain is not None:  # _refuse_while_draining inline: once per publish
+        if self.drain is not None:
             raise DrainingError()
         if self.standby is not None:
             raise self.standby
         shipper = self.shipper
         if shipper is not None:
-            shipper.poll()  # first: what it takes in may be the link's end
-            if shipper.refusal is not None:
-                raise shipper.refusal
+            refuse_unshipped(shipper)
         ts = self.now_ns()
         ids = self.guid.new_ids(len(bodies))
         items: list[Item]
@@ -465,12 +267,7 @@ class NSQD(service.Service):
             items = list(records(ids, bodies, ts))  # queued as they will be stored: no Message yet
         topic.put_items(items, sum(map(len, bodies)))
         if shipper is not None and not topic.ephemeral:
-            acked = shipper.published(topic, items)
-            if self.durable:
-                if acked is None:  # on this node alone: acknowledged after the fsync if the lease still holds
-                    return self.syncer.commit().addCallback(shipper.confirm)
-                return both(self.syncer.commit(), acked)
-            return acked
+            return shipped(shipper, topic, items, self.syncer.commit if self.durable else None)
         if self.durable and not topic.ephemeral:
             return self.syncer.commit()
         return None
@@ -494,23 +291,6 @@ class NSQD(service.Service):
         self.expiry.forget(topic)
         self.dead_letters.forget_topic(name)
         self._scan_channels = None
-
-    # -- beyond Go: settings, dead letters, TTL ------------------------------------------
-
-    def policy_changed(self, queue: MessageQueue) -> None:
-        """A topic's or channel's policy changed: the TTL sweep looks at it or not."""
-        self.expiry.policy_changed(queue)
-
-    def dead_letter(self, channel: Channel, target: str, msg: Message, why: str) -> bool:
-        """Publish a copy of ``msg`` to the topic ``target`` (see :class:`DeadLetters`);
-        False if it could not be stored there."""
-        return self.dead_letters.move(channel, target, msg, why)
-
-    def after_sync(self, fn: Callable[[], None]) -> None:
-        """Call ``fn`` once everything written so far is fsynced (not if the sync fails)."""
-        d = self.syncer.commit()
-        d.addCallback(lambda _: fn())
-        d.addErrback(lambda f: None)  # the failure is logged and is the health error (_sync_result)
 
     def channels(self) -> list[Channel]:
         return [c for t in self.topics.values() for c in t.channels.values()]
@@ -536,14 +316,6 @@ class NSQD(service.Service):
         """An ephemeral topic lost its last channel: delete it."""
         if self.topics.get(topic.name) is topic:
             self.delete_existing_topic(topic.name)
-
-    def options_changed(self, name: str) -> None:
-        """An option changed at run time (PUT /config/...): tell the observers."""
-        for observer in self._option_observers:
-            try:
-                observer(name)
-            except Exception:
-                self.log.failure("option observer failed for {name}", name=name)
 
     def _changed(self, what: str, obj: Topic | Channel) -> None:
         if not obj.ephemeral:
@@ -627,7 +399,7 @@ class NSQD(service.Service):
                     continue
                 topic = self.get_topic(t.name)
                 topic.paused = t.paused
-                topic.own_settings = self._loaded_settings(t.settings, t.name)
+                topic.own_settings = loaded_settings(t.settings, t.name, self.log)
                 topic.dropped_count = t.dropped
                 for c in t.channels:
                     if not is_valid_channel_name(c.name):
@@ -635,7 +407,7 @@ class NSQD(service.Service):
                         continue
                     channel = topic.get_channel(c.name)
                     channel.paused = c.paused
-                    channel.own_settings = self._loaded_settings(c.settings, f"{t.name}:{c.name}")
+                    channel.own_settings = loaded_settings(c.settings, f"{t.name}:{c.name}", self.log)
                     channel.dropped_count = c.dropped
                     if c.rewind is not None:
                         rewinds.append((channel, c.rewind))
@@ -654,16 +426,6 @@ class NSQD(service.Service):
         for topic in self.topics.values():
             topic.apply_bounds()  # what came back after a crash, past a bound
             topic.start()
-
-    def _loaded_settings(self, doc: Any, where: str) -> dict[str, Any]:
-        """A queue's settings from nsqd.dat: a value that does not pass the checks
-        is left out with a warning (the others apply), never a failed start."""
-        if doc is None:
-            return {}
-        kept, refused = parse_kept_settings(doc)
-        for why in refused:
-            self.log.warn("ignoring a setting of {where} in nsqd.dat - {err}", where=where, err=why)
-        return kept
 
     def persist_metadata(self) -> None:
         self.log.info("NSQ: persisting topic/channel metadata to {path}", path=self.metadata_path)
@@ -698,10 +460,7 @@ class NSQD(service.Service):
                 raise StartError(f"failed to load metadata - {e}") from None
             self.metadata_loaded = True  # from now on this process owns nsqd.dat
             self.dead_letters.load()
-            # a budget found full is unhealthy from the start, as a refused write makes it
-            full = self.disk_budget.full_for(4 + MESSAGE_HEADER_LENGTH + self.opts.max_msg_size)
-            if full is not None:
-                self.set_health(full)
+            self.stores.check_budget()
             try:
                 self.persist_metadata()
             except OSError as e:
@@ -727,23 +486,6 @@ class NSQD(service.Service):
         d.addCallback(lambda _: self._close_storage())
         return d
 
-    def could_not_save(self, queue: str, lost: int, total: int, err: Exception) -> None:
-        """A queue stopping could not write ``lost`` of the ``total`` messages it held."""
-        self.unsaved += lost
-        self.stop_errors += 1
-        self.log.error(
-            "{queue}: {lost} of {total} messages could not be written to disk at exit - {err}",
-            queue=queue,
-            lost=lost,
-            total=total,
-            err=err,
-        )
-
-    def could_not_close(self, what: str, err: Exception) -> None:
-        """Closing a topic or channel failed (its metadata, say): one line, no traceback."""
-        self.stop_errors += 1
-        self.log.error("failed to close {what} - {err}", what=what, err=err)
-
     def _close_storage(self) -> None:
         self.log.info("NSQ: closing topics")
         # after a drain, a queue left empty leaves no files (nsqd.dat still lists it)
@@ -751,7 +493,7 @@ class NSQD(service.Service):
             try:
                 topic.close(retire_empty=self.draining)
             except Exception as e:
-                self.could_not_close(f"topic {topic.name}", e)
+                self.stores.could_not_close(f"topic {topic.name}", e)
         if self.backend_factory is None:
             try:
                 self.syncer.sync_all_now()
@@ -759,18 +501,11 @@ class NSQD(service.Service):
                     self.persist_metadata()
                     self.dead_letters.save_now()
             except Exception as e:
-                self.stop_errors += 1
+                self.stores.stop_errors += 1
                 self.log.error("failed to persist metadata - {err}", err=e)
         for observer in self._closed_observers:
-            observer(not self.stop_errors)
+            observer(not self.stores.stop_errors)
         if self.backend_factory is None:
             self.dirlock.unlock()
-        if self.stop_errors:
-            # beyond Go, which exits 0 having lost what it could not write
-            self.exit_code = 1
-            self.log.error(
-                "NSQ: stopped with {n} error(s); {lost} messages could not be written",
-                n=self.stop_errors,
-                lost=self.unsaved,
-            )
+        self.exit_code = self.stores.exit_code()
         self.log.info("NSQ: bye")

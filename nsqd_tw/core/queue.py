@@ -7,22 +7,23 @@ kept as its record (the bytes the backend would store): one object per message,
 shared by every channel of its topic; one coming back (REQ, timeout) stays a
 :class:`Message`, which also carries its attempts and durable-mode record. A failed write turns nsqd's health
 to the error and is taken back whole; the next good one turns it back. Read
-back, memory and backend take turns, like Go's select over both channels.
+back, memory and backend take turns, like Go's select over both channels (a
+consumer's messagePump; a channel's bursts: core/channelqueue.py).
 """
 
 from __future__ import annotations
 
-import inspect
 from collections import deque
 from collections.abc import Sequence
-from itertools import islice, repeat
+from itertools import repeat
 from typing import Any, Protocol
 
-from nsq_wire.message import ID_OFFSET, MESSAGE_HEADER_LENGTH, TIMESTAMP, decode_into
+from nsq_wire.message import ID_OFFSET, MESSAGE_HEADER_LENGTH, TIMESTAMP
 from nsqd_tw.core.message import Message
+from nsqd_tw.core.peek import peek
 from nsqd_tw.core.settings import Policy, settings_json
 from nsqd_tw.options import NSQDOptions
-from nsqd_tw.storage.backend import CutRecord, IBackendQueue, take_bounded
+from nsqd_tw.storage.backend import IBackendQueue
 
 # what memory and a backend write take: a record, or a Message (one coming back, or deferred)
 Item = bytes | Message
@@ -56,6 +57,15 @@ class Retained(Protocol):
     def rewind_finished(self, channel: Any, rewind: Any, completed: bool = False) -> None: ...
 
 
+class Stores(Protocol):
+    """Where topics and channels get their backend, and report what they could not
+    write at stop (nsqd_tw.core.stores.QueueStores)."""
+
+    def new_backend(self, name: str, ephemeral: bool) -> IBackendQueue: ...
+    def could_not_save(self, queue: str, lost: int, total: int, err: Exception) -> None: ...
+    def could_not_close(self, what: str, err: Exception) -> None: ...
+
+
 class Context(Protocol):
     """What topics and channels need of their nsqd (the NSQD)."""
 
@@ -73,16 +83,17 @@ class Context(Protocol):
     def now(self) -> float: ...
     def now_ns(self) -> int: ...
     def schedule(self, fn: Any) -> None: ...
-    def new_backend(self, name: str, ephemeral: bool) -> IBackendQueue: ...
     def set_health(self, err: BaseException | None) -> None: ...
     def metadata_changed(self, topic_name: str | None = None) -> None: ...
-    def could_not_save(self, queue: str, lost: int, total: int, err: Exception) -> None: ...
-    def could_not_close(self, what: str, err: Exception) -> None: ...
-    def policy_changed(self, queue: Any) -> None: ...
-    def dead_letter(self, channel: Any, target: str, msg: Message, why: str) -> bool: ...
-    def after_sync(self, fn: Any) -> None: ...
 
+    @property
+    def stores(self) -> Stores: ...
+
+    # beyond Go: the settings the flags give every queue; the TTL sweep (core/expiry.py),
+    # told when a queue's policy changes; dead letters (core/deadletters.py)
     settings_defaults: dict[str, Any]
+    expiry: Any
+    dead_letters: Any
 
     loading: bool
 
@@ -117,7 +128,7 @@ class MessageQueue:
         self._mem_bytes = opts.mem_queue_bytes  # 0: no budget in bytes
         self.memory: deque[Item] = deque()
         self.memory_bytes = 0  # the bodies' bytes in self.memory
-        self.backend = ctx.new_backend(backend_name, ephemeral)
+        self.backend = ctx.stores.new_backend(backend_name, ephemeral)
         self._take_backend = False
         # beyond Go: the queue's own settings and what applies (see nsqd_tw.core.settings)
         self.own_settings: dict[str, Any] = {}
@@ -139,7 +150,7 @@ class MessageQueue:
     def set_policy(self, policy: Policy) -> None:
         if policy != self.policy:
             self.policy = policy
-            self.ctx.policy_changed(self)
+            self.ctx.expiry.policy_changed(self)
 
     # -- beyond Go: what TTL expiry and bounds use (nsqd_tw.core.expiry, .bounds) ------------
 
@@ -208,58 +219,16 @@ class MessageQueue:
         self.memory.appendleft(msg)
         self.memory_bytes += len(msg.body)
 
-    def put_behind(self, msg: Message) -> None:
-        """``msg``, taken from a head, goes behind everything queued (as a new
-        record: its record in durable mode is done once the copy is written)."""
-        record = msg.encode()
-        if len(self.memory) < self._mem_size and (
-            not self._mem_bytes or self.memory_bytes + len(msg.body) <= self._mem_bytes
-        ):
-            self._hold(record)
-        elif not self.ephemeral:
-            try:
-                self._write([record])
-            except Exception:
-                self.hold_first(msg)  # kept where it was rather than lost
-                return
-        if msg.ref is not None:
-            self.backend.done(msg.ref)
-
     def queued(self) -> list[Message]:
         """What memory holds, as messages (for inspection: tests and tools)."""
         return [Message.decode(m) if isinstance(m, bytes) else m for m in self.memory]
 
-    # -- inspection (beyond Go): what depth counts, nothing taken ----------------------
+    # -- inspection (beyond Go): what depth counts, nothing taken (core/peek.py) -----------
 
     def peek(self, n: int, max_bytes: int | None = None) -> list[Message]:
-        """Up to ``n`` queued messages in the order :meth:`_next` would take them
-        (memory and backend in turns), none taken. Fresh copies: changing one
-        changes nothing queued. With ``max_bytes``, only those whose records
-        total at most that many bytes, in order; the first, alone over it, comes
-        as a :class:`CutMessage`, its body cut to fit (the backend reads no more
-        than the bound)."""
-        if max_bytes is not None:
-            max_bytes = max(max_bytes, MESSAGE_HEADER_LENGTH)  # a cut record is still a message
-        memory = list(islice(self.memory, max(n, 0)))
-        backend, stopped = _backend_peek(self.backend, n, max_bytes)
-        order: list[Item] = []
-        m = b = 0
-        take_backend = self._take_backend
-        while len(order) < n:
-            take_backend = not take_backend
-            if b < len(backend) and (take_backend or m == len(memory)):
-                order.append(backend[b])
-                b += 1
-            elif stopped and b == len(backend) and (take_backend or m == len(memory)):
-                break  # the backend's next record did not fit: nothing after it does
-            elif m < len(memory):
-                order.append(memory[m])
-                m += 1
-            else:
-                break
-        if max_bytes is not None:
-            return _bounded(order, max_bytes)
-        return [Message.decode(i if isinstance(i, bytes) else i.encode()) for i in order]
+        """Up to ``n`` queued messages in the order :meth:`_next` would take them,
+        none taken (see :func:`nsqd_tw.core.peek.peek`)."""
+        return peek(self, n, max_bytes)
 
     def oldest_timestamp(self) -> int | None:
         """The publish time (ns) of the older of the two messages next in line,
@@ -398,7 +367,7 @@ class MessageQueue:
         all_items: list[Item] = [*items, *deferred]
         saved, err = self._put_what_fits([m if isinstance(m, bytes) else m.encode() for m in all_items])
         if err is not None:
-            self.ctx.could_not_save(self.save_name, len(all_items) - saved, len(all_items), err)
+            self.ctx.stores.could_not_save(self.save_name, len(all_items) - saved, len(all_items), err)
         self._remember_delays(items[:saved])
         for d in deferred[: max(0, saved - len(items))]:
             self.backend.set_deferred(d.id, int(d.pri * 1e9))
@@ -457,68 +426,3 @@ class MessageQueue:
 def _backend_head(backend: IBackendQueue) -> int | None:
     head_timestamp = getattr(backend, "head_timestamp", None)
     return head_timestamp() if head_timestamp is not None else None
-
-
-def _backend_peek(backend: IBackendQueue, n: int, max_bytes: int | None = None) -> tuple[list[bytes], bool]:
-    """The backend's next ``n`` records, bounded by ``max_bytes`` as
-    :meth:`MessageQueue.peek` says (by the backend itself when its ``peek`` takes
-    the bound); and whether the bound stopped them short of what it holds."""
-    peek = getattr(backend, "peek", None)
-    if peek is None or n <= 0:
-        return [], False
-    if max_bytes is None:
-        records: list[bytes] = peek(n)
-    elif _takes_max_bytes(peek):
-        records = peek(n, max_bytes=max_bytes)
-    else:  # a backend written before the bound: what it read, bounded here
-        records = take_bounded(peek(n), max_bytes)
-    stopped = max_bytes is not None and len(records) < min(n, backend.depth())
-    return [r for r in records if len(r) >= MESSAGE_HEADER_LENGTH], stopped  # what _next would skip
-
-
-def _takes_max_bytes(peek: Any) -> bool:
-    try:
-        params = inspect.signature(peek).parameters
-    except (TypeError, ValueError):
-        return False
-    return "max_bytes" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
-class CutMessage(Message):
-    """A peeked message whose body was cut to a byte bound; ``body_bytes``: its whole body's size."""
-
-    __slots__ = ("body_bytes",)
-
-    def __init__(self, id: bytes, body: bytes, timestamp: int, attempts: int = 0) -> None:
-        super().__init__(id, body, timestamp, attempts)
-        self.body_bytes = len(body)
-
-
-def _bounded(items: list[Item], max_bytes: int) -> list[Message]:
-    """``items`` as messages while their records total at most ``max_bytes``; the
-    first, alone over it, as a CutMessage (a CutRecord from the backend, or cut here)."""
-    out: list[Message] = []
-    total = 0
-    for item in items:
-        if isinstance(item, bytes):
-            size = item.size if isinstance(item, CutRecord) else len(item)
-        else:
-            size = MESSAGE_HEADER_LENGTH + len(item.body)
-        total += size
-        if total <= max_bytes:
-            out.append(Message.decode(item) if isinstance(item, bytes) else _copy(item))
-            continue
-        if not out:
-            if isinstance(item, bytes):
-                cut = decode_into(CutMessage, item[:max_bytes])
-            else:
-                cut = CutMessage(item.id, item.body[: max_bytes - MESSAGE_HEADER_LENGTH], item.timestamp, item.attempts)
-            cut.body_bytes = size - MESSAGE_HEADER_LENGTH
-            out.append(cut)
-        break
-    return out
-
-
-def _copy(msg: Message) -> Message:
-    """A queued message as peek shows it: the fields a record has (the body is shared: bytes)."""
-    return Message(msg.id, msg.body, msg.timestamp, msg.attempts)

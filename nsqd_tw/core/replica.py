@@ -19,6 +19,7 @@ from twisted.internet import defer
 
 from nsq_wire.message import MESSAGE_HEADER_LENGTH
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
+from nsqd_tw.core import skips
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.queue import Item, body_size
 from nsqd_tw.core.settings import SettingsError, parse_settings
@@ -334,7 +335,7 @@ class StandbyApply:
         if channel is None or not entries:
             return
         channel.stage(entries_items(entries, self.nsqd.now_ns()))
-        channel.compact()
+        skips.compact(channel)
 
     # -- the stream ----------------------------------------------------------------------
 
@@ -400,12 +401,12 @@ class StandbyApply:
     def finish(self, topic_name: str, channel_name: str, ids: Sequence[bytes]) -> None:
         channel = self._channel(topic_name, channel_name)
         if channel is not None:
-            channel.skip(ids)
+            skips.skip(channel, ids)
 
     def requeue(self, topic_name: str, channel_name: str, delay: float, record: bytes) -> None:
         channel = self._channel(topic_name, channel_name)
         if channel is not None:
-            channel.supersede(Message.decode(record), delay)
+            skips.supersede(channel, Message.decode(record), delay)
 
     def control(self, doc: dict[str, Any]) -> None:
         """A CTRL operation: ``{"op": ..., "topic": ..., "channel": ..., ...}``."""

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from nsq_service import memstats
 from nsq_wire.gofmt import go_duration, rfc3339_nano
 from nsqd_tw.core.channel import Channel
-from nsqd_tw.core.rewind import Rewind, RewindBudget, position_of
+from nsqd_tw.core.rewind import Copies, Rewind, RewindBudget, position_of
 from nsqd_tw.core.settings import Policy
 from nsqd_tw.core.topic import Topic
 from nsqd_tw.options import NSQDOptions
@@ -43,7 +43,7 @@ class Owner(Protocol):
     """What the retained logs and rewinds need of their nsqd (the NSQD)."""
 
     opts: NSQDOptions
-    shipper: Any  # a replication primary's Shipper (core/nsqd.py), or None
+    shipper: Any  # a replication primary's Shipper (core/roles.py), or None
     log: Any
     syncer: Syncer
     data_dir: DataDirectory
@@ -193,7 +193,8 @@ class Retention:
         if log is None:
             return
         for channel in list(topic.channels.values()):
-            channel.cancel_rewind(why)
+            if channel.rewind is not None:
+                channel.rewind.cancel(why)
             if isinstance(channel.backend, SpillQueue):
                 channel.backend = channel.backend.unwrap()  # its runs copied to the disk queue
         self.nsqd.log.info(
@@ -260,7 +261,7 @@ class Retention:
             if rewind is None:
                 self.rewinding.pop(channel, None)
                 continue
-            if channel.is_clear():
+            if channel.is_empty():
                 rewind.safe = rewind.reader.position
             rewind.poke()
             if now >= rewind.progress_at + REWIND_PROGRESS_INTERVAL:
@@ -286,7 +287,7 @@ class Retention:
         below its top: after 16 rewinds at once, 20 to 60 MiB of RSS (bench/README.md)."""
         at = self._release_at
         channels = (c for t in self.retained for c in t.channels.values())
-        if at is not None and now < at and any(c.copies and not c.is_clear() for c in channels):
+        if at is not None and now < at and any(c.copies is not None and not c.is_empty() for c in channels):
             return
         self._release_at = None
         memstats.release_free_memory()
@@ -326,12 +327,11 @@ class Retention:
         old = channel.rewind
         if old is not None:
             old.close()
-        channel.rewind_pending = None
         rewind = Rewind(channel, log, since_ns, start, end, self.budget)
         rewind.reader.label = f"CHANNEL({channel.topic_name}:{channel.name}) rewind"
         rewind.progress_at = nsqd.now()
         channel.rewind = rewind
-        channel.copies = True
+        channel.copies = Copies()  # none pending: this rewind is
         self.rewinding[channel] = None
         gaps = log.gaps_between(start, end)
         nsqd.log.info(
@@ -376,7 +376,8 @@ class Retention:
             self.rewinding.pop(channel, None)
             if not self.rewinding:
                 self._release_at = self.nsqd.now() + RELEASE_WAIT
-            channel.rewind_pending = rewind.state() if completed and not channel.is_clear() else None
+            if channel.copies is not None:  # (always: it was rewinding)
+                channel.copies.pending = rewind.state() if completed and not channel.is_empty() else None
             if not channel.ephemeral and not channel.exiting:
                 self.nsqd.metadata_changed(channel.topic_name)
             if not channel.exiting:
@@ -394,7 +395,8 @@ class Retention:
             if not isinstance(state, dict):
                 nsqd.log.warn("ignoring the rewind of {where} in nsqd.dat - not an object", where=where)
                 continue
-            channel.copies = True  # its copies may be queued still
+            if channel.copies is None:
+                channel.copies = Copies()  # its copies may be queued still
             if not state:
                 continue  # a rewind done
             since, start, end = state.get("since"), position_of(state.get("from")), position_of(state.get("to"))

@@ -38,26 +38,32 @@ from typing import Any, NamedTuple, Protocol
 
 from nsq_wire.gofmt import rfc3339_nano
 from nsq_wire.message import ID_OFFSET, MESSAGE_HEADER_LENGTH
+from nsqd_tw.core.message import Message
 from nsqd_tw.storage.retained import RetainedLog
 from nsqd_tw.storage.retained_segments import Position
 
 
 class Channel(Protocol):
-    """What a rewind needs of its channel (:class:`nsqd_tw.core.channel.Channel`)."""
+    """What a rewind and its copies need of their channel (:class:`nsqd_tw.core.channel.Channel`)."""
 
     name: str
     topic_name: str
     ctx: Any
     exiting: bool
+    ephemeral: bool
     memory: deque[Any]
     memory_bytes: int
     message_count: int
     duplicate_count: int
+    backend: Any
+    in_flight: Any
+    deferred: Any
+    copies: Copies | None
 
     @property
     def rewind(self) -> Rewind | None: ...
 
-    def feed(self, records: list[bytes]) -> None: ...
+    def _dispatch(self) -> None: ...
 
 
 ROOM_MESSAGES = 5000  # the most a rewinding channel's memory queue holds (less when many rewind)
@@ -237,7 +243,7 @@ class Rewind:
         size = sum(map(len, records))
         if records:
             self._remember(start, records, size)
-            channel.feed(records)
+            self._feed(records)
         elif not self.reader.done:
             return 0, 0  # nothing could be read now: the next poke (at the latest the tick's) tries again
         if self.reader.done:
@@ -253,6 +259,30 @@ class Rewind:
         else:
             self.poke()
         return len(records), size
+
+    def _feed(self, records: list[bytes]) -> None:
+        """Its records: queued in the channel's memory behind what is there, whatever
+        --mem-queue-size (the rewind keeps to a few MiB), then delivered."""
+        c = self.channel
+        c.memory.extend(records)
+        c.memory_bytes += sum(map(len, records)) - MESSAGE_HEADER_LENGTH * len(records)
+        c.message_count += len(records)
+        if c.ctx.shipper is not None:
+            c.ctx.shipper.fed(c, records)
+        c._dispatch()
+
+    def cancel(self, why: str) -> None:
+        """Stop it before its end (its channel emptied or deleted, retention turned off)."""
+        c = self.channel
+        c.ctx.log.info(
+            "CHANNEL({topic}:{name}): rewind since {since} cancelled ({why}), {left} messages left",
+            topic=c.topic_name,
+            name=c.name,
+            since=self.since_text(),
+            why=why,
+            left=self.left,
+        )
+        c.ctx.retention.rewind_finished(c, self)
 
     # -- its copies queued in memory, given back ------------------------------------------
 
@@ -374,6 +404,77 @@ class Rewind:
             "from": list(self.safe),
             "to": list(self.reader.end),
         }
+
+
+class Copies:
+    """A rewound channel's copies (beyond Go): the channel's ``copies`` while one of
+    them may be queued, in flight or deferred there (None: the plain path, from
+    when it is found holding nothing). A copy shares the channel's queues with the
+    message it copies: a burst drops one whose ID is in flight already."""
+
+    __slots__ = ("pending",)
+
+    def __init__(self) -> None:
+        # a rewind read to its end whose copies are not all finished: done again after a kill
+        self.pending: dict[str, Any] | None = None
+
+    def unique(self, channel: Channel, burst: list[Message]) -> list[Message]:
+        """A burst without the copies of a message already in flight (a rewind's
+        copy meeting its original): the consumer has that message, a second
+        copy under the same ID could not be told apart by FIN."""
+        in_flight = channel.in_flight
+        ids: set[bytes] = set()
+        out = []
+        for msg in burst:
+            if msg.id in in_flight or msg.id in ids:
+                self.drop(channel, msg)
+            else:
+                ids.add(msg.id)
+                out.append(msg)
+        return out
+
+    def drop(self, channel: Channel, msg: Message) -> None:
+        channel.duplicate_count += 1
+        if msg.ref is not None:
+            channel.backend.done(msg.ref)
+        if channel.ctx.shipper is not None:
+            channel.ctx.shipper.gone(channel, (msg.id,))
+
+    def gone(self, channel: Channel) -> None:
+        """Nothing queued: once nothing is in flight or deferred either, no copy
+        of a rewind is left (and a rewind read to its end is over for good)."""
+        if channel.rewind is None and not channel.in_flight and not channel.deferred:
+            channel.copies = None
+            if self.pending is not None:
+                self.pending = None
+                if not channel.ephemeral:
+                    channel.ctx.metadata_changed(channel.topic_name)
+
+    def state(self, channel: Channel) -> dict[str, Any]:
+        """What nsqd.dat keeps of the channel's rewind: where to read again from after
+        a kill (its copies finished up to there), ``{}`` when only copies may be
+        left (a clean stop saved them)."""
+        if channel.rewind is not None:
+            return channel.rewind.state()
+        if self.pending is not None:
+            return self.pending
+        return {}
+
+    def close(self, channel: Channel) -> None:
+        """The channel closes (nsqd stops): its rewind's copies in memory are not
+        saved with what it holds (after the start they would be delivered in turns
+        with the copies it reads on): it reads them again, in order."""
+        rewind = channel.rewind
+        if rewind is not None:
+            rewind.take_back()
+            rewind.safe = rewind.reader.position  # what else it queued is saved with the rest
+            rewind.close()  # its position stays, for nsqd.dat
+        elif self.pending is not None:
+            self.pending = {}  # its copies are saved with the rest: nothing to read again
+        else:
+            return
+        if not channel.ephemeral:
+            channel.ctx.metadata_changed(channel.topic_name)  # nsqd.dat, written after the close, says so
 
 
 class _Fed(NamedTuple):

@@ -139,6 +139,17 @@ def parse_kept_settings(doc: Any) -> tuple[dict[str, Any], list[str]]:
     return kept, refused
 
 
+def loaded_settings(doc: Any, where: str, log: Any) -> dict[str, Any]:
+    """A queue's settings from nsqd.dat: a value that does not pass the checks
+    is left out with a warning (the others apply), never a failed start."""
+    if doc is None:
+        return {}
+    kept, refused = parse_kept_settings(doc)
+    for why in refused:
+        log.warn("ignoring a setting of {where} in nsqd.dat - {err}", where=where, err=why)
+    return kept
+
+
 def settings_json(own: Mapping[str, Any]) -> dict[str, Any]:
     """Settings as JSON values, in the keys' order."""
     return {k: _KEYS[k][1](own[k]) for k in KEYS if own.get(k) is not None}

@@ -448,7 +448,7 @@ class Topic(MessageQueue):
             try:
                 channel.close(retire_empty)
             except Exception as e:
-                self.ctx.could_not_close(f"channel {self.name}:{channel.name}", e)
+                self.ctx.stores.could_not_close(f"channel {self.name}:{channel.name}", e)
         if self.memory:
             self.ctx.log.info(
                 "TOPIC({name}): flushing {n} memory messages to backend", name=self.name, n=len(self.memory)

@@ -18,7 +18,8 @@ from twisted.web.server import Request
 from nsq_service.web import JSON_TYPE, HTTPError, go_parse_int, route
 from nsq_wire import gojson
 from nsqd_tw.core.message import Message
-from nsqd_tw.core.queue import CutMessage, MessageQueue
+from nsqd_tw.core.peek import CutMessage
+from nsqd_tw.core.queue import MessageQueue
 from nsqd_tw.http.routes import FeatureRoutes
 
 PEEK_DEFAULT = 10  # messages /topic/peek and /channel/peek answer with, unless ?n= says

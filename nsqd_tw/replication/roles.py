@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from nsqd_tw.core.replica import PRIMARY, STANDBY
+from nsqd_tw.core.skips import compact
 from nsqd_tw.core.topic import StandbyError
 from nsqd_tw.replication.errors import PromoteError
 from nsqd_tw.replication.pairing import REDIAL_MIN
@@ -144,7 +145,7 @@ class Roles:
             service.link.fail(f"promoted to primary at epoch {me.epoch}")
         for topic in service.nsqd.topics.values():
             for channel in topic.channels.values():
-                channel.compact()
+                compact(channel)
             if not topic.started:
                 topic.start()
         service.primary = Primary(service)

@@ -14,7 +14,7 @@ from twisted.trial import unittest
 from nsq_wire import gojson
 from nsqd_tw.core.message import Message
 from nsqd_tw.core.nsqd import NSQD
-from nsqd_tw.core.queue import CutMessage
+from nsqd_tw.core.peek import CutMessage
 from nsqd_tw.http.api import NSQDHTTPAPI
 from nsqd_tw.http.inspect import PEEK_BYTES, PEEK_RECORD_BYTES, message_json, peek_json
 from nsqd_tw.http.metrics import make_registry, render
