@@ -43,7 +43,8 @@ class Publishers:
         self.lock = threading.Lock()
         self.acked: set[str] = set()
         self.acked_by: collections.Counter[str] = collections.Counter()  # node -> OKs
-        self.ok_times: dict[str, list[float]] = collections.defaultdict(list)  # node -> when each OK was read
+        # node -> when each OK was read, and the bodies it acknowledged
+        self.oks: dict[str, list[tuple[float, list[str]]]] = collections.defaultdict(list)
         self.refused = 0
         self.threads = [
             threading.Thread(target=self._tcp, args=("pub", 1), daemon=True),
@@ -64,12 +65,17 @@ class Publishers:
         with self.lock:
             self.acked.update(bodies)
             self.acked_by[node] += len(bodies)
-            self.ok_times[node].append(time.monotonic())
+            self.oks[node].append((time.monotonic(), bodies))
 
     def last_ok(self, node: str) -> float | None:
         with self.lock:
-            times = self.ok_times.get(node)
-            return max(times) if times else None
+            oks = self.oks.get(node)
+            return max(t for t, _ in oks) if oks else None
+
+    def acked_after(self, node: str, after: float) -> list[str]:
+        """The bodies whose OK from ``node`` was read at ``after`` (monotonic) or later."""
+        with self.lock:
+            return [b for t, bodies in self.oks.get(node, ()) if t >= after for b in bodies]
 
     def _tcp(self, name: str, batch: int) -> None:
         node = 0
@@ -144,7 +150,8 @@ class Publishers:
 
 
 class Consumer:
-    """pynsq, discovering the pair through nsqlookupd: every delivery as (time, node, body)."""
+    """pynsq, discovering the pair through nsqlookupd: every delivery as (time, node, body),
+    and each body's timestamp (when the nsqd that took its publish took it)."""
 
     def __init__(self, lookupd_http: str) -> None:
         script = Path(__file__).with_name("pynsq_failover.py")
@@ -157,16 +164,18 @@ class Consumer:
         self.lock = threading.Lock()
         self.deliveries: list[tuple[float, str, str]] = []
         self.counts: collections.Counter[str] = collections.Counter()
+        self.published: dict[str, int] = {}  # body -> the message's timestamp, ns since the epoch
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            node, _, body = line.decode().rstrip("\n").partition(" ")
+            node, body, timestamp = line.decode().rstrip("\n").split(" ")
             with self.lock:
                 self.deliveries.append((time.monotonic(), node, body))
                 self.counts[body] += 1
+                self.published.setdefault(body, int(timestamp))
 
     def missing(self, acked: set[str]) -> set[str]:
         with self.lock:

@@ -1,6 +1,7 @@
 """pynsq Reader through nsqlookupd, for the replication failover tests: writes one
-line per message, ``NODE BODY`` (NODE: the nsqd it came from), FINs it, and
-stops when its stdin closes.
+line per message, ``NODE BODY TIMESTAMP`` (NODE: the nsqd it came from;
+TIMESTAMP: the message's, in nanoseconds, set by the nsqd that took the publish),
+FINs it, and stops when its stdin closes.
 
 Usage: python pynsq_failover.py LOOKUPD_HTTP TOPIC
 """
@@ -22,7 +23,7 @@ class Reader(nsq.Reader):  # type: ignore[misc]
 
 
 def handler(msg):  # type: ignore[no-untyped-def]
-    sys.stdout.write(f"{current['node']} {msg.body.decode()}\n")
+    sys.stdout.write(f"{current['node']} {msg.body.decode()} {msg.timestamp}\n")
     sys.stdout.flush()
     return True
 
