@@ -3,7 +3,8 @@
 Every import in the product code counts, wherever it is written (module level,
 inside a function, under TYPE_CHECKING): a package may import only the packages
 its layer allows, nsq_wire and the Spark side never reach Twisted, and no module
-imports another in a circle.
+imports another in a circle. And no module or class grows past a size a reader
+can hold (issue 38: the Go-shaped classes had taken in every feature beyond Go).
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ ALLOWED: list[tuple[str, tuple[str, ...]]] = [
 # third-party packages a layer must never import
 TWISTED = ("twisted", "klein", "treq", "zope", "OpenSSL", "werkzeug", "prometheus_client", "service_identity")
 NO_TWISTED = ("nsq_wire", "nsq_client.blocking", "nsq_spark")
+
+# lines: Go's whole nsqd/channel.go is 617; a feature beyond Go gets a module of its own
+MAX_MODULE_LINES = 600
+MAX_CLASS_LINES = 450
 
 
 def modules() -> dict[str, Path]:
@@ -144,6 +149,22 @@ class LayerTests(unittest.TestCase):
             [n for n in self.graph], {n: {d for d in ds if d in self.ours} for n, ds in self.graph.items()}
         )
         self.assertEqual([c for c in cycles if len(c) > 1], [])
+
+
+class SizeTests(unittest.TestCase):
+    def test_no_module_over_600_lines_and_no_class_over_450(self) -> None:
+        wrong = []
+        for name, path in sorted(modules().items()):
+            text = path.read_text(encoding="utf-8")
+            lines = text.count("\n")
+            if lines > MAX_MODULE_LINES:
+                wrong.append(f"{name}: {lines} lines (at most {MAX_MODULE_LINES})")
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, ast.ClassDef):
+                    size = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if size > MAX_CLASS_LINES:
+                        wrong.append(f"{name}.{node.name}: {size} lines (at most {MAX_CLASS_LINES})")
+        self.assertEqual(wrong, [])
 
 
 def strongly_connected(nodes: list[str], edges: dict[str, set[str]]) -> list[list[str]]:
