@@ -113,12 +113,8 @@ def _bare_package(name: str) -> Iterator[None]:
     bare.__path__ = list(spec.submodule_search_locations)
     bare.__spec__ = spec
     bare.__package__ = name
-    sys.modules[name] = bare
-    try:
+    with _in_sys_modules(name, bare):
         yield
-    finally:
-        if sys.modules.get(name) is bare:
-            del sys.modules[name]
 
 
 @contextlib.contextmanager
@@ -135,9 +131,16 @@ def _stand_in_endpoints() -> Iterator[None]:
         return endpoints.serverFromString(*args, **kw)
 
     stand_in.serverFromString = serverFromString  # type: ignore[attr-defined]
-    sys.modules[name] = stand_in
+    with _in_sys_modules(name, stand_in):
+        yield
+
+
+@contextlib.contextmanager
+def _in_sys_modules(name: str, module: types.ModuleType) -> Iterator[None]:
+    """``module`` imported as ``name`` for the block, unless the block replaced it."""
+    sys.modules[name] = module
     try:
         yield
     finally:
-        if sys.modules.get(name) is stand_in:
+        if sys.modules.get(name) is module:
             del sys.modules[name]

@@ -157,6 +157,15 @@ def http_ping(s: socket.socket) -> bytes:
 class ListenFirstTests(unittest.TestCase):
     timeout = 120
 
+    def assert_serving(self, held: HeldStart, pinger: socket.socket, tcp: int, http: int) -> None:
+        """/ping answered on the early connection, and the ports logged as Go logs them."""
+        answer = http_ping(pinger)
+        self.assertTrue(answer.startswith(b"HTTP/1.0 200 OK\r\n"), answer)
+        self.assertTrue(answer.endswith(b"\r\n\r\nOK"), answer)
+        lines = held.stderr_until("TCP: listening on", "HTTP: listening on")
+        listening = [line.split(" INFO: ", 1)[1] for line in lines if ": listening on " in line]
+        self.assertEqual(listening, [f"TCP: listening on 127.0.0.1:{tcp}", f"HTTP: listening on 127.0.0.1:{http}"])
+
     def test_nsqd_accepts_before_loading_twisted_and_serves_once_started(self) -> None:
         tcp, http = free_port(), free_port()
         data = os.path.abspath(self.mktemp())
@@ -173,12 +182,7 @@ class ListenFirstTests(unittest.TestCase):
         producer.sendall(MAGIC_V2 + pub("early", b"published before nsqd was up"))
         held.release()
         self.assertEqual(read_all(producer, 10), b"\x00\x00\x00\x06\x00\x00\x00\x00OK")
-        answer = http_ping(pinger)
-        self.assertTrue(answer.startswith(b"HTTP/1.0 200 OK\r\n"), answer)
-        self.assertTrue(answer.endswith(b"\r\n\r\nOK"), answer)
-        lines = held.stderr_until("TCP: listening on", "HTTP: listening on")
-        listening = [line.split(" INFO: ", 1)[1] for line in lines if ": listening on " in line]
-        self.assertEqual(listening, [f"TCP: listening on 127.0.0.1:{tcp}", f"HTTP: listening on 127.0.0.1:{http}"])
+        self.assert_serving(held, pinger, tcp, http)
         # every later connection is accepted too: the socket was taken over, not closed and bound again
         for port in (tcp, http):
             socket.create_connection(("127.0.0.1", port), timeout=30).close()
@@ -194,12 +198,7 @@ class ListenFirstTests(unittest.TestCase):
         held.release()
         size = struct.unpack(">i", read_all(peer, 4))[0]
         self.assertEqual(read_all(peer, size), b"OK")
-        answer = http_ping(pinger)
-        self.assertTrue(answer.startswith(b"HTTP/1.0 200 OK\r\n"), answer)
-        self.assertTrue(answer.endswith(b"\r\n\r\nOK"), answer)
-        lines = held.stderr_until("TCP: listening on", "HTTP: listening on")
-        listening = [line.split(" INFO: ", 1)[1] for line in lines if ": listening on " in line]
-        self.assertEqual(listening, [f"TCP: listening on 127.0.0.1:{tcp}", f"HTTP: listening on 127.0.0.1:{http}"])
+        self.assert_serving(held, pinger, tcp, http)
 
     def test_a_port_in_use_fails_as_before(self) -> None:
         """The listening sockets bound first change nothing of a failed bind: Go's
