@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
-from typing import ClassVar
 
 from nsq_wire import message as layout
+
+try:
+    import cython
+except ModuleNotFoundError:
+    from nsq_wire import cython_shim as cython
+
+_decode_into = layout.decode_into
 
 
 class Message:
@@ -48,7 +53,10 @@ class Message:
         m.deferred = self.deferred
         return m
 
-    decode: ClassVar[Callable[[bytes], Message]]  # a record, or a message frame's data, as a Message (below)
+    @staticmethod
+    def decode(data: bytes) -> Message:
+        """A record, or a message frame's data, as a Message (once per message delivered)."""
+        return _decode_into(Message, data)
 
     # the layout's functions as methods: no call in between on the hot paths
     encode = layout.encode  # the disk-queue record (and message-frame data)
@@ -58,6 +66,7 @@ class Message:
         return f"Message(id={self.id!r}, attempts={self.attempts}, body={self.body[:32]!r})"
 
 
-# A record, or a message frame's data, as a Message: ``Message.decode(data)``, with no
-# Python call between it and the layout's decoder (once per message delivered)
-Message.decode = staticmethod(partial(layout.decode_into, Message))
+if not cython.compiled:
+    # uncompiled, no Python call between ``Message.decode(data)`` and the layout's decoder
+    # (compiled, Message is an extension type, whose attributes are set once: message.pxd)
+    Message.decode = staticmethod(partial(layout.decode_into, Message))  # type: ignore[method-assign]
