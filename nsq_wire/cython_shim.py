@@ -25,7 +25,14 @@ bint = bool
 int = int
 longlong = int
 Py_ssize_t = int
+ulonglong = int
 double = float
+p_uchar = bytes  # a pointer into a bytes object's buffer
+
+
+def cast(t: Any, value: Any) -> Any:
+    """``cython.cast(type, value)``: a C cast when compiled."""
+    return value
 
 
 def locals(**types: Any) -> Callable[[F], F]:
