@@ -27,6 +27,7 @@ longlong = int
 Py_ssize_t = int
 ulonglong = int
 double = float
+uchar = int
 p_uchar = bytes  # a pointer into a bytes object's buffer
 
 

@@ -1,5 +1,8 @@
 # Compiled (setup.py), Message is an extension type: the modules that cimport it
-# read and write its fields as C struct members. Every field is a Python object,
-# so it holds what the .py's Message holds.
-cdef class Message:
-    cdef public object attempts, body, bucket, client_id, deferred, delivery_ts, id, pri, ref, timestamp
+# read and write its fields as C struct members. The fields it adds to the layout's
+# are Python objects, so it holds what the .py's Message holds.
+from nsq_wire.message cimport MessageFields
+
+
+cdef class Message(MessageFields):
+    cdef public object bucket, client_id, deferred, delivery_ts, pri, ref

@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import partial
 
 from nsq_wire import message as layout
+from nsq_wire.message import MessageFields
 
 try:
     import cython
@@ -12,9 +13,11 @@ except ModuleNotFoundError:
     from nsq_wire import cython_shim as cython
 
 _decode_into = layout.decode_into
+_decode_fields = layout.decode_fields
+_ZERO = 0.0
 
 
-class Message:
+class Message(MessageFields):
     """A message as one channel (or a topic) holds it.
 
     ``deferred`` is the DPUB delay in seconds. ``client_id``, ``delivery_ts``,
@@ -22,18 +25,7 @@ class Message:
     ``ref`` is the backend's token for the record it was read from (durable mode).
     """
 
-    __slots__ = (
-        "attempts",
-        "body",
-        "bucket",
-        "client_id",
-        "deferred",
-        "delivery_ts",
-        "id",
-        "pri",
-        "ref",
-        "timestamp",
-    )
+    __slots__ = ("bucket", "client_id", "deferred", "delivery_ts", "pri", "ref")
 
     def __init__(self, id: bytes, body: bytes, timestamp: int, attempts: int = 0) -> None:
         self.id = id
@@ -56,7 +48,13 @@ class Message:
     @staticmethod
     def decode(data: bytes) -> Message:
         """A record, or a message frame's data, as a Message (once per message delivered)."""
-        return _decode_into(Message, data)
+        # compiled: made without __init__'s call and filled in place (a record in exact bytes)
+        m = cython.cast(Message, Message.__new__(Message))
+        if not _decode_fields(m, data):
+            return _decode_into(Message, data)
+        m.deferred = m.delivery_ts = m.pri = _ZERO
+        m.client_id = 0
+        return m
 
     # the layout's functions as methods: no call in between on the hot paths
     encode = layout.encode  # the disk-queue record (and message-frame data)
