@@ -29,6 +29,7 @@ ulonglong = int
 double = float
 uchar = int
 p_uchar = bytes  # a pointer into a bytes object's buffer
+p_char = bytes
 
 
 def cast(t: Any, value: Any) -> Any:

@@ -14,7 +14,6 @@ except ModuleNotFoundError:
 
 _decode_into = layout.decode_into
 _decode_fields = layout.decode_fields
-_ZERO = 0.0
 
 
 class Message(MessageFields):
@@ -52,8 +51,7 @@ class Message(MessageFields):
         m = cython.cast(Message, Message.__new__(Message))
         if not _decode_fields(m, data):
             return _decode_into(Message, data)
-        m.deferred = m.delivery_ts = m.pri = _ZERO
-        m.client_id = 0
+        # (compiled, the times and the owner are C numbers, zero as made)
         return m
 
     # the layout's functions as methods: no call in between on the hot paths

@@ -3,7 +3,7 @@ import random
 from twisted.trial import unittest
 
 from nsq_wire.frames import FRAME_TYPE_MESSAGE, FrameReader
-from nsq_wire.message import _frames, decode, frames, records
+from nsq_wire.message import _frames, _records, decode, frames, records
 from nsqd_tw.core.message import Message
 from nsqd_tw.storage.backend import CutRecord
 
@@ -93,3 +93,15 @@ class BurstTests(unittest.TestCase):
         for name in names:
             self.assertEqual(getattr(got, name), getattr(made, name), name)
             self.assertIs(type(getattr(got, name)), type(getattr(made, name)), name)
+
+    def test_records_are_each_encode(self) -> None:
+        ids = [b"%016x" % i for i in range(50)]
+        bodies = [bytes(range(i % 256)) * (1 + i // 10) for i in range(50)]
+        for ts in (0, -1, 2**63 - 1, -(2**63), 1_700_000_000_123_456_789):
+            want = [Message(i, b, ts).encode() for i, b in zip(ids, bodies, strict=True)]
+            self.assertEqual(records(ids, bodies, ts), want)
+        self.assertEqual(records([], [], 5), [])
+        odd = [([b"short"], [b"body"]), (ids[:1], [memoryview(b"view")]), ((ids[0],), (b"tuple",))]
+        for i, b in odd:
+            self.assertEqual(records(i, b, 7), _records(i, b, 7))  # type: ignore[arg-type]
+        self.assertRaises(ValueError, records, ids[:2], bodies[:1], 7)
