@@ -32,6 +32,7 @@ class OptionalBuildExt(build_ext):
     (a warning, not a failed install) when it cannot."""
 
     def run(self) -> None:
+        self._remove_stale()
         if os.environ.get("NSQ_TW_PURE", "") not in ("", "0"):
             self._skip("NSQ_TW_PURE is set")
         elif self.inplace or getattr(self, "editable_mode", False):
@@ -72,6 +73,20 @@ class OptionalBuildExt(build_ext):
             self._remove_built(ext)
         self.extensions = []
         print(f"nsq-tw: pure Python ({why})", file=sys.stderr)
+
+    def _remove_stale(self) -> None:
+        """A module an earlier build compiled that is no longer in :data:`COMPILED`
+        would go into this wheel from build/lib, shadowing its .py."""
+        if self.inplace:
+            return
+        wanted = {os.path.normpath(self.get_ext_fullpath(ext.name)) for ext in self.extensions}
+        for package in {path.split("/")[0] for path in COMPILED}:
+            for root, _dirs, files in os.walk(os.path.join(self.build_lib, package)):
+                for name in files:
+                    path = os.path.normpath(os.path.join(root, name))
+                    if name.endswith((".so", ".pyd")) and path not in wanted:
+                        with contextlib.suppress(OSError):
+                            os.remove(path)
 
     def _remove_built(self, ext: Extension) -> None:
         """A module an earlier build compiled into build/lib would go into this wheel."""
