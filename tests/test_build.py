@@ -55,3 +55,17 @@ class StaleModuleTests(unittest.TestCase):
         built = self.left("nsqd_tw.core.pqueue")
         self.build_ext(NSQ_TW_PURE="1")
         self.assertFalse(built.exists())
+
+
+class BothWaysTests(unittest.TestCase):
+    def test_the_processes_a_test_starts_import_what_it_imports(self) -> None:
+        """scripts/test's first pass runs the work tree's .py files, its second the
+        compiled install: the nsqd a process test starts must be the same build."""
+        import nsqd_tw.core.pqueue
+        from tests.integration.procs import _same_modules
+
+        probe = "import nsqd_tw.core.pqueue as m; print(m.__file__)"
+        done = subprocess.run(
+            [*_same_modules(), sys.executable, "-c", probe], cwd="/", capture_output=True, text=True, check=True
+        )
+        self.assertEqual(done.stdout.strip(), nsqd_tw.core.pqueue.__file__)
