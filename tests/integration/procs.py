@@ -36,13 +36,7 @@ def unsafe_listener(address: str) -> str | None:
 
 
 def command(name: str) -> list[str]:
-    """The console script next to this Python (what `pip install` made), run on the
-    nsq-tw this run imports: a work tree's .py files (``scripts/test``'s first pass)
-    or the installed, maybe compiled, package (its second)."""
-    return [*_same_modules(), *_script(name)]
-
-
-def _script(name: str) -> list[str]:
+    """The console script next to this Python (what `pip install` made)."""
     script = Path(sys.executable).parent / name
     if script.exists():
         return [str(script)]
@@ -53,18 +47,6 @@ def _script(name: str) -> list[str]:
         return [sys.executable, "-m", "twisted"]
     module = {"nsqd": "nsqd_tw", "nsqlookupd": "lookupd_tw"}[name]
     return [sys.executable, "-m", module]
-
-
-def _same_modules() -> list[str]:
-    """``env PYTHONPATH=...`` when this run imports nsq-tw from a work tree rather than
-    from site-packages, so that the processes it starts import the same files."""
-    import nsqd_tw
-
-    root = Path(nsqd_tw.__file__).resolve().parents[1]
-    if "site-packages" in root.parts:
-        return []
-    path = os.environ.get("PYTHONPATH")
-    return ["env", f"PYTHONPATH={root}{os.pathsep + path if path else ''}"]
 
 
 class ServerProcess:
