@@ -2,6 +2,8 @@
 
     python bench/run.py                     # 3 runs, --size 200 --batch-size 200, 10 s each
     python bench/run.py --profile out/      # also py-spy the server during each phase
+    python bench/run.py --tls --server go=DIR/nsqd   # the same clients against Go's nsqd too,
+                                                     # runs interleaved, medians and ratios
 
 Like Go's bench.sh: nsqd runs with --mem-queue-size=1000000 and the channel
 exists before the writer starts.
@@ -30,9 +32,10 @@ from _common import connect  # noqa: E402
 from nsq_wire.commands import encode_command  # noqa: E402
 
 
-def launch(extra: list[str]) -> tuple[subprocess.Popen, str]:
-    exe = Path(sys.executable).parent / "nsqd"
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "nsqd_tw"]
+def launch(extra: list[str], exe: str | None = None) -> tuple[subprocess.Popen, str]:
+    """nsqd (``exe``, else the one next to this Python) on loopback ports."""
+    ours = Path(sys.executable).parent / "nsqd"
+    cmd = [exe] if exe else [str(ours)] if ours.exists() else [sys.executable, "-m", "nsqd_tw"]
     proc = subprocess.Popen(
         [*cmd, "--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0", *extra],
         stderr=subprocess.PIPE,
@@ -130,57 +133,90 @@ def main() -> None:
     p.add_argument("--tls", action="store_true", help="clients upgrade to TLS (nsqd gets a throwaway certificate)")
     p.add_argument("--snappy", action="store_true", help="clients negotiate snappy")
     p.add_argument("--deflate", action="store_true", help="clients negotiate deflate")
+    p.add_argument(
+        "--server",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="another nsqd (Go's) run with the same flags and clients, interleaved with ours",
+    )
     p.add_argument("nsqd_args", nargs="*", help="extra nsqd flags (after --)")
     a = p.parse_args()
 
+    servers: dict[str, str | None] = {"ours": None}
+    for spec in a.server:
+        name, _, path = spec.partition("=")
+        servers[name] = path
     data = tempfile.mkdtemp(prefix="nsq-bench-")
     extra = []
     if a.tls:
         from tests.certs import make_certs
 
         files = make_certs(os.path.join(data, "certs"))
-        extra = ["--tls-cert", files.cert, "--tls-key", files.key]
-    proc, address = launch(["--mem-queue-size", str(a.mem_queue_size), "--data-path", data, *extra, *a.nsqd_args])
+        extra = ["--tls-cert", files.cert, "--tls-key", files.key, "--https-address", "127.0.0.1:0"]
+    procs: dict[str, tuple[subprocess.Popen, str]] = {}
     try:
-        s = connect(address, "bench_setup", {})
-        s.sendall(encode_command(b"SUB", "sub_bench", "ch"))
-        s.recv(100)
-        s.close()
+        for name, exe in servers.items():
+            path = os.path.join(data, name)
+            os.mkdir(path)
+            flags = ["--mem-queue-size", str(a.mem_queue_size), "--data-path", path, *extra, *a.nsqd_args]
+            procs[name] = launch(flags, exe)
+            s = connect(procs[name][1], "bench_setup", {})
+            s.sendall(encode_command(b"SUB", "sub_bench", "ch"))
+            s.recv(100)
+            s.close()
         runfor = float(a.runfor.rstrip("s"))
-        results: dict[str, list[float]] = {"bench_writer": [], "bench_reader": []}
+        tools = ("bench_writer", "bench_reader")
+        results: dict[tuple[str, str], list[float]] = {(server, t): [] for server in servers for t in tools}
         for run in range(a.runs):
-            for name in ("bench_writer", "bench_reader"):
-                spy = None
-                if a.profile:
-                    a.profile.mkdir(parents=True, exist_ok=True)
-                    spy = profile(proc.pid, max(1, runfor - 1), a.profile / f"{name}-{run}.txt")
-                r = tool(name, address, a)
-                if spy is not None:
-                    spy.wait()
-                results[name].append(r["msg_per_s"])
-                print(f"run {run + 1} {name}: {r['msg_per_s']:,.0f} msg/s  {r['mb_per_s']:.1f} MB/s", flush=True)
+            # interleaved: each server in turn, in another order each run
+            order = list(servers)[run % len(servers) :] + list(servers)[: run % len(servers)]
+            for server in order:
+                proc, address = procs[server]
+                for name in tools:
+                    spy = None
+                    if a.profile:
+                        a.profile.mkdir(parents=True, exist_ok=True)
+                        spy = profile(proc.pid, max(1, runfor - 1), a.profile / f"{server}-{name}-{run}.txt")
+                    r = tool(name, address, a)
+                    if spy is not None:
+                        spy.wait()
+                    results[server, name].append(r["msg_per_s"])
+                    print(
+                        f"run {run + 1} {server} {name}: {r['msg_per_s']:,.0f} msg/s  {r['mb_per_s']:.1f} MB/s",
+                        flush=True,
+                    )
         print()
-        for name, values in results.items():
+        for name in tools:
             label = "publish" if name == "bench_writer" else "consume"
-            print(
-                f"{label}: median {statistics.median(values):,.0f} msg/s over {len(values)} runs "
-                f"({', '.join(f'{v:,.0f}' for v in values)})"
-            )
+            for server in servers:
+                values = results[server, name]
+                who = "" if len(servers) == 1 else f"{server} "
+                print(
+                    f"{who}{label}: median {statistics.median(values):,.0f} msg/s over {len(values)} runs "
+                    f"({', '.join(f'{v:,.0f}' for v in values)})"
+                )
+            for server in list(servers)[1:]:
+                ratio = statistics.median(results["ours", name]) / statistics.median(results[server, name])
+                print(f"{label}: ours/{server} {ratio:.2f}")
         if a.profile:
-            for name in results:
-                for run in range(a.runs):
-                    f = a.profile / f"{name}-{run}.txt"
-                    if f.exists():
-                        print(f"\nserver self time during {name} run {run + 1}:")
-                        for func, pct in summarize(f):
-                            print(f"  {pct:5.1f}%  {func}")
-                        break
+            for server in servers:
+                for name in tools:
+                    for run in range(a.runs):
+                        f = a.profile / f"{server}-{name}-{run}.txt"
+                        if f.exists():
+                            print(f"\n{server} self time during {name} run {run + 1}:")
+                            for func, pct in summarize(f):
+                                print(f"  {pct:5.1f}%  {func}")
+                            break
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        for proc, _ in procs.values():
+            proc.send_signal(signal.SIGTERM)
+        for proc, _ in procs.values():
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
         shutil.rmtree(data, ignore_errors=True)
 
 

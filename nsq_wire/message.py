@@ -14,6 +14,15 @@ from typing import Protocol, TypeVar
 
 from nsq_wire.frames import FRAME_TYPE_MESSAGE
 
+try:
+    import cython
+except ModuleNotFoundError:
+    from nsq_wire import cython_shim as cython
+
+if cython.compiled:  # the C API that the compiled frames() writes a burst with
+    from cython.cimports.cpython.bytes import PyBytes_AS_STRING, PyBytes_FromStringAndSize  # type: ignore
+    from cython.cimports.libc.string import memcpy  # type: ignore
+
 MSG_ID_LENGTH = 16
 
 T = TypeVar("T")
@@ -45,15 +54,71 @@ class Fields(Protocol):
     attempts: int
 
 
+class MessageFields:
+    """The fields this layout frames, as the base of a server's message class (nsqd's
+    Message): compiled (setup.py), an extension type whose fields :func:`frames` reads
+    as C struct members (message.pxd)."""
+
+    __slots__ = ("attempts", "body", "id", "timestamp")
+
+    id: bytes
+    body: bytes
+    timestamp: int
+    attempts: int
+
+
 def encode(m: Fields) -> bytes:
     """The message frame's data, and the disk-queue record."""
     return _ENCODE_HEADER.pack(m.timestamp & _U64, m.attempts & 0xFFFF) + m.id + m.body
 
 
-def records(ids: list[bytes], bodies: list[bytes], timestamp: int) -> list[bytes]:
-    """The records of messages published together: one timestamp, no attempts yet."""
+def _records(ids: list[bytes], bodies: list[bytes], timestamp: int) -> list[bytes]:
     header = _ENCODE_HEADER.pack(timestamp & _U64, 0)
     return [header + i + b for i, b in zip(ids, bodies, strict=True)]
+
+
+@cython.locals(
+    k=cython.Py_ssize_t,
+    count=cython.Py_ssize_t,
+    n=cython.Py_ssize_t,
+    hl=cython.Py_ssize_t,
+    idl=cython.Py_ssize_t,
+    io=cython.Py_ssize_t,
+    p=cython.p_char,
+    hp=cython.p_char,
+    out=list,
+    head=bytes,
+    i=bytes,
+    b=bytes,
+    r=bytes,
+)
+def records(ids: list[bytes], bodies: list[bytes], timestamp: int) -> list[bytes]:
+    """The records of messages published together: one timestamp, no attempts yet."""
+    if not cython.compiled or type(ids) is not list or type(bodies) is not list:
+        return _records(ids, bodies, timestamp)
+    # compiled: each record made at its size and written with one copy of its body
+    # (not header + ID, then + body); other shapes take the pure path
+    hl, idl, io = MESSAGE_HEADER_LENGTH, MSG_ID_LENGTH, ID_OFFSET  # (C constants)
+    count = len(ids)
+    if len(bodies) != count:
+        return _records(ids, bodies, timestamp)
+    for k in range(count):
+        o, q = ids[k], bodies[k]
+        if type(o) is not bytes or type(q) is not bytes or len(o) != idl:
+            return _records(ids, bodies, timestamp)
+    head = _ENCODE_HEADER.pack(timestamp & _U64, 0)
+    hp = PyBytes_AS_STRING(head)
+    out = []
+    for k in range(count):
+        i, b = ids[k], bodies[k]
+        n = len(b)
+        r = PyBytes_FromStringAndSize(cython.NULL, hl + n)
+        p = PyBytes_AS_STRING(r)
+        memcpy(p, hp, io)
+        memcpy(p + io, PyBytes_AS_STRING(i), idl)
+        memcpy(p + hl, PyBytes_AS_STRING(b), n)
+        out.append(r)
+    return out
 
 
 def frame(m: Fields) -> bytes:
@@ -67,8 +132,7 @@ def frame(m: Fields) -> bytes:
     )
 
 
-def frames(msgs: Sequence[Fields]) -> bytes:
-    """The message frames of ``msgs`` back to back: a burst to one consumer, one buffer."""
+def _frames(msgs: Sequence[Fields]) -> bytes:
     pack = _FRAME_HEADER.pack
     size = MESSAGE_HEADER_LENGTH + 4
     return b"".join(
@@ -77,6 +141,65 @@ def frames(msgs: Sequence[Fields]) -> bytes:
             for m in msgs
         ]
     )
+
+
+# the header of a message frame: size (4), type (4), timestamp (8), attempts (2), ID (16)
+FRAME_HEADER_LENGTH = 8 + MESSAGE_HEADER_LENGTH
+
+
+@cython.locals(
+    m=MessageFields,
+    total=cython.Py_ssize_t,
+    n=cython.Py_ssize_t,
+    size=cython.Py_ssize_t,
+    p=cython.p_uchar,
+    ts=cython.ulonglong,
+    attempts=cython.ulonglong,
+    i=cython.int,
+    hl=cython.Py_ssize_t,
+    idl=cython.Py_ssize_t,
+    ft=cython.uchar,
+    out=bytes,
+    body=bytes,
+)
+def frames(msgs: Sequence[Fields]) -> bytes:
+    """The message frames of ``msgs`` back to back: a burst to one consumer, one buffer."""
+    if not cython.compiled:
+        return _frames(msgs)
+    # compiled: one allocation for the burst and one copy of each body; messages that
+    # are not MessageFields holding exact bytes take the pure path
+    hl, idl, ft = FRAME_HEADER_LENGTH, MSG_ID_LENGTH, FRAME_TYPE_MESSAGE  # (C constants)
+    total = 0
+    for o in msgs:
+        if not isinstance(o, MessageFields):
+            return _frames(msgs)
+        m = cython.cast(MessageFields, o)
+        if type(m.body) is not bytes or type(m.id) is not bytes or len(m.id) != idl:
+            return _frames(msgs)
+        total += hl + len(m.body)
+    out = PyBytes_FromStringAndSize(cython.NULL, total)
+    p = cython.cast(cython.p_uchar, PyBytes_AS_STRING(out))
+    for o in msgs:
+        m = cython.cast(MessageFields, o)
+        body = m.body
+        n = len(body)
+        size = n + hl - 4  # what follows the size
+        ts = cython.cast(cython.ulonglong, m.timestamp)  # Go's uint64: a negative one wraps
+        attempts = m.attempts & 0xFFFF
+        p[0] = (size >> 24) & 0xFF
+        p[1] = (size >> 16) & 0xFF
+        p[2] = (size >> 8) & 0xFF
+        p[3] = size & 0xFF
+        p[4] = p[5] = p[6] = 0
+        p[7] = ft
+        for i in range(8):
+            p[8 + i] = (ts >> (56 - 8 * i)) & 0xFF
+        p[16] = (attempts >> 8) & 0xFF
+        p[17] = attempts & 0xFF
+        memcpy(p + 18, PyBytes_AS_STRING(m.id), idl)
+        memcpy(p + hl, PyBytes_AS_STRING(body), n)
+        p += hl + n
+    return out
 
 
 def decode(data: bytes) -> tuple[bytes, bytes, int, int]:
@@ -93,6 +216,30 @@ def decode_into(make: Callable[[bytes, bytes, int, int], T], data: bytes) -> T:
         raise ValueError(f"invalid message buffer size ({len(data)})")
     timestamp, attempts, msg_id = _HEADER.unpack_from(data)
     return make(msg_id, data[MESSAGE_HEADER_LENGTH:], timestamp, attempts)
+
+
+@cython.locals(m=MessageFields, raw=bytes, p=cython.p_uchar, ts=cython.ulonglong, i=cython.int, hl=cython.Py_ssize_t)
+def decode_fields(m: MessageFields, data: bytes) -> bool:
+    """Compiled (setup.py): :func:`decode` into the fields of ``m``, a message just made,
+    with the header read in place; False, and ``m`` untouched, when ``data`` is not
+    exact bytes (a ``CutRecord``, a bytearray) or not compiled: use :func:`decode_into`.
+    Once per message delivered: struct's tuple and the Python ints in it cost more than
+    the rest of the message."""
+    if not cython.compiled or type(data) is not bytes:
+        return False
+    hl = MESSAGE_HEADER_LENGTH
+    raw = data
+    if len(raw) < hl:
+        raise ValueError(f"invalid message buffer size ({len(raw)})")
+    p = raw
+    ts = 0
+    for i in range(8):
+        ts = (ts << 8) | p[i]
+    m.timestamp = cython.cast(cython.longlong, ts)
+    m.attempts = (p[8] << 8) | p[9]
+    m.id = raw[ID_OFFSET:hl]
+    m.body = raw[hl:]
+    return True
 
 
 def message_id(data: bytes) -> bytes:

@@ -21,6 +21,11 @@ from nsqd_tw.core.message import Message
 from nsqd_tw.core.pqueue import DeferredQueue
 from nsqd_tw.core.queue import BYTES, Item, MessageQueue
 
+try:
+    import cython
+except ModuleNotFoundError:
+    from nsq_wire import cython_shim as cython
+
 
 class ChannelError(Exception):
     """A refused channel operation; ``str()`` is Go's text."""
@@ -156,6 +161,7 @@ class ChannelQueue(MessageQueue):
             msg, at = self._next()
         return msg
 
+    @cython.locals(msg=Message)
     def _take(self, n: int, client_id: int, now: float) -> list[Message]:
         """A burst: up to ``n`` queued messages due now, memory and backend in turns
         as :meth:`_next` takes them, as delivered to consumer ``client_id`` at
@@ -235,6 +241,7 @@ class ChannelQueue(MessageQueue):
             if ended and not self.memory:
                 break
 
+    @cython.locals(msg=Message)
     def _read_turns(
         self, n: int, read_many: Callable[[int], list[tuple[bytes, object]]]
     ) -> tuple[list[Message | None], bool]:

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
-from typing import ClassVar
 
 from nsq_wire import message as layout
+from nsq_wire.message import MessageFields
+
+try:
+    import cython
+except ModuleNotFoundError:
+    from nsq_wire import cython_shim as cython
+
+_decode_into = layout.decode_into
+_decode_fields = layout.decode_fields
 
 
-class Message:
+class Message(MessageFields):
     """A message as one channel (or a topic) holds it.
 
     ``deferred`` is the DPUB delay in seconds. ``client_id``, ``delivery_ts``,
@@ -17,18 +24,7 @@ class Message:
     ``ref`` is the backend's token for the record it was read from (durable mode).
     """
 
-    __slots__ = (
-        "attempts",
-        "body",
-        "bucket",
-        "client_id",
-        "deferred",
-        "delivery_ts",
-        "id",
-        "pri",
-        "ref",
-        "timestamp",
-    )
+    __slots__ = ("bucket", "client_id", "deferred", "delivery_ts", "pri", "ref")
 
     def __init__(self, id: bytes, body: bytes, timestamp: int, attempts: int = 0) -> None:
         self.id = id
@@ -48,7 +44,15 @@ class Message:
         m.deferred = self.deferred
         return m
 
-    decode: ClassVar[Callable[[bytes], Message]]  # a record, or a message frame's data, as a Message (below)
+    @staticmethod
+    def decode(data: bytes) -> Message:
+        """A record, or a message frame's data, as a Message (once per message delivered)."""
+        # compiled: made without __init__'s call and filled in place (a record in exact bytes)
+        m = cython.cast(Message, Message.__new__(Message))
+        if not _decode_fields(m, data):
+            return _decode_into(Message, data)
+        # (compiled, the times and the owner are C numbers, zero as made)
+        return m
 
     # the layout's functions as methods: no call in between on the hot paths
     encode = layout.encode  # the disk-queue record (and message-frame data)
@@ -58,6 +62,7 @@ class Message:
         return f"Message(id={self.id!r}, attempts={self.attempts}, body={self.body[:32]!r})"
 
 
-# A record, or a message frame's data, as a Message: ``Message.decode(data)``, with no
-# Python call between it and the layout's decoder (once per message delivered)
-Message.decode = staticmethod(partial(layout.decode_into, Message))
+if not cython.compiled:
+    # uncompiled, no Python call between ``Message.decode(data)`` and the layout's decoder
+    # (compiled, Message is an extension type, whose attributes are set once: message.pxd)
+    Message.decode = staticmethod(partial(layout.decode_into, Message))  # type: ignore[method-assign]

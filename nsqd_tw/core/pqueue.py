@@ -18,6 +18,11 @@ from collections.abc import Iterator
 
 from nsqd_tw.core.message import Message
 
+try:
+    import cython
+except ModuleNotFoundError:
+    from nsq_wire import cython_shim as cython
+
 
 class TimeoutQueue:
     def __init__(self, resolution: float = 0.1) -> None:
@@ -60,6 +65,7 @@ class TimeoutQueue:
         msg.bucket = bucket  # so removal needs no search
         self._index[msg.id] = msg
 
+    @cython.locals(msg=Message)
     def push_many(self, msgs: list[Message], due: float) -> None:
         """:meth:`push` for messages sent together (a burst to one consumer)."""
         bucket = self._bucket(due)
@@ -80,6 +86,7 @@ class TimeoutQueue:
                 msg.bucket = None
         return msg
 
+    @cython.locals(msg=Message)
     def take_owned(self, owner: int, ids: list[bytes]) -> tuple[list[Message], list[tuple[bytes, str]]]:
         """Remove the messages of ``ids`` held by ``owner`` (their ``client_id``): those
         removed, and the IDs refused with why (not queued, or another owner's: it stays)."""

@@ -26,6 +26,11 @@ from nsqd_tw.storage.records import RecordReader
 from nsqd_tw.storage.snapshot import FileSnapshot
 from nsqd_tw.storage.syncer import Syncer
 
+try:
+    import cython
+except ModuleNotFoundError:
+    from nsq_wire import cython_shim as cython
+
 
 class Ref:
     """Where a record read in acknowledged mode lives, its size, whether it is
@@ -156,6 +161,20 @@ class DiskQueueReading:
                 self._read_buffered(out, n)
         return out
 
+    # compiled: the loop's arithmetic in C, the buffer (os.pread's bytes) sliced directly
+    @cython.locals(
+        buf=bytes,
+        start=cython.Py_ssize_t,
+        end=cython.Py_ssize_t,
+        pos=cython.Py_ssize_t,
+        lo=cython.Py_ssize_t,
+        hi=cython.Py_ssize_t,
+        size=cython.Py_ssize_t,
+        i=cython.Py_ssize_t,
+        taken=cython.Py_ssize_t,
+        size_total=cython.Py_ssize_t,
+        want=cython.Py_ssize_t,
+    )
     def _read_buffered(self, out: list[tuple[bytes, Ref | None]], n: int) -> None:
         """:meth:`read`'s loop for the records wholly in the reader's buffer, with
         the same checks; it stops at the first record it cannot take from there."""

@@ -22,7 +22,7 @@ LOOPBACK = ("-tcp-address", "127.0.0.1:0", "-http-address", "127.0.0.1:0")
 _WITH_NOFILE = (
     "import os, resource, sys; "
     "resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2]))); "
-    "os.execv(sys.argv[3], sys.argv[3:])"
+    "os.execvp(sys.argv[3], sys.argv[3:])"
 )
 
 

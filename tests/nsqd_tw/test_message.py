@@ -1,8 +1,11 @@
+import random
+
 from twisted.trial import unittest
 
 from nsq_wire.frames import FRAME_TYPE_MESSAGE, FrameReader
-from nsq_wire.message import records
+from nsq_wire.message import _frames, _records, decode, frames, records
 from nsqd_tw.core.message import Message
+from nsqd_tw.storage.backend import CutRecord
 
 
 class MessageTests(unittest.TestCase):
@@ -42,3 +45,63 @@ class MessageTests(unittest.TestCase):
         c = m.copy()
         c.attempts += 1
         self.assertEqual((m.attempts, c.attempts, c.deferred, c.id), (3, 1, 1.5, m.id))
+
+
+class BurstTests(unittest.TestCase):
+    """What the compiled module (setup.py) writes and reads in place is what the
+    layout's struct-based code does; the suite runs against both builds."""
+
+    ID = b"0123456789abcdef"
+
+    def test_frames_are_each_frame_back_to_back(self) -> None:
+        edges = [0, 1, -1, 255, 256, 2**31, 2**63 - 1, -(2**63), 1_700_000_000_123_456_789]
+        bodies = [b"", b"x", b"\x00\xff" * 100, bytes(range(256)) * 4]
+        msgs = [Message(self.ID, bodies[i % 4], ts, attempts=a) for i, ts in enumerate(edges) for a in (0, 1, 65535)]
+        self.assertEqual(frames(msgs), b"".join(m.frame() for m in msgs))
+        self.assertEqual(frames([]), b"")
+
+    def test_frames_of_other_shapes_are_the_pure_ones(self) -> None:
+        class Body(bytes):
+            pass
+
+        odd = [
+            Message(self.ID, Body(b"subclass"), 5, attempts=2),
+            Message(b"short", b"an ID of the wrong length", 6),
+            Message(self.ID, memoryview(b"a view"), 7),  # type: ignore[arg-type]
+        ]
+        for m in odd:
+            burst = [Message(self.ID, b"plain", 1), m]
+            self.assertEqual(frames(burst), _frames(burst))
+            self.assertEqual(frames(burst), b"".join(x.frame() for x in burst))
+
+    def test_decode_is_the_struct_decode(self) -> None:
+        rng = random.Random(39)
+        heads = [bytes(rng.getrandbits(8) for _ in range(26)) for _ in range(2000)]
+        heads += [b"\x80" + b"\x00" * 25, b"\x7f" + b"\xff" * 25, b"\xff" * 26, b"\x00" * 26]
+        for head in heads:
+            data = head + b"body"
+            m = Message.decode(data)
+            self.assertEqual((m.id, m.body, m.timestamp, m.attempts), decode(data))
+        for data in (bytearray(heads[0] + b"b"), CutRecord(heads[1] + b"b", 27)):
+            m = Message.decode(data)  # type: ignore[arg-type]
+            self.assertEqual((m.id, bytes(m.body), m.timestamp, m.attempts), decode(bytes(data)))
+
+    def test_decoded_message_is_a_fresh_one(self) -> None:
+        made = Message(self.ID, b"body", 42, attempts=7)
+        got = Message.decode(made.encode())
+        names = ("id", "body", "timestamp", "attempts", "deferred", "client_id", "delivery_ts", "pri", "bucket", "ref")
+        for name in names:
+            self.assertEqual(getattr(got, name), getattr(made, name), name)
+            self.assertIs(type(getattr(got, name)), type(getattr(made, name)), name)
+
+    def test_records_are_each_encode(self) -> None:
+        ids = [b"%016x" % i for i in range(50)]
+        bodies = [bytes(range(i % 256)) * (1 + i // 10) for i in range(50)]
+        for ts in (0, -1, 2**63 - 1, -(2**63), 1_700_000_000_123_456_789):
+            want = [Message(i, b, ts).encode() for i, b in zip(ids, bodies, strict=True)]
+            self.assertEqual(records(ids, bodies, ts), want)
+        self.assertEqual(records([], [], 5), [])
+        odd = [([b"short"], [b"body"]), (ids[:1], [memoryview(b"view")]), ((ids[0],), (b"tuple",))]
+        for i, b in odd:
+            self.assertEqual(records(i, b, 7), _records(i, b, 7))  # type: ignore[arg-type]
+        self.assertRaises(ValueError, records, ids[:2], bodies[:1], 7)
