@@ -3,6 +3,7 @@
     python bench/bench_spark.py                       # 200,000 messages of 200 bytes, 3 runs
     python bench/bench_spark.py --messages 500000 --size 1000 --runs 5
     python bench/bench_spark.py --archive --master 'local[2]' --messages 400000
+    python bench/bench_spark.py --archive --master 'local[2]' --messages 400000 --size 100 --backlog disk
 
 archive: publish N messages, then run ``nsq-spark-archive --trigger available-now`` as a
 user runs it: its own process, its own SparkSession, JVM start included, given nsqd's HTTP
@@ -16,6 +17,11 @@ source: publish N messages, then time an availableNow query from
 ``format("nsq")`` to the ``noop`` sink (the time includes FINing them).
 sink: time ``df.write.format("nsq")`` of N rows (every MPUB answered OK).
 Each run uses a new topic; the SparkSession is started once, outside the timing.
+
+``--backlog disk`` (archive): as an hourly job meets its topic. nsqd keeps its default
+``--mem-queue-size`` (10,000), the topic gets two channels (the archive's and another)
+before the messages are published by HTTP ``/mpub``, so nearly all of the archive's
+backlog is on disk. ``--backlog memory`` (the default) gives nsqd room for all of them.
 """
 
 from __future__ import annotations
@@ -45,6 +51,33 @@ def publish(address: str, topic: str, n: int, size: int) -> None:
         for start in range(0, n, batch * 8):
             chunk = [[body] * min(batch, n - i) for i in range(start, min(n, start + batch * 8), batch)]
             conn.publish(topic, chunk)
+    finally:
+        conn.close()
+
+
+def publish_http(http_address: str, topic: str, n: int, size: int, channels: list[str]) -> None:
+    """``channels`` of ``topic`` created, then ``n`` messages published by ``POST /mpub``
+    (newline-separated bodies, ~1 MB a request), as an HTTP producer does."""
+    import http.client
+
+    host, _, port = http_address.rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+
+    def post(path: str, body: bytes = b"") -> None:
+        conn.request("POST", path, body)
+        answer = conn.getresponse()
+        text = answer.read()
+        if answer.status != 200:
+            raise SystemExit(f"POST {path}: {answer.status} {text!r}")
+
+    try:
+        post(f"/topic/create?topic={topic}")
+        for channel in channels:
+            post(f"/channel/create?topic={topic}&channel={channel}")
+        line = b"a" * size
+        batch = max(1, min(10_000, (1024 * 1024) // (size + 1)))
+        for start in range(0, n, batch):
+            post(f"/mpub?topic={topic}", b"\n".join([line] * min(batch, n - start)))
     finally:
         conn.close()
 
@@ -84,7 +117,10 @@ def archive_run(address: str, data: str, run: int, a: argparse.Namespace) -> dic
     import threading
 
     topic = f"bench_archive_{run}"
-    publish(address, topic, a.messages, a.size)
+    if a.backlog == "disk":
+        publish_http(a.http_address, topic, a.messages, a.size, ["nsq_to_parquet", "other"])
+    else:
+        publish(address, topic, a.messages, a.size)
     output = os.path.join(data, f"archive-{run}")
     exe = Path(sys.executable).parent / "nsq-spark-archive"
     node = ["--nsqd-tcp-address", address] if a.tcp_only else ["--nsqd-http-address", a.http_address]
@@ -152,7 +188,8 @@ def archive_run(address: str, data: str, run: int, a: argparse.Namespace) -> dic
 
 def archive_main(a: argparse.Namespace) -> None:
     data = tempfile.mkdtemp(prefix="nsq-bench-archive-")
-    proc, address = launch(["--mem-queue-size", str(a.messages * 2), "--data-path", data])
+    memory = [] if a.backlog == "disk" else ["--mem-queue-size", str(a.messages * 2)]
+    proc, address = launch([*memory, "--data-path", data])
     a.http_address = proc.http_address  # type: ignore[attr-defined]
     results = []
     try:
@@ -180,7 +217,7 @@ def archive_main(a: argparse.Namespace) -> None:
         values = [r[key] for r in results]
         print(f"{key}: median {statistics.median(values):,.1f} ({', '.join(f'{v:,.1f}' for v in values)})")
     batches = f"batches of {a.max_messages_per_batch:,}" if a.max_messages_per_batch else "the job's batch size"
-    print(f"{a.messages:,} messages of {a.size} bytes, --master {a.master}, {batches}")
+    print(f"{a.messages:,} messages of {a.size} bytes, --master {a.master}, {batches}, backlog in {a.backlog}")
 
 
 def main() -> None:
@@ -196,6 +233,12 @@ def main() -> None:
     )
     p.add_argument("--verbose", action="store_true", help="where the source's micro-batches spend their time")
     p.add_argument("--archive", action="store_true", help="time nsq-spark-archive as a user runs it (see above)")
+    p.add_argument(
+        "--backlog",
+        choices=("memory", "disk"),
+        default="memory",
+        help="archive: nsqd holds the backlog in memory, or on disk as an hourly job meets it (see above)",
+    )
     p.add_argument(
         "--tcp-only",
         action="store_true",
