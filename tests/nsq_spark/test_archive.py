@@ -115,19 +115,28 @@ class ArchiveTests(unittest.TestCase):
     def test_killed_three_times_then_exactly_once(self):
         """The job and every process it started (JVM, Python workers) SIGKILLed
         at random moments three times, then run to completion: a plain
-        Parquet reader sees every message exactly once."""
+        Parquet reader sees every message exactly once. Given nsqd's TCP
+        address only, the job cannot tell whether nsqd restarted and looks up
+        every row."""
+        self.killed_three_times("archive_kill", ["--nsqd-tcp-address", self.address])
+
+    def test_killed_three_times_given_http_then_exactly_once(self):
+        """The same given nsqd's HTTP address: the job knows nsqd did not
+        restart and looks up only the rows nsqd delivered again."""
+        self.killed_three_times("archive_kill_http", ["--nsqd-http-address", f"127.0.0.1:{self.nsqd.port('HTTP')}"])
+
+    def killed_three_times(self, topic: str, node: list[str]) -> None:
         expected = [f"kill-{i}".encode() for i in range(20000)]
-        publish(self.address, "archive_kill", expected)
+        publish(self.address, topic, expected)
         seed = random.randrange(1 << 30)
         rng = random.Random(seed)
         argv = [
             *archive_command(),
-            "--nsqd-tcp-address",
-            self.address,
+            *node,
             "--output",
             self.output,
             "--topic",
-            "archive_kill",
+            topic,
             "--max-messages-per-batch",
             "1000",
         ]
@@ -147,13 +156,14 @@ class ArchiveTests(unittest.TestCase):
             finally:
                 kill_tree(proc.pid)
                 proc.wait()
-        self.run_archive("--topic", "archive_kill", "--max-messages-per-batch", "1000")
+        done = subprocess.run([*argv, "--quiet"], capture_output=True, text=True, timeout=240, cwd=self.dir)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
         table = pq.read_table(self.output)
         got = table.column("body").to_pylist()
         detail = f"seed {seed}: {len(got)} rows, {len(set(got))} distinct"
         self.assertEqual(len(got), len(expected), detail)
         self.assertEqual(set(got), set(expected), detail)
-        stats = settled(self.nsqd, "archive_kill", "nsq_to_parquet")
+        stats = settled(self.nsqd, topic, "nsq_to_parquet")
         self.assertEqual((stats["depth"], stats["in_flight_count"]), (0, 0))
 
 
