@@ -270,6 +270,18 @@ _SQL_DEFAULTS = {
     "spark.sql.maxConcurrentOutputFileWriters": "1",
 }
 
+# a checkpoint made before the archive dropped copies itself holds the state of
+# Spark's dropDuplicatesWithinWatermark, which its query must keep (Spark refuses
+# a query without the stateful operator its checkpoint has): the settings that
+# state was made with
+_LEGACY_STATE_DEFAULTS = {
+    "spark.sql.streaming.stateStore.providerClass": (
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+    ),
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows": "false",
+}
+
 
 def spark_session(
     master: str | None,
@@ -366,6 +378,18 @@ def archive_query(spark: Any, args: argparse.Namespace) -> Any:
     for key, value in source_options(args).items():
         reader = reader.option(key, value)
     messages = reader.load()
+    window_ms = args.dedup_window_ms
+    if window_ms and _has_state(spark, checkpoint_location(args)):
+        log.info("the checkpoint holds Spark's deduplication state: copies are dropped by it, as before")
+        from pyspark import SparkConf
+
+        conf = SparkConf()
+        for key, value in _LEGACY_STATE_DEFAULTS.items():
+            if not conf.contains(key):
+                spark.conf.set(key, value)
+        interval = f"{window_ms} milliseconds"
+        messages = messages.withWatermark("received", interval).dropDuplicatesWithinWatermark(["nsqd_address", "id"])
+        window_ms = 0
     utc = F.to_utc_timestamp(F.col("timestamp"), spark.conf.get("spark.sql.session.timeZone"))
     rows = messages.withColumn("date", F.date_format(utc, "yyyy-MM-dd")).withColumn("hour", F.date_format(utc, "HH"))
     writer = (
@@ -375,7 +399,7 @@ def archive_query(spark: Any, args: argparse.Namespace) -> Any:
                 checkpoint_location(args),
                 args.compression,
                 args.since_ms,
-                dedup_window_ms=args.dedup_window_ms,
+                dedup_window_ms=window_ms,
                 node_starts=_node_starts(args),
             )
         )
@@ -393,6 +417,13 @@ SOURCE_SCHEMA = (
     "id STRING, body BINARY, timestamp TIMESTAMP, attempts INT, nsqd_address STRING, topic STRING, channel STRING, "
     "received TIMESTAMP"
 )
+
+
+def _has_state(spark: Any, checkpoint: str) -> bool:
+    """Whether ``checkpoint`` holds a stateful operator's state (any Hadoop path)."""
+    Path = spark._jvm.org.apache.hadoop.fs.Path
+    path = Path(f"{checkpoint}/state")
+    return bool(path.getFileSystem(spark._jsc.hadoopConfiguration()).exists(path))
 
 
 def _spark_interval(text: str) -> str:

@@ -112,6 +112,50 @@ class ArchiveTests(unittest.TestCase):
         self.assertIn("done: 20000 messages of archive_live", text)
         self.assertEqual(len(self.archived_bodies()), 20_000)
 
+    def test_a_checkpoint_with_sparks_deduplication_state_carries_on(self):
+        """An archive whose checkpoint was made when the job dropped copies with
+        Spark's dropDuplicatesWithinWatermark (its state in the checkpoint) is
+        carried on by the job, which keeps that operator for it: Spark fails a
+        query that lacks a stateful operator its checkpoint has."""
+        from nsq_spark import register
+        from nsq_spark.archive import SOURCE_SCHEMA, parse_args, source_options
+        from nsq_spark.batch_files import BatchFiles
+        from tests.nsq_spark.harness import spark
+
+        first = [f"legacy-{i}".encode() for i in range(2000)]
+        publish(self.address, "archive_legacy", first)
+        args = parse_args(["--nsqd-tcp-address", self.address, "--topic", "archive_legacy", "--output", self.output])
+        session = spark()
+        register(session)
+        reader = session.readStream.format("nsq").schema(SOURCE_SCHEMA)
+        for key, value in source_options(args).items():
+            reader = reader.option(key, value)
+        from pyspark.sql import functions as F
+
+        rows = (
+            reader.load()
+            .withWatermark("received", "10 minutes")
+            .dropDuplicatesWithinWatermark(["nsqd_address", "id"])
+            .withColumn("date", F.date_format("timestamp", "yyyy-MM-dd"))
+            .withColumn("hour", F.date_format("timestamp", "HH"))
+        )
+        checkpoint = os.path.join(self.output, "_checkpoint")
+        query = (
+            rows.writeStream.foreachBatch(BatchFiles(self.output, checkpoint, "snappy"))
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(240)
+        self.assertTrue(os.path.isdir(os.path.join(checkpoint, "state")))
+        self.assertEqual(len(self.archived_bodies()), 2000)
+        more = [f"legacy-more-{i}".encode() for i in range(1000)]
+        publish(self.address, "archive_legacy", more)
+        done = self.run_archive("--topic", "archive_legacy")
+        self.assertIn("done: 1000 messages", done.stderr)
+        self.assertIn("Spark's deduplication state", done.stderr)
+        self.assertEqual(sorted(self.archived_bodies()), sorted(first + more))
+
     def test_killed_three_times_then_exactly_once(self):
         """The job and every process it started (JVM, Python workers) SIGKILLed
         at random moments three times, then run to completion: a plain
