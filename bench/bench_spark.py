@@ -22,6 +22,9 @@ Each run uses a new topic; the SparkSession is started once, outside the timing.
 ``--mem-queue-size`` (10,000), the topic gets two channels (the archive's and another)
 before the messages are published by HTTP ``/mpub``, so nearly all of the archive's
 backlog is on disk. ``--backlog memory`` (the default) gives nsqd room for all of them.
+``--redelivered N`` (archive): N of them are taken and given back (REQ) before the job
+runs, so nsqd delivers them with ``attempts`` 2, rows the job looks up as possible copies
+(what an ``available-now`` run gives back at its cutoff comes to the next run so).
 """
 
 from __future__ import annotations
@@ -84,6 +87,28 @@ def publish_http(http_address: str, topic: str, n: int, size: int, channels: lis
         conn.close()
 
 
+def give_back(address: str, topic: str, channel: str, n: int) -> None:
+    """Take ``n`` messages of ``channel`` and give them back (REQ): nsqd delivers
+    them again with ``attempts`` 2, as it does what an availableNow run gave
+    back at its cutoff, or what a task took and could not stage."""
+    from nsq_client.blocking import Connection, ConnectOptions
+    from nsq_wire.frames import FRAME_TYPE_MESSAGE
+    from nsq_wire.message import decode
+
+    conn = Connection(address, ConnectOptions()).open()
+    try:
+        conn.subscribe(topic, channel)
+        taken = 0
+        while taken < n:
+            conn.rdy(min(2500, n - taken))
+            for frame_type, data in conn.poll_frames(1.0):
+                if frame_type == FRAME_TYPE_MESSAGE and taken < n:
+                    conn.req(decode(data)[0], 0)
+                    taken += 1
+    finally:
+        conn.close()
+
+
 def rss_by_role(pid: int) -> dict[str, int]:
     """RSS in bytes of a process and its descendants, by role: ``jvm`` (the
     driver JVM, which hosts the executors under local[N]), ``driver_python``
@@ -123,6 +148,8 @@ def archive_run(address: str, data: str, run: int, a: argparse.Namespace) -> dic
         publish_http(a.http_address, topic, a.messages, a.size, ["nsq_to_parquet", "other"])
     else:
         publish(address, topic, a.messages, a.size)
+    if a.redelivered:
+        give_back(address, topic, "nsq_to_parquet", a.redelivered)
     output = os.path.join(data, f"archive-{run}")
     exe = Path(sys.executable).parent / "nsq-spark-archive"
     node = ["--nsqd-tcp-address", address] if a.tcp_only else ["--nsqd-http-address", a.http_address]
@@ -247,6 +274,12 @@ def main() -> None:
         choices=("memory", "disk"),
         default="memory",
         help="archive: nsqd holds the backlog in memory, or on disk as an hourly job meets it (see above)",
+    )
+    p.add_argument(
+        "--redelivered",
+        type=int,
+        default=0,
+        help="archive: this many of the messages taken and given back first (attempts 2: rows the job looks up)",
     )
     p.add_argument(
         "--tcp-only",

@@ -344,17 +344,31 @@ def warm_workers(spark: Any) -> Any:
     daemon, pyspark and pyarrow, then nsq_spark) on first use, seconds the first
     batch would otherwise spend with the driver waiting; workers are reused
     (``spark.python.worker.reuse``), so the batch's read tasks find them ready.
-    Returns the thread (done when the job is)."""
+    Under a local master the job also writes its rows as the archive writes a
+    batch (Arrow from Python, date and hour, Parquet by date and hour) to a
+    temporary directory, so the first batch's tasks find that code compiled
+    by the JVM. Returns the thread (done when the job is)."""
+    import shutil
+    import tempfile
     import threading
 
     slots = max(1, int(spark.sparkContext.defaultParallelism))
     df = spark.range(0, slots, numPartitions=slots)
+    local = str(spark.sparkContext.master).startswith("local")
 
     def job() -> None:
+        scratch = tempfile.mkdtemp(prefix="nsq-archive-warm-") if local else None
         try:
-            df.mapInArrow(_import_source, df.schema).collect()
+            if scratch is None:
+                df.mapInArrow(_import_source, df.schema).collect()
+            else:
+                rows = _dated(spark, df.mapInArrow(_source_rows, SOURCE_SCHEMA))
+                rows.write.partitionBy("date", "hour").mode("overwrite").parquet(scratch)
         except Exception as e:  # only a head start: the query starts its workers anyway
             log.debug("warming the Python workers failed: %s", e)
+        finally:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
 
     thread = threading.Thread(target=job, name="nsq-archive-warm", daemon=True)
     thread.start()
@@ -367,9 +381,43 @@ def _import_source(batches: Any) -> Any:
     yield from batches
 
 
+def _source_rows(batches: Any) -> Any:
+    """A row of the source's schema for each row given, as a read task makes them."""
+    import time
+
+    import pyarrow as pa
+
+    from nsq_spark.source import _ARROW_SCHEMA
+
+    for batch in batches:
+        n = batch.num_rows
+        now = int(time.time() * 1_000_000)
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.array([f"{i:016x}" for i in range(n)], pa.string()),
+                pa.array([b""] * n, pa.binary()),
+                pa.array([now] * n, pa.timestamp("us", tz="UTC")),
+                pa.array([1] * n, pa.int32()),
+                pa.array(["warm"] * n, pa.string()),
+                pa.array(["warm"] * n, pa.string()),
+                pa.array(["warm"] * n, pa.string()),
+                pa.array([now] * n, pa.timestamp("us", tz="UTC")),
+            ],
+            schema=_ARROW_SCHEMA,
+        )
+
+
+def _dated(spark: Any, messages: Any) -> Any:
+    """The archive's rows: the source's columns, and the date and hour (UTC) of
+    each message's nsqd timestamp."""
+    from pyspark.sql import functions as F
+
+    utc = F.to_utc_timestamp(F.col("timestamp"), spark.conf.get("spark.sql.session.timeZone"))
+    return messages.withColumn("date", F.date_format(utc, "yyyy-MM-dd")).withColumn("hour", F.date_format(utc, "HH"))
+
+
 def archive_query(spark: Any, args: argparse.Namespace) -> Any:
     """Start the streaming query; the caller waits for it."""
-    from pyspark.sql import functions as F
 
     from nsq_spark import register
 
@@ -390,8 +438,7 @@ def archive_query(spark: Any, args: argparse.Namespace) -> Any:
         interval = f"{window_ms} milliseconds"
         messages = messages.withWatermark("received", interval).dropDuplicatesWithinWatermark(["nsqd_address", "id"])
         window_ms = 0
-    utc = F.to_utc_timestamp(F.col("timestamp"), spark.conf.get("spark.sql.session.timeZone"))
-    rows = messages.withColumn("date", F.date_format(utc, "yyyy-MM-dd")).withColumn("hour", F.date_format(utc, "HH"))
+    rows = _dated(spark, messages)
     writer = (
         rows.writeStream.foreachBatch(
             BatchFiles(

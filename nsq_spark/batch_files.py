@@ -79,10 +79,18 @@ class BatchFiles:
         fs.delete(Path(f"{incoming.toString()}-again"), True)
         if self.since_ms is not None:
             df = self._not_archived(df, fs, out)
+        observed = None
+        if self.dedup_window_ms > 0:
+            df, observed = self._observed(df)
+        schema = df.schema
         self._write(df, incoming)
         written = fs.globStatus(Path(incoming, "date=*/hour=*/*.parquet")) or []
-        if written and self.dedup_window_ms > 0 and self._drop_redelivered(spark, df.schema, fs, out, incoming):
-            written = fs.globStatus(Path(incoming, "date=*/hour=*/*.parquet")) or []
+        if written and observed is not None:
+            starts = self.node_starts()
+            if self._may_hold_copies(observed.get, starts) and self._drop_redelivered(
+                spark, schema, fs, out, incoming, starts
+            ):
+                written = fs.globStatus(Path(incoming, "date=*/hour=*/*.parquet")) or []
         for n, src in enumerate(sorted((s.getPath() for s in written), key=lambda p: p.toString())):
             hour = src.getParent()
             target = Path(out, f"{hour.getParent().getName()}/{hour.getName()}")
@@ -94,7 +102,45 @@ class BatchFiles:
     def _write(self, df: Any, path: Any) -> None:
         df.write.partitionBy("date", "hour").option("compression", self.compression).parquet(path.toString())
 
-    def _drop_redelivered(self, spark: Any, schema: Any, fs: Any, out: Any, incoming: Any) -> bool:
+    @staticmethod
+    def _observed(df: Any) -> tuple[Any, Any]:
+        """``df`` with what says whether it can hold a copy measured as it is
+        written (Spark's observed metrics: no job of their own)."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        observation = Observation("nsq-archive-batch")
+        df = df.observe(
+            observation,
+            F.max("attempts").alias("attempts"),
+            F.unix_micros(F.min("timestamp")).alias("published"),
+            F.unix_micros(F.min("received")).alias("received"),
+            F.collect_set("nsqd_address").alias("nodes"),
+        )
+        return df, observation
+
+    def _may_hold_copies(self, seen: dict[str, Any], starts: dict[str, float]) -> bool:
+        """Whether a batch, by its observed metrics, has rows :meth:`_suspect`
+        takes (a row redelivered, or one a node that started within the window
+        may have delivered before it did; any row of a node whose start is
+        unknown)."""
+        if seen.get("attempts") is None:
+            return False  # no rows
+        if seen["attempts"] >= 2:
+            return True
+        window_us = (self.dedup_window_ms + CLOCK_SLACK_MS) * 1000
+        for node in seen["nodes"]:
+            started = starts.get(node)
+            if started is None:
+                return True
+            started_us = int(started * 1_000_000)
+            if seen["published"] < started_us + 1_000_000 and seen["received"] < started_us + window_us:
+                return True
+        return False
+
+    def _drop_redelivered(
+        self, spark: Any, schema: Any, fs: Any, out: Any, incoming: Any, starts: dict[str, float]
+    ) -> bool:
         """Drop, from the batch just written under ``incoming``, the copies of a
         message nsqd delivered again within the deduplication window of the
         first; True when it rewrote the batch.
@@ -108,9 +154,10 @@ class BatchFiles:
         those published before their node last started and received within the
         window after (``/info``'s ``start_time``, read after the batch was; a
         node whose start is unknown, given by its TCP address only or not
-        answering, makes all its rows suspect). Mostly there are none, and
-        the batch costs one look at the columns that say so, not Spark's
-        deduplication shuffle and state. Otherwise each suspect is looked up
+        answering, makes all its rows suspect). Mostly there are none, which
+        the metrics Spark observed as it wrote the batch tell (:meth:`_observed`:
+        no job of their own), not Spark's deduplication shuffle and state.
+        Otherwise each suspect is looked up
         in the files of its hour written within the window (every copy of a
         message has the same nsqd timestamp, so the same hour) and in the
         batch itself, by broadcast joins, and the batch is written again
@@ -120,7 +167,7 @@ class BatchFiles:
         Path = spark._jvm.org.apache.hadoop.fs.Path
         key = ["nsqd_address", "id"]
         batch = spark.read.schema(schema).option("basePath", incoming.toString()).parquet(incoming.toString())
-        suspects = batch.where(self._suspect(self.node_starts()))
+        suspects = batch.where(self._suspect(starts))
         rows = suspects.select(*key, "date", "hour", "received").limit(MAX_SUSPECTS_COLLECTED + 1).collect()
         if not rows:
             return False
