@@ -91,11 +91,11 @@ def give_back(address: str, topic: str, channel: str, n: int) -> None:
     """Take ``n`` messages of ``channel`` and give them back (REQ): nsqd delivers
     them again with ``attempts`` 2, as it does what an availableNow run gave
     back at its cutoff, or what a task took and could not stage."""
-    from nsq_client.blocking import Connection, ConnectOptions
+    from nsq_client.blocking import Connection, ConnectOptions, TLSConfig
     from nsq_wire.frames import FRAME_TYPE_MESSAGE
     from nsq_wire.message import decode
 
-    conn = Connection(address, ConnectOptions()).open()
+    conn = Connection(address, ConnectOptions(tls=TLSConfig())).open()
     try:
         conn.subscribe(topic, channel)
         taken = 0

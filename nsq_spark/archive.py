@@ -344,67 +344,29 @@ def warm_workers(spark: Any) -> Any:
     daemon, pyspark and pyarrow, then nsq_spark) on first use, seconds the first
     batch would otherwise spend with the driver waiting; workers are reused
     (``spark.python.worker.reuse``), so the batch's read tasks find them ready.
-    Under a local master the job also writes its rows as the archive writes a
-    batch (Arrow from Python, date and hour, Parquet by date and hour) to a
-    temporary directory, so the first batch's tasks find that code compiled
-    by the JVM. Returns the thread (done when the job is)."""
-    import shutil
-    import tempfile
+    The job is an RDD's: DataFrame functions that run Python (``mapInArrow``)
+    require pandas, which the job does not. Returns the thread (done when the
+    job is)."""
     import threading
 
     slots = max(1, int(spark.sparkContext.defaultParallelism))
-    df = spark.range(0, slots, numPartitions=slots)
-    local = str(spark.sparkContext.master).startswith("local")
+    rdd = spark.sparkContext.parallelize(range(slots), slots)
 
     def job() -> None:
-        scratch = tempfile.mkdtemp(prefix="nsq-archive-warm-") if local else None
         try:
-            if scratch is None:
-                df.mapInArrow(_import_source, df.schema).collect()
-            else:
-                rows = _dated(spark, df.mapInArrow(_source_rows, SOURCE_SCHEMA))
-                rows.write.partitionBy("date", "hour").mode("overwrite").parquet(scratch)
+            rdd.mapPartitions(_import_source).collect()
         except Exception as e:  # only a head start: the query starts its workers anyway
             log.debug("warming the Python workers failed: %s", e)
-        finally:
-            if scratch is not None:
-                shutil.rmtree(scratch, ignore_errors=True)
 
     thread = threading.Thread(target=job, name="nsq-archive-warm", daemon=True)
     thread.start()
     return thread
 
 
-def _import_source(batches: Any) -> Any:
+def _import_source(rows: Any) -> Any:
     import nsq_spark.source  # noqa: F401  (what the read tasks import first)
 
-    yield from batches
-
-
-def _source_rows(batches: Any) -> Any:
-    """A row of the source's schema for each row given, as a read task makes them."""
-    import time
-
-    import pyarrow as pa
-
-    from nsq_spark.source import _ARROW_SCHEMA
-
-    for batch in batches:
-        n = batch.num_rows
-        now = int(time.time() * 1_000_000)
-        yield pa.RecordBatch.from_arrays(
-            [
-                pa.array([f"{i:016x}" for i in range(n)], pa.string()),
-                pa.array([b""] * n, pa.binary()),
-                pa.array([now] * n, pa.timestamp("us", tz="UTC")),
-                pa.array([1] * n, pa.int32()),
-                pa.array(["warm"] * n, pa.string()),
-                pa.array(["warm"] * n, pa.string()),
-                pa.array(["warm"] * n, pa.string()),
-                pa.array([now] * n, pa.timestamp("us", tz="UTC")),
-            ],
-            schema=_ARROW_SCHEMA,
-        )
+    yield from rows
 
 
 def _dated(spark: Any, messages: Any) -> Any:

@@ -155,12 +155,11 @@ class BatchFiles:
         window after (``/info``'s ``start_time``, read after the batch was; a
         node whose start is unknown, given by its TCP address only or not
         answering, makes all its rows suspect). Mostly there are none, which
-        the metrics Spark observed as it wrote the batch tell (:meth:`_observed`:
-        no job of their own), not Spark's deduplication shuffle and state.
-        Otherwise each suspect is looked up
-        in the files of its hour written within the window (every copy of a
-        message has the same nsqd timestamp, so the same hour) and in the
-        batch itself, by broadcast joins, and the batch is written again
+        the metrics Spark observed as it wrote the batch tell (:meth:`_observed`,
+        no job of their own), and this is not called. Otherwise each suspect
+        is looked up in the files of its hour written within the window (every
+        copy of a message has the same nsqd timestamp, so the same hour) and in
+        the batch itself, by broadcast joins, and the batch is written again
         without the copies if there are any."""
         from pyspark.sql import functions as F
 
