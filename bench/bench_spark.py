@@ -3,6 +3,7 @@
     python bench/bench_spark.py                       # 200,000 messages of 200 bytes, 3 runs
     python bench/bench_spark.py --messages 500000 --size 1000 --runs 5
     python bench/bench_spark.py --archive --master 'local[2]' --messages 400000
+    python bench/bench_spark.py --archive --master 'local[2]' --messages 400000 --size 100 --backlog disk
 
 archive: publish N messages, then run ``nsq-spark-archive --trigger available-now`` as a
 user runs it: its own process, its own SparkSession, JVM start included, given nsqd's HTTP
@@ -16,17 +17,27 @@ source: publish N messages, then time an availableNow query from
 ``format("nsq")`` to the ``noop`` sink (the time includes FINing them).
 sink: time ``df.write.format("nsq")`` of N rows (every MPUB answered OK).
 Each run uses a new topic; the SparkSession is started once, outside the timing.
+
+``--backlog disk`` (archive): as an hourly job meets its topic. nsqd keeps its default
+``--mem-queue-size`` (10,000), the topic gets two channels (the archive's and another)
+before the messages are published by HTTP ``/mpub``, so nearly all of the archive's
+backlog is on disk. ``--backlog memory`` (the default) gives nsqd room for all of them.
+``--redelivered N`` (archive): N of them are taken and given back (REQ) before the job
+runs, so nsqd delivers them with ``attempts`` 2, rows the job looks up as possible copies
+(what an ``available-now`` run gives back at its cutoff comes to the next run so).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -45,6 +56,55 @@ def publish(address: str, topic: str, n: int, size: int) -> None:
         for start in range(0, n, batch * 8):
             chunk = [[body] * min(batch, n - i) for i in range(start, min(n, start + batch * 8), batch)]
             conn.publish(topic, chunk)
+    finally:
+        conn.close()
+
+
+def publish_http(http_address: str, topic: str, n: int, size: int, channels: list[str]) -> None:
+    """``channels`` of ``topic`` created, then ``n`` messages published by ``POST /mpub``
+    (newline-separated bodies, ~1 MB a request), as an HTTP producer does."""
+    import http.client
+
+    host, _, port = http_address.rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+
+    def post(path: str, body: bytes = b"") -> None:
+        conn.request("POST", path, body)
+        answer = conn.getresponse()
+        text = answer.read()
+        if answer.status != 200:
+            raise SystemExit(f"POST {path}: {answer.status} {text!r}")
+
+    try:
+        post(f"/topic/create?topic={topic}")
+        for channel in channels:
+            post(f"/channel/create?topic={topic}&channel={channel}")
+        line = b"a" * size
+        batch = max(1, min(10_000, (1024 * 1024) // (size + 1)))
+        for start in range(0, n, batch):
+            post(f"/mpub?topic={topic}", b"\n".join([line] * min(batch, n - start)))
+    finally:
+        conn.close()
+
+
+def give_back(address: str, topic: str, channel: str, n: int) -> None:
+    """Take ``n`` messages of ``channel`` and give them back (REQ): nsqd delivers
+    them again with ``attempts`` 2, as it does what an availableNow run gave
+    back at its cutoff, or what a task took and could not stage."""
+    from nsq_client.blocking import Connection, ConnectOptions, TLSConfig
+    from nsq_wire.frames import FRAME_TYPE_MESSAGE
+    from nsq_wire.message import decode
+
+    conn = Connection(address, ConnectOptions(tls=TLSConfig())).open()
+    try:
+        conn.subscribe(topic, channel)
+        taken = 0
+        while taken < n:
+            conn.rdy(min(2500, n - taken))
+            for frame_type, data in conn.poll_frames(1.0):
+                if frame_type == FRAME_TYPE_MESSAGE and taken < n:
+                    conn.req(decode(data)[0], 0)
+                    taken += 1
     finally:
         conn.close()
 
@@ -84,7 +144,12 @@ def archive_run(address: str, data: str, run: int, a: argparse.Namespace) -> dic
     import threading
 
     topic = f"bench_archive_{run}"
-    publish(address, topic, a.messages, a.size)
+    if a.backlog == "disk":
+        publish_http(a.http_address, topic, a.messages, a.size, ["nsq_to_parquet", "other"])
+    else:
+        publish(address, topic, a.messages, a.size)
+    if a.redelivered:
+        give_back(address, topic, "nsq_to_parquet", a.redelivered)
     output = os.path.join(data, f"archive-{run}")
     exe = Path(sys.executable).parent / "nsq-spark-archive"
     node = ["--nsqd-tcp-address", address] if a.tcp_only else ["--nsqd-http-address", a.http_address]
@@ -152,8 +217,16 @@ def archive_run(address: str, data: str, run: int, a: argparse.Namespace) -> dic
 
 def archive_main(a: argparse.Namespace) -> None:
     data = tempfile.mkdtemp(prefix="nsq-bench-archive-")
-    proc, address = launch(["--mem-queue-size", str(a.messages * 2), "--data-path", data])
+    memory = [] if a.backlog == "disk" else ["--mem-queue-size", str(a.messages * 2)]
+    proc, address = launch([*memory, "--data-path", data])
     a.http_address = proc.http_address  # type: ignore[attr-defined]
+    # as an hourly job meets it, nsqd has been up a while: no message stamped in
+    # the second it started, which the archive would look up as a possible copy
+    # of one delivered before a restart
+    with urllib.request.urlopen(f"http://{a.http_address}/info") as resp:
+        started = json.load(resp)["start_time"]
+    while time.time() < started + 1.5:
+        time.sleep(0.1)
     results = []
     try:
         for run in range(a.runs):
@@ -180,7 +253,7 @@ def archive_main(a: argparse.Namespace) -> None:
         values = [r[key] for r in results]
         print(f"{key}: median {statistics.median(values):,.1f} ({', '.join(f'{v:,.1f}' for v in values)})")
     batches = f"batches of {a.max_messages_per_batch:,}" if a.max_messages_per_batch else "the job's batch size"
-    print(f"{a.messages:,} messages of {a.size} bytes, --master {a.master}, {batches}")
+    print(f"{a.messages:,} messages of {a.size} bytes, --master {a.master}, {batches}, backlog in {a.backlog}")
 
 
 def main() -> None:
@@ -196,6 +269,18 @@ def main() -> None:
     )
     p.add_argument("--verbose", action="store_true", help="where the source's micro-batches spend their time")
     p.add_argument("--archive", action="store_true", help="time nsq-spark-archive as a user runs it (see above)")
+    p.add_argument(
+        "--backlog",
+        choices=("memory", "disk"),
+        default="memory",
+        help="archive: nsqd holds the backlog in memory, or on disk as an hourly job meets it (see above)",
+    )
+    p.add_argument(
+        "--redelivered",
+        type=int,
+        default=0,
+        help="archive: this many of the messages taken and given back first (attempts 2: rows the job looks up)",
+    )
     p.add_argument(
         "--tcp-only",
         action="store_true",

@@ -11,10 +11,11 @@ seconds. The checkpoint (``<output>/_checkpoint`` unless ``--checkpoint`` says
 otherwise) makes a restart carry on where the last run stopped.
 
 Exactly once, for any Parquet reader: the source stages each batch before it
-FINs it (staging files under ``<checkpoint>/nsq-staging``); copies nsqd
-delivers again (a FIN that never arrived) are dropped by Spark's
-``dropDuplicatesWithinWatermark`` on ``(nsqd_address, id)`` within
-``--dedup-window`` of the first copy; and each batch's files are written aside
+FINs it (staging files under ``<checkpoint>/nsq-staging``); a copy nsqd
+delivers again within ``--dedup-window`` of the first (a FIN that never
+arrived, nsqd restarted after kill -9) is dropped when the batch that holds it
+is written, by ``(nsqd_address, id)`` (:mod:`nsq_spark.batch_files`); and each
+batch's files are written aside
 (``_incoming/``) and renamed into place only when complete, after removing
 whatever an unfinished attempt of the same batch left.
 
@@ -36,6 +37,7 @@ from typing import Any
 from nsq_spark.batch_files import BatchFiles
 from nsq_spark.classcache import ClassCache, default_directory, stop_driver_jvm
 from nsq_spark.progress import ClearingHandler, Progress
+from nsq_spark.sparkhome import spark_home
 
 log = logging.getLogger("nsq_spark.archive")
 
@@ -62,8 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--dedup-window",
         default="10 minutes",
-        help="drop a redelivered copy arriving within this long of the first (Spark interval, default %(default)s; "
-        "0 turns deduplication off)",
+        help="drop a copy nsqd delivers again within this long of the first (a duration such as 10m, or an "
+        "interval, default %(default)s, at most 7 days; 0 turns deduplication off)",
     )
     p.add_argument(
         "--trigger",
@@ -128,6 +130,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             args.since_ms = since_millis(args.since)
         except ValueError as e:
             p.error(f"--since {args.since!r}: {e}")
+    try:
+        args.dedup_window_ms = window_millis(args.dedup_window)
+    except ValueError as e:
+        p.error(f"--dedup-window {args.dedup_window!r}: {e}")
     if args.max_messages_per_batch is None:
         args.max_messages_per_batch = BATCH_AVAILABLE_NOW if args.trigger == "available-now" else BATCH_INTERVAL
     if args.class_cache is not None and args.class_cache.strip().lower() in ("", "off"):
@@ -139,6 +145,48 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--conf {item!r}: expected KEY=VALUE")
         args.confs[key.strip()] = value
     return args
+
+
+MAX_DEDUP_WINDOW_MS = 7 * 86_400_000  # the files a batch with copies reads are bounded by it
+
+_INTERVAL_UNITS_MS = {
+    "millisecond": 1,
+    "second": 1_000,
+    "minute": 60_000,
+    "hour": 3_600_000,
+    "day": 86_400_000,
+    "week": 7 * 86_400_000,
+}
+
+
+def window_millis(text: str) -> int:
+    """``--dedup-window`` in milliseconds: a Go duration (``10m``), ``0``, or a
+    Spark interval (``10 minutes``, ``1 hour 30 minutes``); at most 7 days."""
+    words = text.split()
+    if len(words) == 1:
+        from nsq_wire.gofmt import DurationError, parse_duration_ns
+
+        try:
+            ms = parse_duration_ns(words[0]) // 1_000_000
+        except DurationError as e:
+            raise ValueError(str(e)) from None
+    elif not words or len(words) % 2:
+        raise ValueError("expected a duration (10m) or an interval (10 minutes)")
+    else:
+        total = 0.0
+        for number, unit in zip(words[::2], words[1::2], strict=True):
+            scale = _INTERVAL_UNITS_MS.get(unit.lower().removesuffix("s"))
+            try:
+                value = float(number)
+            except ValueError:
+                value = -1.0
+            if scale is None or not 0 <= value <= MAX_DEDUP_WINDOW_MS:
+                raise ValueError(f"{number} {unit}: expected a number of milliseconds, seconds, minutes, hours, days")
+            total += value * scale
+        ms = int(total)
+    if not 0 <= ms <= MAX_DEDUP_WINDOW_MS:
+        raise ValueError("the window is at most 7 days and not negative")
+    return ms
 
 
 def since_millis(text: str, now: float | None = None) -> int:
@@ -213,22 +261,25 @@ def source_options(args: argparse.Namespace) -> dict[str, str]:
 # what the job sets unless the user's Spark configuration does (spark-defaults.conf,
 # --conf): SQL settings, applied once the session is up
 _SQL_DEFAULTS = {
-    # no extra empty batch just to move the deduplication watermark: it moves
-    # with the next batch that has data
+    # no empty batch when nothing arrived (the query keeps no state that
+    # would need one)
     "spark.sql.streaming.noDataMicroBatches.enabled": "false",
-    # the deduplication state lives in RocksDB on local disk, not on the JVM
-    # heap: memory stays flat whatever the window holds
-    "spark.sql.streaming.stateStore.providerClass": (
-        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-    ),
-    # a batch's state commit writes the changes, not a snapshot of the store
-    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-    # one RocksDB lookup per row instead of two (the second only counted rows)
-    "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows": "false",
     # a batch's rows usually fall in one hour: write them as they come instead
     # of sorting them by date and hour first (a second hour in a task sorts the
     # rest, as before: no more memory than the sort)
     "spark.sql.maxConcurrentOutputFileWriters": "1",
+}
+
+# a checkpoint made before the archive dropped copies itself holds the state of
+# Spark's dropDuplicatesWithinWatermark, which its query must keep (Spark refuses
+# a query without the stateful operator its checkpoint has): the settings that
+# state was made with
+_LEGACY_STATE_DEFAULTS = {
+    "spark.sql.streaming.stateStore.providerClass": (
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+    ),
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows": "false",
 }
 
 
@@ -278,8 +329,8 @@ def spark_session(
         spark = builder.getOrCreate()
     conf = SparkConf()
     if not conf.contains("spark.sql.shuffle.partitions"):
-        # deduplication shuffles each batch: one state partition per core,
-        # not Spark's 200 (a new checkpoint keeps the number it started with)
+        # a batch with copies to drop joins and shuffles: one partition per
+        # core, not Spark's 200 (a new checkpoint keeps the number it started with)
         spark.conf.set("spark.sql.shuffle.partitions", str(spark.sparkContext.defaultParallelism))
     for key, value in _SQL_DEFAULTS.items():
         if not conf.contains(key):
@@ -293,15 +344,17 @@ def warm_workers(spark: Any) -> Any:
     daemon, pyspark and pyarrow, then nsq_spark) on first use, seconds the first
     batch would otherwise spend with the driver waiting; workers are reused
     (``spark.python.worker.reuse``), so the batch's read tasks find them ready.
-    Returns the thread (done when the job is)."""
+    The job is an RDD's: DataFrame functions that run Python (``mapInArrow``)
+    require pandas, which the job does not. Returns the thread (done when the
+    job is)."""
     import threading
 
     slots = max(1, int(spark.sparkContext.defaultParallelism))
-    df = spark.range(0, slots, numPartitions=slots)
+    rdd = spark.sparkContext.parallelize(range(slots), slots)
 
     def job() -> None:
         try:
-            df.mapInArrow(_import_source, df.schema).collect()
+            rdd.mapPartitions(_import_source).collect()
         except Exception as e:  # only a head start: the query starts its workers anyway
             log.debug("warming the Python workers failed: %s", e)
 
@@ -310,15 +363,23 @@ def warm_workers(spark: Any) -> Any:
     return thread
 
 
-def _import_source(batches: Any) -> Any:
+def _import_source(rows: Any) -> Any:
     import nsq_spark.source  # noqa: F401  (what the read tasks import first)
 
-    yield from batches
+    yield from rows
+
+
+def _dated(spark: Any, messages: Any) -> Any:
+    """The archive's rows: the source's columns, and the date and hour (UTC) of
+    each message's nsqd timestamp."""
+    from pyspark.sql import functions as F
+
+    utc = F.to_utc_timestamp(F.col("timestamp"), spark.conf.get("spark.sql.session.timeZone"))
+    return messages.withColumn("date", F.date_format(utc, "yyyy-MM-dd")).withColumn("hour", F.date_format(utc, "HH"))
 
 
 def archive_query(spark: Any, args: argparse.Namespace) -> Any:
     """Start the streaming query; the caller waits for it."""
-    from pyspark.sql import functions as F
 
     from nsq_spark import register
 
@@ -327,15 +388,29 @@ def archive_query(spark: Any, args: argparse.Namespace) -> Any:
     for key, value in source_options(args).items():
         reader = reader.option(key, value)
     messages = reader.load()
-    if _spark_interval(args.dedup_window) != "0 milliseconds":
-        messages = messages.withWatermark("received", _spark_interval(args.dedup_window)).dropDuplicatesWithinWatermark(
-            ["nsqd_address", "id"]
-        )
-    utc = F.to_utc_timestamp(F.col("timestamp"), spark.conf.get("spark.sql.session.timeZone"))
-    rows = messages.withColumn("date", F.date_format(utc, "yyyy-MM-dd")).withColumn("hour", F.date_format(utc, "HH"))
+    window_ms = args.dedup_window_ms
+    if window_ms and _has_state(spark, checkpoint_location(args)):
+        log.info("the checkpoint holds Spark's deduplication state: copies are dropped by it, as before")
+        from pyspark import SparkConf
+
+        conf = SparkConf()
+        for key, value in _LEGACY_STATE_DEFAULTS.items():
+            if not conf.contains(key):
+                spark.conf.set(key, value)
+        interval = f"{window_ms} milliseconds"
+        messages = messages.withWatermark("received", interval).dropDuplicatesWithinWatermark(["nsqd_address", "id"])
+        window_ms = 0
+    rows = _dated(spark, messages)
     writer = (
         rows.writeStream.foreachBatch(
-            BatchFiles(args.output.rstrip("/"), checkpoint_location(args), args.compression, args.since_ms)
+            BatchFiles(
+                args.output.rstrip("/"),
+                checkpoint_location(args),
+                args.compression,
+                args.since_ms,
+                dedup_window_ms=window_ms,
+                node_starts=_node_starts(args),
+            )
         )
         .option("checkpointLocation", checkpoint_location(args))
         .queryName(f"nsq-archive-{args.topic}")
@@ -353,6 +428,13 @@ SOURCE_SCHEMA = (
 )
 
 
+def _has_state(spark: Any, checkpoint: str) -> bool:
+    """Whether ``checkpoint`` holds a stateful operator's state (any Hadoop path)."""
+    Path = spark._jvm.org.apache.hadoop.fs.Path
+    path = Path(f"{checkpoint}/state")
+    return bool(path.getFileSystem(spark._jsc.hadoopConfiguration()).exists(path))
+
+
 def _spark_interval(text: str) -> str:
     """A Spark interval from a Go duration (``30s``), plain ``0``, or a Spark
     interval already (``10 minutes``)."""
@@ -361,6 +443,14 @@ def _spark_interval(text: str) -> str:
     from nsq_wire.gofmt import parse_duration
 
     return f"{int(parse_duration(text) * 1000)} milliseconds"
+
+
+def _node_starts(args: argparse.Namespace) -> Any:
+    """() -> when each node the job reads started, where its HTTP API says
+    (none given: every row is checked for copies)."""
+    if not args.nsqd_http_address and not args.lookupd_http_address:
+        return dict
+    return _planner(args).start_times
 
 
 def _planner(args: argparse.Namespace) -> Any:
@@ -423,6 +513,13 @@ def main(argv: list[str] | None = None) -> int:
         except RewindError as e:
             log.error("archiving %s failed: %s", args.topic, e)
             return 1
+    cache = args.class_cache or default_directory()
+    if cache and "PYSPARK_GATEWAY_PORT" not in os.environ:
+        # a JVM this process starts: its Python processes import the installed
+        # PySpark (nsq_spark.sparkhome); set before the class cache is keyed
+        home = spark_home(cache, args.master or args.confs.get("spark.master"))
+        if home is not None:
+            os.environ["SPARK_HOME"] = home
     class_cache = None
     if args.class_cache:
         class_cache = ClassCache.for_new_driver(args.class_cache, args.confs)

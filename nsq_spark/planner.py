@@ -172,6 +172,21 @@ class Planner:
             return 0 if channels else int(t.get("depth") or 0)
         return 0
 
+    def start_times(self) -> dict[str, float]:
+        """When each node started (``start_time`` of its ``/info``), by TCP
+        address. A node known only by its TCP address, or not answering, is
+        left out: the caller cannot tell whether it restarted."""
+        self.discovered.wait(30)
+        times: dict[str, float] = {}
+        for node in self.nodes():
+            if node.http is None:
+                continue
+            try:
+                times[node.tcp] = float(_get_json(f"http://{node.http}/info")["start_time"])
+            except Exception as e:
+                log.debug("no start time from %s: %s", node.http, _reason(e))
+        return times
+
     def rewind(self, since: str) -> dict[str, int | None]:
         """Rewind the channel on every node known now to ``since`` (Unix ms or
         ``earliest``): each delivers again, in publish order, what its topic

@@ -112,22 +112,75 @@ class ArchiveTests(unittest.TestCase):
         self.assertIn("done: 20000 messages of archive_live", text)
         self.assertEqual(len(self.archived_bodies()), 20_000)
 
+    def test_a_checkpoint_with_sparks_deduplication_state_carries_on(self):
+        """An archive whose checkpoint was made when the job dropped copies with
+        Spark's dropDuplicatesWithinWatermark (its state in the checkpoint) is
+        carried on by the job, which keeps that operator for it: Spark fails a
+        query that lacks a stateful operator its checkpoint has."""
+        from nsq_spark import register
+        from nsq_spark.archive import SOURCE_SCHEMA, parse_args, source_options
+        from nsq_spark.batch_files import BatchFiles
+        from tests.nsq_spark.harness import spark
+
+        first = [f"legacy-{i}".encode() for i in range(2000)]
+        publish(self.address, "archive_legacy", first)
+        args = parse_args(["--nsqd-tcp-address", self.address, "--topic", "archive_legacy", "--output", self.output])
+        session = spark()
+        register(session)
+        reader = session.readStream.format("nsq").schema(SOURCE_SCHEMA)
+        for key, value in source_options(args).items():
+            reader = reader.option(key, value)
+        from pyspark.sql import functions as F
+
+        rows = (
+            reader.load()
+            .withWatermark("received", "10 minutes")
+            .dropDuplicatesWithinWatermark(["nsqd_address", "id"])
+            .withColumn("date", F.date_format("timestamp", "yyyy-MM-dd"))
+            .withColumn("hour", F.date_format("timestamp", "HH"))
+        )
+        checkpoint = os.path.join(self.output, "_checkpoint")
+        query = (
+            rows.writeStream.foreachBatch(BatchFiles(self.output, checkpoint, "snappy"))
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(240)
+        self.assertTrue(os.path.isdir(os.path.join(checkpoint, "state")))
+        self.assertEqual(len(self.archived_bodies()), 2000)
+        more = [f"legacy-more-{i}".encode() for i in range(1000)]
+        publish(self.address, "archive_legacy", more)
+        done = self.run_archive("--topic", "archive_legacy")
+        self.assertIn("done: 1000 messages", done.stderr)
+        self.assertIn("Spark's deduplication state", done.stderr)
+        self.assertEqual(sorted(self.archived_bodies()), sorted(first + more))
+
     def test_killed_three_times_then_exactly_once(self):
         """The job and every process it started (JVM, Python workers) SIGKILLed
         at random moments three times, then run to completion: a plain
-        Parquet reader sees every message exactly once."""
+        Parquet reader sees every message exactly once. Given nsqd's TCP
+        address only, the job cannot tell whether nsqd restarted and looks up
+        every row."""
+        self.killed_three_times("archive_kill", ["--nsqd-tcp-address", self.address])
+
+    def test_killed_three_times_given_http_then_exactly_once(self):
+        """The same given nsqd's HTTP address: the job knows nsqd did not
+        restart and looks up only the rows nsqd delivered again."""
+        self.killed_three_times("archive_kill_http", ["--nsqd-http-address", f"127.0.0.1:{self.nsqd.port('HTTP')}"])
+
+    def killed_three_times(self, topic: str, node: list[str]) -> None:
         expected = [f"kill-{i}".encode() for i in range(20000)]
-        publish(self.address, "archive_kill", expected)
+        publish(self.address, topic, expected)
         seed = random.randrange(1 << 30)
         rng = random.Random(seed)
         argv = [
             *archive_command(),
-            "--nsqd-tcp-address",
-            self.address,
+            *node,
             "--output",
             self.output,
             "--topic",
-            "archive_kill",
+            topic,
             "--max-messages-per-batch",
             "1000",
         ]
@@ -147,13 +200,14 @@ class ArchiveTests(unittest.TestCase):
             finally:
                 kill_tree(proc.pid)
                 proc.wait()
-        self.run_archive("--topic", "archive_kill", "--max-messages-per-batch", "1000")
+        done = subprocess.run([*argv, "--quiet"], capture_output=True, text=True, timeout=240, cwd=self.dir)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
         table = pq.read_table(self.output)
         got = table.column("body").to_pylist()
         detail = f"seed {seed}: {len(got)} rows, {len(set(got))} distinct"
         self.assertEqual(len(got), len(expected), detail)
         self.assertEqual(set(got), set(expected), detail)
-        stats = settled(self.nsqd, "archive_kill", "nsq_to_parquet")
+        stats = settled(self.nsqd, topic, "nsq_to_parquet")
         self.assertEqual((stats["depth"], stats["in_flight_count"]), (0, 0))
 
 

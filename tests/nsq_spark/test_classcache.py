@@ -59,6 +59,11 @@ class DirectoryTests(unittest.TestCase):
 class CacheFileTests(unittest.TestCase):
     def setUp(self) -> None:
         self.dir = tempfile.mkdtemp(prefix="nsq-class-cache-")
+        # as in a job's process before it starts its JVM, whether or not an
+        # earlier test in this process started the suite's shared session
+        from pyspark import SparkContext
+
+        self.patch(SparkContext, "_gateway", None)
 
     def test_no_cache_when_the_jvm_is_started_by_someone_else(self):
         os.environ["PYSPARK_GATEWAY_PORT"] = "1"  # what spark-submit sets for the job's Python
