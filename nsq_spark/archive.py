@@ -445,12 +445,22 @@ def _spark_interval(text: str) -> str:
     return f"{int(parse_duration(text) * 1000)} milliseconds"
 
 
+def _observer(args: argparse.Namespace) -> Any:
+    """One planner for what this process asks the nodes while the query runs
+    (their backlog, their start times), made on first use; None when no node
+    has an HTTP address to ask."""
+    if not args.nsqd_http_address and not args.lookupd_http_address:
+        return None
+    if getattr(args, "observer", None) is None:
+        args.observer = _planner(args)
+    return args.observer
+
+
 def _node_starts(args: argparse.Namespace) -> Any:
     """() -> when each node the job reads started, where its HTTP API says
     (none given: every row is checked for copies)."""
-    if not args.nsqd_http_address and not args.lookupd_http_address:
-        return dict
-    return _planner(args).start_times
+    planner = _observer(args)
+    return dict if planner is None else planner.start_times
 
 
 def _planner(args: argparse.Namespace) -> Any:
@@ -483,9 +493,9 @@ def rewind_channel(args: argparse.Namespace) -> None:
 def _backlog_of(args: argparse.Namespace) -> Any:
     """() -> the messages left for the job on the nodes whose depth can be read
     (None: none can), through the source's own planner."""
-    if not args.nsqd_http_address and not args.lookupd_http_address:
+    planner = _observer(args)
+    if planner is None:
         return None
-    planner = _planner(args)
 
     def backlog() -> int | None:
         depths = [d for _, d in planner.survey() if d is not None]
