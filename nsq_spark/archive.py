@@ -32,12 +32,15 @@ import logging
 import os
 import re
 import sys
+import threading
 from typing import Any
 
 from nsq_spark.batch_files import BatchFiles
 from nsq_spark.classcache import ClassCache, default_directory, stop_driver_jvm
+from nsq_spark.jit import short_run, with_short_run_option
+from nsq_spark.options import since_millis, window_millis
 from nsq_spark.progress import ClearingHandler, Progress
-from nsq_spark.sparkhome import spark_home
+from nsq_spark.sparkhome import runs_locally, spark_home
 
 log = logging.getLogger("nsq_spark.archive")
 
@@ -145,71 +148,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--conf {item!r}: expected KEY=VALUE")
         args.confs[key.strip()] = value
     return args
-
-
-MAX_DEDUP_WINDOW_MS = 7 * 86_400_000  # the files a batch with copies reads are bounded by it
-
-_INTERVAL_UNITS_MS = {
-    "millisecond": 1,
-    "second": 1_000,
-    "minute": 60_000,
-    "hour": 3_600_000,
-    "day": 86_400_000,
-    "week": 7 * 86_400_000,
-}
-
-
-def window_millis(text: str) -> int:
-    """``--dedup-window`` in milliseconds: a Go duration (``10m``), ``0``, or a
-    Spark interval (``10 minutes``, ``1 hour 30 minutes``); at most 7 days."""
-    words = text.split()
-    if len(words) == 1:
-        from nsq_wire.gofmt import DurationError, parse_duration_ns
-
-        try:
-            ms = parse_duration_ns(words[0]) // 1_000_000
-        except DurationError as e:
-            raise ValueError(str(e)) from None
-    elif not words or len(words) % 2:
-        raise ValueError("expected a duration (10m) or an interval (10 minutes)")
-    else:
-        total = 0.0
-        for number, unit in zip(words[::2], words[1::2], strict=True):
-            scale = _INTERVAL_UNITS_MS.get(unit.lower().removesuffix("s"))
-            try:
-                value = float(number)
-            except ValueError:
-                value = -1.0
-            if scale is None or not 0 <= value <= MAX_DEDUP_WINDOW_MS:
-                raise ValueError(f"{number} {unit}: expected a number of milliseconds, seconds, minutes, hours, days")
-            total += value * scale
-        ms = int(total)
-    if not 0 <= ms <= MAX_DEDUP_WINDOW_MS:
-        raise ValueError("the window is at most 7 days and not negative")
-    return ms
-
-
-def since_millis(text: str, now: float | None = None) -> int:
-    """Unix ms of ``--since``: RFC 3339, Unix ms, ``earliest`` (0) or a Go
-    duration before ``now``."""
-    import time
-
-    from nsq_wire.gofmt import DurationError, parse_duration, parse_rfc3339_ns
-
-    text = text.strip()
-    if text == "earliest":
-        return 0
-    if text.isascii() and text.isdigit():
-        return int(text)
-    try:
-        return -(-parse_rfc3339_ns(text) // 1_000_000)
-    except ValueError:
-        pass
-    try:
-        ago = parse_duration(text)
-    except DurationError:
-        raise ValueError("expected an RFC 3339 time, Unix ms, 'earliest' or a duration such as 2h") from None
-    return int(((time.time() if now is None else now) - ago) * 1000)
 
 
 # rows per micro-batch: a run that drains the channel and exits pays a batch's
@@ -339,34 +277,29 @@ def spark_session(
 
 
 def warm_workers(spark: Any) -> Any:
-    """Start the Python workers while the query starts: a tiny job, in a thread,
-    whose tasks import the source. Spark starts a task's Python worker (its
-    daemon, pyspark and pyarrow, then nsq_spark) on first use, seconds the first
-    batch would otherwise spend with the driver waiting; workers are reused
-    (``spark.python.worker.reuse``), so the batch's read tasks find them ready.
-    The job is an RDD's: DataFrame functions that run Python (``mapInArrow``)
-    require pandas, which the job does not. Returns the thread (done when the
-    job is)."""
-    import threading
+    """Start Spark's Python processes for a Python data source while the query
+    starts: a batch read of :class:`nsq_spark.source.WarmUpSource`, one
+    partition per task slot, in a thread. Spark starts each kind of those
+    processes on first use (the one that builds a source, the one that plans
+    its read, the read tasks' workers), each importing PySpark, seconds the
+    first batch would otherwise wait for; it keeps them, and the workers
+    (``spark.python.worker.reuse``), so the query's own find them running. (An
+    RDD job's workers are not those: Spark keeps SQL's Python workers apart.)
+    Returns the thread (done when the read is)."""
+    from nsq_spark.source import WarmUpSource
 
     slots = max(1, int(spark.sparkContext.defaultParallelism))
-    rdd = spark.sparkContext.parallelize(range(slots), slots)
 
     def job() -> None:
         try:
-            rdd.mapPartitions(_import_source).collect()
-        except Exception as e:  # only a head start: the query starts its workers anyway
-            log.debug("warming the Python workers failed: %s", e)
+            spark.dataSource.register(WarmUpSource)
+            spark.read.format(WarmUpSource.name()).option("partitions", str(slots)).load().collect()
+        except Exception as e:  # only a head start: the query starts its processes anyway
+            log.debug("warming Spark's Python processes failed: %s", e)
 
     thread = threading.Thread(target=job, name="nsq-archive-warm", daemon=True)
     thread.start()
     return thread
-
-
-def _import_source(rows: Any) -> Any:
-    import nsq_spark.source  # noqa: F401  (what the read tasks import first)
-
-    yield from rows
 
 
 def _dated(spark: Any, messages: Any) -> Any:
@@ -523,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         except RewindError as e:
             log.error("archiving %s failed: %s", args.topic, e)
             return 1
+    confs = _driver_confs(args)
     cache = args.class_cache or default_directory()
     if cache and "PYSPARK_GATEWAY_PORT" not in os.environ:
         # a JVM this process starts: its Python processes import the installed
@@ -532,11 +466,11 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["SPARK_HOME"] = home
     class_cache = None
     if args.class_cache:
-        class_cache = ClassCache.for_new_driver(args.class_cache, args.confs)
+        class_cache = ClassCache.for_new_driver(args.class_cache, confs)
     spark = spark_session(
         args.master,
         f"nsq-spark-archive {args.topic}",
-        confs=args.confs,
+        confs=confs,
         class_cache=class_cache,
         ui=args.trigger != "available-now",
     )
@@ -576,9 +510,33 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _driver_confs(args: argparse.Namespace) -> dict[str, str]:
+    """The user's ``--conf`` settings, with the driver JVM's compilers chosen
+    for a short run (:mod:`nsq_spark.jit`): an ``available-now`` run whose
+    local JVM this process starts, over a backlog the nodes report."""
+    confs = dict(args.confs)
+    if args.trigger != "available-now" or "PYSPARK_GATEWAY_PORT" in os.environ:
+        return confs
+    if not runs_locally(args.master or confs.get("spark.master")):
+        return confs
+    backlog = _backlog_of(args)
+    messages = backlog() if backlog is not None else None
+    if short_run(messages):
+        log.debug("a short run (%s messages): the driver JVM compiles with C1 alone", messages)
+        return with_short_run_option(confs)
+    return confs
+
+
 def _stop(spark: Any, class_cache: ClassCache | None) -> None:
     """Stop Spark, then its JVM, and wait for it: the job's process exits after
     the JVM (which may be writing its class-data archive)."""
+    server = getattr(spark.sparkContext, "_accumulatorServer", None)
+    if server is not None:
+        # PySpark's accumulator server notices a shutdown at its next poll, up
+        # to half a second later, and spark.stop() waits for it: no job is left
+        # to report to it, so it is shut down in a thread beside the JVM's stop
+        spark.sparkContext._accumulatorServer = None
+        threading.Thread(target=server.shutdown, name="nsq-archive-accumulators", daemon=True).start()
     spark.stop()
     code = stop_driver_jvm()
     if class_cache is not None:

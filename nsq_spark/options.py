@@ -170,3 +170,70 @@ class NSQOptions:
             auth_secret=self.auth_secret,
             msg_timeout_ms=int(self.msg_timeout * 1000),
         )
+
+
+# -- the archive's own flags -----------------------------------------------------------
+
+MAX_DEDUP_WINDOW_MS = 7 * 86_400_000  # the files a batch with copies reads are bounded by it
+
+_INTERVAL_UNITS_MS = {
+    "millisecond": 1,
+    "second": 1_000,
+    "minute": 60_000,
+    "hour": 3_600_000,
+    "day": 86_400_000,
+    "week": 7 * 86_400_000,
+}
+
+
+def window_millis(text: str) -> int:
+    """``--dedup-window`` in milliseconds: a Go duration (``10m``), ``0``, or a
+    Spark interval (``10 minutes``, ``1 hour 30 minutes``); at most 7 days."""
+    words = text.split()
+    if len(words) == 1:
+        from nsq_wire.gofmt import DurationError, parse_duration_ns
+
+        try:
+            ms = parse_duration_ns(words[0]) // 1_000_000
+        except DurationError as e:
+            raise ValueError(str(e)) from None
+    elif not words or len(words) % 2:
+        raise ValueError("expected a duration (10m) or an interval (10 minutes)")
+    else:
+        total = 0.0
+        for number, unit in zip(words[::2], words[1::2], strict=True):
+            scale = _INTERVAL_UNITS_MS.get(unit.lower().removesuffix("s"))
+            try:
+                value = float(number)
+            except ValueError:
+                value = -1.0
+            if scale is None or not 0 <= value <= MAX_DEDUP_WINDOW_MS:
+                raise ValueError(f"{number} {unit}: expected a number of milliseconds, seconds, minutes, hours, days")
+            total += value * scale
+        ms = int(total)
+    if not 0 <= ms <= MAX_DEDUP_WINDOW_MS:
+        raise ValueError("the window is at most 7 days and not negative")
+    return ms
+
+
+def since_millis(text: str, now: float | None = None) -> int:
+    """Unix ms of ``--since``: RFC 3339, Unix ms, ``earliest`` (0) or a Go
+    duration before ``now``."""
+    import time
+
+    from nsq_wire.gofmt import DurationError, parse_duration, parse_rfc3339_ns
+
+    text = text.strip()
+    if text == "earliest":
+        return 0
+    if text.isascii() and text.isdigit():
+        return int(text)
+    try:
+        return -(-parse_rfc3339_ns(text) // 1_000_000)
+    except ValueError:
+        pass
+    try:
+        ago = parse_duration(text)
+    except DurationError:
+        raise ValueError("expected an RFC 3339 time, Unix ms, 'earliest' or a duration such as 2h") from None
+    return int(((time.time() if now is None else now) - ago) * 1000)

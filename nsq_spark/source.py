@@ -67,6 +67,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
+    DataSourceReader,
     DataSourceStreamArrowWriter,
     DataSourceStreamReader,
     InputPartition,
@@ -135,6 +136,36 @@ class NSQDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:
         return NSQStreamWriter(NSQOptions.parse(self.options, reading=False), schema)
+
+
+class WarmUpSource(DataSource):
+    """``nsq_warm_up``: one row per partition (``partitions``, default 1), read
+    by the same kind of Python task that reads ``nsq`` after importing this
+    module. A batch read of it starts the Python processes Spark keeps for a
+    Python data source (the one that builds it, the one that plans its read,
+    the read tasks' workers) while nothing waits on them; the archive's query
+    then finds them running (:func:`nsq_spark.archive.warm_workers`)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "nsq_warm_up"
+
+    def schema(self) -> str:
+        return "partition INT"
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return _WarmUpReader(int(self.options.get("partitions", "1")))
+
+
+class _WarmUpReader(DataSourceReader):
+    def __init__(self, partitions: int) -> None:
+        self.count = max(1, min(partitions, 1024))
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return [InputPartition(i) for i in range(self.count)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        yield pa.RecordBatch.from_pydict({"partition": pa.array([partition.value], pa.int32())})
 
 
 # -- reading ------------------------------------------------------------------------------

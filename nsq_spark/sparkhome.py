@@ -46,6 +46,17 @@ def local_master(master: str | None) -> bool:
     return master is None or master == "local" or master.startswith("local[")
 
 
+def runs_locally(master: str | None, environ: dict[str, str] | None = None) -> bool:
+    """Whether the driver JVM will run the tasks itself: ``master`` (the
+    ``--master`` or ``spark.master`` given), else the ``spark.master`` of the
+    ``spark-defaults.conf`` spark-submit reads, else the job's ``local[*]``."""
+    if master:
+        return local_master(master)
+    env = os.environ if environ is None else environ
+    home = env.get("SPARK_HOME") or installed_spark()
+    return local_master(_defaults_master(home, env) if home else None)
+
+
 def spark_home(cache: str, master: str | None, environ: dict[str, str] | None = None) -> str | None:
     """The ``SPARK_HOME`` to start the driver JVM with, made in ``cache`` if
     need be; None to leave things as they are (``SPARK_HOME`` set by the user,

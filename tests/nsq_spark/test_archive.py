@@ -211,6 +211,41 @@ class ArchiveTests(unittest.TestCase):
         self.assertEqual((stats["depth"], stats["in_flight_count"]), (0, 0))
 
 
+class WarmUpTests(unittest.TestCase):
+    timeout = 240
+
+    def test_the_warm_up_read_runs(self):
+        """The read that starts Spark's Python processes for a Python data
+        source ahead of the query succeeds where the job runs (it logs its
+        failure only at debug: the query would start them anyway)."""
+        import logging
+
+        from nsq_spark import archive
+        from tests.nsq_spark.harness import spark
+
+        session = spark()
+        records: list[logging.LogRecord] = []
+
+        class Keep(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                records.append(record)
+
+        logger = logging.getLogger("nsq_spark.archive")
+        handler, level = Keep(logging.DEBUG), logger.level
+        logger.addHandler(handler)
+        logger.setLevel(logging.DEBUG)
+        try:
+            thread = archive.warm_workers(session)
+            thread.join(180)
+            self.assertFalse(thread.is_alive())
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+        self.assertEqual([r.getMessage() for r in records if "warming" in r.getMessage()], [])
+        rows = session.read.format("nsq_warm_up").option("partitions", "3").load().collect()
+        self.assertEqual(sorted(r.partition for r in rows), [0, 1, 2])
+
+
 def kill_tree(pid: int) -> None:
     """SIGKILL ``pid`` and every process below it, all at once."""
     tree = [pid]

@@ -18,8 +18,9 @@ import pyarrow.parquet as pq
 from twisted.trial import unittest
 
 from nsq_spark import batch_files
-from nsq_spark.archive import SOURCE_SCHEMA, window_millis
+from nsq_spark.archive import SOURCE_SCHEMA
 from nsq_spark.batch_files import CLOCK_SLACK_MS, BatchFiles
+from nsq_spark.options import window_millis
 from tests.nsq_spark.harness import spark
 
 NODE = "127.0.0.1:4150"

@@ -13,8 +13,7 @@ from typing import Any
 import pyarrow.parquet as pq
 from twisted.trial import unittest
 
-from nsq_spark.archive import since_millis
-from nsq_spark.options import NSQOptions, OptionError
+from nsq_spark.options import NSQOptions, OptionError, since_millis
 from tests.nsq_spark.harness import consume_all, publish, settled, spark, start_nsqd, tcp
 from tests.nsq_spark.test_archive import archive_command
 
