@@ -519,12 +519,35 @@ def _driver_confs(args: argparse.Namespace) -> dict[str, str]:
         return confs
     if not runs_locally(args.master or confs.get("spark.master")):
         return confs
-    backlog = _backlog_of(args)
-    messages = backlog() if backlog is not None else None
+    messages = _backlog_soon(args)
     if short_run(messages):
         log.debug("a short run (%s messages): the driver JVM compiles with C1 alone", messages)
         return with_short_run_option(confs)
     return confs
+
+
+SURVEY_WAIT = 1.0  # the most the JVM's start waits for the nodes' depths
+
+
+def _backlog_soon(args: argparse.Namespace, wait: float = SURVEY_WAIT) -> int | None:
+    """The backlog the nodes report within ``wait`` seconds, else None: a
+    paused or unreachable node (HTTP waits 5 s for each) must not hold up the
+    start."""
+    backlog = _backlog_of(args)
+    if backlog is None:
+        return None
+    answer: list[int | None] = []
+
+    def ask() -> None:
+        try:
+            answer.append(backlog())
+        except Exception as e:
+            log.debug("the nodes' depths: %s", e)
+
+    asking = threading.Thread(target=ask, name="nsq-archive-backlog", daemon=True)
+    asking.start()
+    asking.join(wait)
+    return answer[0] if answer else None
 
 
 def _stop(spark: Any, class_cache: ClassCache | None) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
+import time
 from types import SimpleNamespace
 from unittest import mock
 
@@ -55,6 +56,23 @@ class ShortRunTests(unittest.TestCase):
         ]
         for argv, backlog, environ in cases:
             self.assertNotIn(JAVA, self.confs(argv, backlog, environ), (argv, backlog, environ))
+
+    def test_a_node_that_does_not_answer_does_not_hold_up_the_start(self):
+        """A paused nsqd or lookupd (HTTP waits seconds for each): after a
+        second without the depths, the run is taken for a long one."""
+        args = archive.parse_args(["--nsqd-http-address", "127.0.0.1:1", "--topic", "t", "--output", "/tmp/x"])
+        release = threading.Event()
+        self.addCleanup(release.set)
+
+        def stalled() -> int:
+            release.wait(60)
+            return 10
+
+        started = time.monotonic()
+        with mock.patch.object(archive, "_backlog_of", return_value=stalled):
+            confs = archive._driver_confs(args)
+        self.assertNotIn(JAVA, confs)
+        self.assertLess(time.monotonic() - started, archive.SURVEY_WAIT + 20)
 
     def test_spark_defaults_naming_a_cluster(self):
         conf = tempfile.mkdtemp(prefix="nsq-spark-conf-")
