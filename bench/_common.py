@@ -24,6 +24,22 @@ from nsq_wire.gofmt import parse_duration
 
 FRAME = struct.Struct(">ii")
 
+# the PYTHONPATH this bench run started with: importing the tests package (for its
+# certificates or process helpers) puts the work tree on PYTHONPATH for every process
+# started after it, and a server the bench starts must run the install it was given
+_STARTED_PYTHONPATH = os.environ.get("PYTHONPATH")
+
+
+def server_env() -> dict[str, str]:
+    """The environment to start a server in: this one, with the PYTHONPATH the bench
+    run started with."""
+    env = dict(os.environ)
+    if _STARTED_PYTHONPATH is None:
+        env.pop("PYTHONPATH", None)
+    else:
+        env["PYTHONPATH"] = _STARTED_PYTHONPATH
+    return env
+
 
 def base_parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, allow_abbrev=False)

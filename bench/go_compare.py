@@ -43,6 +43,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _common import server_env
+
 from nsq_wire import commands
 from nsq_wire.frames import FRAME_TYPE_MESSAGE, MAGIC_V2, FrameReader
 from nsq_wire.gofmt import parse_duration
@@ -75,6 +77,7 @@ class Server:
             ],
             stderr=subprocess.PIPE,
             text=True,
+            env=server_env(),
         )
         self.tcp = self.http = ""
         assert self.proc.stderr is not None

@@ -27,7 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from _common import connect  # noqa: E402
+from _common import connect, server_env  # noqa: E402
 
 from nsq_wire.commands import encode_command  # noqa: E402
 
@@ -40,6 +40,7 @@ def launch(extra: list[str], exe: str | None = None) -> tuple[subprocess.Popen, 
         [*cmd, "--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0", *extra],
         stderr=subprocess.PIPE,
         text=True,
+        env=server_env(),
     )
     assert proc.stderr is not None
     found: dict[str, str] = {}
