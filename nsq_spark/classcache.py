@@ -32,10 +32,10 @@ from typing import Any
 
 log = logging.getLogger("nsq_spark.archive")
 
-_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 # the driver's settings an archive depends on (its class path, its heap's
 # size: compressed pointers or not, its JVM options)
-_KEYED = ("spark.driver.extraClassPath", "spark.driver.memory", _JAVA_OPTIONS, "spark.driver.extraLibraryPath")
+_KEYED = ("spark.driver.extraClassPath", "spark.driver.memory", JAVA_OPTIONS, "spark.driver.extraLibraryPath")
 _STALE_AFTER = 24 * 3600.0  # a temporary archive this old was left by a killed JVM
 
 
@@ -93,8 +93,8 @@ class ClassCache:
 
     def configure(self, builder: Any, conf: Mapping[str, str]) -> Any:
         """``builder`` with the archive's option before the user's own JVM options."""
-        theirs = conf.get(_JAVA_OPTIONS, "")
-        return builder.config(_JAVA_OPTIONS, f"{self.java_options()} {theirs}".strip())
+        theirs = conf.get(JAVA_OPTIONS, "")
+        return builder.config(JAVA_OPTIONS, f"{self.java_options()} {theirs}".strip())
 
     def discard(self) -> None:
         """The JVM failed to start from the archive: remove it."""

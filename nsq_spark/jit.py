@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+from nsq_spark.classcache import JAVA_OPTIONS
+
 SHORT_RUN_MESSAGES = 1_000_000
 SHORT_RUN_OPTION = "-XX:TieredStopAtLevel=1"
 

@@ -66,7 +66,7 @@ def spark_home(cache: str, master: str | None, environ: dict[str, str] | None = 
     if env.get("SPARK_HOME"):
         return None
     home = installed_spark()
-    if home is None or not local_master(master or _defaults_master(home, env)):
+    if home is None or not runs_locally(master, environ):
         return None
     key = hashlib.sha256(home.encode()).hexdigest()[:12]
     target = os.path.join(cache, f"spark-home-{key}")
