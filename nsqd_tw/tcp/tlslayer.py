@@ -88,13 +88,15 @@ class TLSLayer:
         return got[0] if len(got) == 1 else b"".join(got)
 
     def encrypt(self, data: bytes) -> bytes:
-        """``data`` as TLS records (b"" once the session has failed)."""
+        """``data`` as TLS records (b"" once the session has failed: a session
+        that cannot encrypt drops its connection)."""
         if self.failure is not None:
             return b""
         try:
             self.ssl.sendall(data)
         except SSL.Error as e:
             self.failure = e
+            self.transport.abortConnection()
             return b""
         n = len(data)
         return self._take(n + (n // _RECORD_SIZE + 1) * _RECORD_OVERHEAD)

@@ -16,6 +16,10 @@ class Wire:
 
     def __init__(self) -> None:
         self.written: list[bytes] = []
+        self.aborted = False
+
+    def abortConnection(self) -> None:
+        self.aborted = True
 
     def write(self, data: bytes) -> None:
         self.written.append(data)
@@ -127,3 +131,10 @@ class TLSLayerTests(unittest.TestCase):
         self.assertIsInstance(self.layer.failure, SSL.Error)
         self.assertEqual(self.done, [])
         self.assertTrue(self.wire.take(), "the alert")
+
+    def test_a_session_that_cannot_encrypt_drops_its_connection(self):
+        self.handshake()
+        self.layer.ssl.shutdown()  # no more application data may be written
+        self.assertEqual(self.layer.encrypt(b"OK"), b"")
+        self.assertIsInstance(self.layer.failure, SSL.Error)
+        self.assertTrue(self.wire.aborted)
