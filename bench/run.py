@@ -82,7 +82,7 @@ def tool(name: str, address: str, a: argparse.Namespace) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def profile(pid: int, seconds: float, path: Path) -> subprocess.Popen | None:
+def profile(pid: int, seconds: float, path: Path, native: bool = False) -> subprocess.Popen | None:
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(spy).exists() and not shutil.which("py-spy"):
         print("py-spy not found; pip install py-spy", file=sys.stderr)
@@ -101,7 +101,8 @@ def profile(pid: int, seconds: float, path: Path) -> subprocess.Popen | None:
             "raw",
             "--output",
             str(path),
-            "--nonblocking",
+            # native stacks need the process paused while sampled
+            *(["--native"] if native else ["--nonblocking"]),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -131,6 +132,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=0, help="bench worker processes (default: one per core)")
     p.add_argument("--mem-queue-size", type=int, default=1_000_000)
     p.add_argument("--profile", type=Path, help="directory for py-spy profiles of the server")
+    p.add_argument("--native", action="store_true", help="with --profile: C frames too (OpenSSL, zlib, snappy)")
     p.add_argument("--tls", action="store_true", help="clients upgrade to TLS (nsqd gets a throwaway certificate)")
     p.add_argument("--snappy", action="store_true", help="clients negotiate snappy")
     p.add_argument("--deflate", action="store_true", help="clients negotiate deflate")
@@ -178,7 +180,7 @@ def main() -> None:
                     spy = None
                     if a.profile:
                         a.profile.mkdir(parents=True, exist_ok=True)
-                        spy = profile(proc.pid, max(1, runfor - 1), a.profile / f"{server}-{name}-{run}.txt")
+                        spy = profile(proc.pid, max(1, runfor - 1), a.profile / f"{server}-{name}-{run}.txt", a.native)
                     r = tool(name, address, a)
                     if spy is not None:
                         spy.wait()

@@ -280,9 +280,8 @@ def go_tls_version(openssl_version: str) -> str:
     )
 
 
-def session_info(transport: Any) -> dict[str, Any]:
-    """Cipher suite, version and ALPN of a connection's TLS session, as Go's /stats shows them."""
-    conn = transport.getHandle()
+def session_info(conn: SSL.Connection) -> dict[str, Any]:
+    """Cipher suite, version and ALPN of a TLS session, as Go's /stats shows them."""
     return {
         "cipher_suite": go_cipher_suite(conn.get_cipher_name() or ""),
         "version": go_tls_version(conn.get_protocol_version_name() or ""),
@@ -292,9 +291,9 @@ def session_info(transport: Any) -> dict[str, Any]:
     }
 
 
-def peer_common_name(transport: Any) -> str:
+def peer_common_name(conn: SSL.Connection) -> str:
     """The subject common name of the peer's TLS certificate, if any."""
-    cert = transport.getPeerCertificate()
+    cert = conn.get_peer_certificate()
     if cert is None:
         return ""
     return cert.get_subject().commonName or ""

@@ -37,6 +37,7 @@ class Connection(Protocol):
     """What a client needs of its connection."""
 
     transport: Any
+    tls: Any  # a TLSLayer once the client upgraded
 
     def close(self) -> None: ...
     def shutdown(self) -> None: ...
@@ -128,7 +129,7 @@ class ClientV2:
             return {}
         from nsqd_tw.tls import session_info  # pyOpenSSL: loaded when TLS is configured
 
-        return session_info(self.conn.transport)
+        return session_info(self.conn.tls.ssl)
 
     def peer_common_name(self) -> str:
         """The subject common name of the client's TLS certificate, if any."""
@@ -136,7 +137,7 @@ class ClientV2:
             return ""
         from nsqd_tw.tls import peer_common_name
 
-        return peer_common_name(self.conn.transport)
+        return peer_common_name(self.conn.tls.ssl)
 
     # -- AUTH -----------------------------------------------------------------------
 

@@ -16,10 +16,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from twisted.internet import defer, protocol
-from twisted.internet.interfaces import IHandshakeListener
 from twisted.protocols.policies import TimeoutMixin
 from twisted.python.failure import Failure
-from zope.interface import implementer
 
 from nsq_wire.compression import CompressionError, DeflateCodec, SnappyCodec
 from nsq_wire.errors import ClientError, FatalClientError
@@ -35,6 +33,7 @@ from nsqd_tw.tcp.upgrade import Upgrade
 if TYPE_CHECKING:
     from nsqd_tw.auth import AuthClient
     from nsqd_tw.core.nsqd import NSQD
+    from nsqd_tw.tcp.tlslayer import TLSLayer
 
 
 class Server(Protocol):
@@ -69,7 +68,6 @@ def text(b: bytes) -> str:
     return b.decode("utf-8", "surrogateescape")
 
 
-@implementer(IHandshakeListener)
 class CommandConnection(protocol.Protocol, TimeoutMixin):
     transport: Any
 
@@ -93,6 +91,7 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
         self.upgrade = Upgrade(me)
         self.parser: V2Parser | None = None
         self.codec: SnappyCodec | DeflateCodec | None = None
+        self.tls: TLSLayer | None = None  # once IDENTIFY's TLS upgrade starts
         self._magic = b""
         self.closed = False
         self._halted = False  # no more commands are read (a fatal error was decided)
@@ -157,6 +156,9 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
         self.setTimeout(self._read_timeout)
 
     def dataReceived(self, data: bytes) -> None:
+        if self.tls is not None:
+            self._decrypted(self.tls.receive(data))
+            return
         if self.parser is None:
             if self.closed:
                 return
@@ -184,6 +186,11 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
         if self.upgrade.awaiting_hello:
             self.upgrade.hello(data)
             return
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
+        """Bytes of the command stream (decrypted), through the codec to the parser."""
+        assert self.parser is not None
         if self.codec is None:
             self.parser.feed(data)
             self._process()
@@ -196,6 +203,20 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
                     return
         except CompressionError as e:
             self.unreadable(e)
+
+    def _decrypted(self, data: bytes) -> None:
+        tls = self.tls
+        assert tls is not None
+        if tls.failure is not None:  # its alert is sent: the connection ends
+            self.closed = self._halted = self.responses.closed = True
+            self.output.discard()
+            self.transport.unregisterProducer()
+            self.transport.loseConnection()
+            return
+        if data:
+            self._feed(data)
+        if tls.peer_closed and not self.closed:  # close_notify: the end of the stream
+            self._close()
 
     def _hand_off(self, handoff: Callable[[Any, bytes], None], data: bytes) -> None:
         """Another protocol on nsqd's port (beyond Go: a replication link): this
@@ -213,15 +234,12 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
         self.log.error("[{client}] - {err}", client=self.client, err=err)
         self.responses.respond(FRAME_TYPE_ERROR, err.wire(), fatal=True)
 
-    def handshakeCompleted(self) -> None:
-        """IHandshakeListener: the TLS upgrade is done."""
-        self.upgrade.handshake_completed()
-
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
         self.closed = self._halted = self.responses.closed = True
         self.setTimeout(None)
         self.output.close()
-        self.upgrade.connection_lost(reason.value or Exception())
+        failure = self.tls.failure if self.tls is not None else None
+        self.upgrade.connection_lost(failure or reason.value or Exception())
         client = self.client
         if client.channel is not None:
             client.channel.remove_client(client.id)
@@ -243,6 +261,10 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
         self.closed = self._halted = self.responses.closed = True
         self.output.flush()
         self.output.closed = True
+        if self.tls is not None:  # as Go's tls.Conn.Close
+            notify = self.tls.close_notify()
+            if notify:
+                self.transport.write(notify)
         # a transport with a paused producer would wait for it forever
         self.transport.unregisterProducer()
         self.transport.loseConnection()

@@ -2,8 +2,9 @@
 
 Frames are buffered and written once per reactor turn (the server schedules the
 flush), or at once when the negotiated output buffer size fills: Go's buffered
-writer. Once a stream codec is negotiated every write goes through it; during a
-TLS handshake writes are held.
+writer. Once a stream codec is negotiated every write goes through it, then
+through TLS once that is up (:mod:`nsqd_tw.tcp.tlslayer`); during a TLS
+handshake writes are held.
 
 The output is also the transport's producer: the transport pauses it when more
 than :data:`UNSENT_LIMIT` bytes wait unsent (the client does not read) and
@@ -15,7 +16,7 @@ write deadline) it is dropped.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import LoopingCall
@@ -24,6 +25,9 @@ from zope.interface import implementer
 from nsq_service.listen import write_now
 from nsq_wire.compression import DeflateCodec, SnappyCodec
 from nsq_wire.frames import FRAME_TYPE_RESPONSE, HEARTBEAT, pack_frame
+
+if TYPE_CHECKING:
+    from nsqd_tw.tcp.tlslayer import TLSLayer
 
 UNSENT_LIMIT = 1 << 20
 
@@ -66,7 +70,11 @@ class Output:
         self._want_flush = want_flush
         self.watcher = watcher
         self.codec: SnappyCodec | DeflateCodec | None = None
+        self.tls: TLSLayer | None = None
         self.held = False  # during a TLS handshake
+        # frames to go out ahead of the next flush, in the same write, without
+        # the codec (the TLS OK before the compressed OK: one TLS record)
+        self._clear = b""
         self.backed_up = False
         self._buf: list[bytes] = []
         self._len = 0
@@ -109,13 +117,21 @@ class Output:
         self._buf.insert(0, frame)
         self._len += len(frame)
 
+    def before_codec(self) -> None:
+        """What is buffered goes out as it is, ahead of the frames that follow
+        and in the same write, when a codec is set after it (the OK ending a TLS
+        handshake and the compressed OK leave in one TLS record)."""
+        self._clear += b"".join(self._buf)
+        self._buf = []
+        self._len = 0
+
     def flush(self) -> None:
         self._flush_pending = False
         if self._buf and not self.held:
-            if self.codec is None:
+            if self.codec is None and self.tls is None:
                 self.transport.writeSequence(self._buf)
             else:
-                self.transport.write(self.codec.encode(b"".join(self._buf)))
+                self.transport.write(self._encode())
             self._buf = []
             self._len = 0
 
@@ -123,14 +139,27 @@ class Output:
         """Flush, and put it on the wire at once (an answer that was waiting)."""
         self._flush_pending = False
         if self._buf and not self.held:
-            data = b"".join(self._buf)
+            data = b"".join(self._buf) if self.codec is None and self.tls is None else self._encode()
             self._buf = []
             self._len = 0
-            write_now(self.transport, data if self.codec is None else self.codec.encode(data))
+            write_now(self.transport, data)
+
+    def _encode(self) -> bytes:
+        """The buffered frames through the codec and TLS."""
+        data = b"".join(self._buf)
+        if self.codec is not None:
+            data = self.codec.encode(data)
+        if self._clear:
+            data = self._clear + data
+            self._clear = b""
+        if self.tls is not None:
+            data = self.tls.encrypt(data)
+        return data
 
     def discard(self) -> None:
         self._buf = []
         self._len = 0
+        self._clear = b""
 
     # -- heartbeats -----------------------------------------------------------
 

@@ -1,8 +1,9 @@
 """The stream upgrades IDENTIFY negotiates, in Go's order.
 
 IDENTIFY's JSON answer goes out in clear. With TLS, nsqd then waits for the
-ClientHello on the same connection (5 s), starts TLS and sends OK over it;
-heartbeats due meanwhile are held and follow the OK. Then snappy or deflate:
+ClientHello on the same connection (5 s), starts TLS (the connection's own
+layer, :mod:`nsqd_tw.tcp.tlslayer`) and sends OK over it; heartbeats due
+meanwhile are held and follow the OK. Then snappy or deflate:
 their OK is the first compressed frame, and bytes the client pipelined after
 IDENTIFY are compressed already.
 
@@ -11,8 +12,8 @@ clients parse the answer from their first read (anything after it in that read
 is taken for clear text). nsqd sends the answer at once, in a write of its own,
 and the OK only after the reactor has slept (:data:`ANSWER_ALONE`): a client
 woken by the answer gets to run and read it before the compressed bytes are
-written. With TLS, the TLS OK and the compressed OK leave in one TLS record (the
-transport aggregates the writes of a turn), which pynsq 0.9.1 on tornado 6.1 expects.
+written. With TLS, the TLS OK and the compressed OK leave in one TLS record
+(:meth:`Output.before_codec`), which pynsq 0.9.1 on tornado 6.1 expects.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from nsqd_tw.tcp.client import ClientV2
     from nsqd_tw.tcp.output import Output
     from nsqd_tw.tcp.responses import Responses
+    from nsqd_tw.tcp.tlslayer import TLSLayer
 
 TLS_HANDSHAKE_TIMEOUT = 5.0
 # how long the compressed OK waits after IDENTIFY's answer without TLS: long
@@ -61,9 +63,11 @@ class Upgrading(Protocol):
     responses: Responses
     parser: V2Parser | None
     codec: SnappyCodec | DeflateCodec | None
+    tls: TLSLayer | None
     log: Any
     closed: bool
 
+    def dataReceived(self, data: bytes) -> None: ...
     def unreadable(self, e: CompressionError) -> None: ...
     def abort(self) -> None: ...
 
@@ -136,11 +140,13 @@ class Upgrade:
         conn = self.conn
         output, parser = conn.output, conn.parser
         assert parser is not None
+        if conn.tls is not None:
+            # the TLS OK, and what the handshake held, go out as they are, ahead
+            output.before_codec()
         output.codec = codec
         conn.codec = codec
         rest = parser.take_remainder()
-        # the first compressed frame, before anything held meanwhile (after TLS,
-        # what the handshake held went out with the TLS OK already)
+        # the first compressed frame, before anything held meanwhile
         output.first(FRAME_TYPE_RESPONSE, OK)
         output.flush()
         if rest:  # bytes pipelined after IDENTIFY are compressed already
@@ -177,25 +183,26 @@ class Upgrade:
             self._failed("tls: first record does not look like a TLS handshake")
             return
         self._state = _HANDSHAKE
-        transport = self.conn.transport
-        # the output moves to the TLS layer, which registers it with the socket
-        transport.unregisterProducer()
-        transport.startTLS(self.conn.server.tls)
-        transport.registerProducer(self.conn.output, True)
-        transport.protocol.dataReceived(buf)
+        from nsqd_tw.tcp.tlslayer import TLSLayer  # pyOpenSSL: loaded when TLS is configured
+
+        conn = self.conn
+        conn.tls = conn.output.tls = TLSLayer(conn.server.tls.getContext(), conn.transport, self.handshake_completed)
+        conn.dataReceived(buf)
 
     def handshake_completed(self) -> None:
-        """The TLS session is up: OK goes over it, before the heartbeats held meanwhile."""
+        """The TLS session is up: OK goes over it, before the heartbeats held
+        meanwhile (and with the compressed OK, when a codec follows)."""
         self._cancel_timer()
         self._state = _DONE
         conn = self.conn
         conn.client.tls = True
         conn.output.held = False
         conn.output.first(FRAME_TYPE_RESPONSE, OK)
-        conn.output.flush()
         d, self._done = self._done, None
         if d is not None:
             d.callback(None)
+        if not conn.closed:
+            conn.output.flush()
 
     def _failed(self, text: str) -> None:
         self._cancel_timer()

@@ -1,0 +1,140 @@
+"""The V2 connection's TLS layer against a pyOpenSSL client, in memory."""
+
+from __future__ import annotations
+
+from OpenSSL import SSL
+from twisted.trial import unittest
+
+from nsqd_tw.options import NSQDOptions
+from nsqd_tw.tcp.tlslayer import TLSLayer
+from nsqd_tw.tls import ServerTLS
+from tests.certs import make_certs
+
+
+class Wire:
+    """The TCP transport under the layer: what the layer wrote."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.aborted = False
+
+    def abortConnection(self) -> None:
+        self.aborted = True
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def take(self) -> bytes:
+        data, self.written = b"".join(self.written), []
+        return data
+
+
+def client_bytes(client: SSL.Connection) -> bytes:
+    out = []
+    while True:
+        try:
+            out.append(client.bio_read(1 << 16))
+        except SSL.WantReadError:
+            return b"".join(out)
+
+
+def decrypt(client: SSL.Connection, data: bytes) -> bytes:
+    if data:
+        client.bio_write(data)
+    out = []
+    while True:
+        try:
+            out.append(client.recv(1 << 16))
+        except SSL.WantReadError:
+            return b"".join(out)
+
+
+class TLSLayerTests(unittest.TestCase):
+    def setUp(self) -> None:
+        files = make_certs(self.mktemp())
+        self.server_context = ServerTLS(NSQDOptions(tls_cert=files.cert, tls_key=files.key)).getContext()
+        self.wire = Wire()
+        self.done: list[bool] = []
+        self.layer = TLSLayer(self.server_context, self.wire, lambda: self.done.append(True))
+        ctx = SSL.Context(SSL.TLS_CLIENT_METHOD)
+        self.client = SSL.Connection(ctx, None)
+        self.client.set_connect_state()
+
+    def handshake(self) -> None:
+        client, layer = self.client, self.layer
+        for _ in range(10):
+            try:
+                client.do_handshake()
+            except SSL.WantReadError:
+                pass
+            else:
+                if not layer.handshaking:
+                    break
+            self.assertEqual(layer.receive(client_bytes(client)), b"")
+            if self.wire.written:
+                client.bio_write(self.wire.take())
+        self.assertFalse(layer.handshaking)
+        self.assertEqual(self.done, [True])
+        # what followed the handshake (TLS 1.3's tickets) reads as nothing
+        self.assertEqual(decrypt(client, self.wire.take()), b"")
+
+    def test_records_of_one_read_come_out_as_one_piece(self):
+        """Twisted's TLS layer handed each record to the protocol on its own: a
+        consumer's FINs, sent per record it read, were handled a few at a time."""
+        self.handshake()
+        for n in range(3):
+            self.client.send(b"FIN %016d\n" % n)
+        arrived = client_bytes(self.client)  # three records, one read
+        self.assertEqual(
+            self.layer.receive(arrived),
+            b"FIN 0000000000000000\nFIN 0000000000000001\nFIN 0000000000000002\n",
+        )
+
+    def test_a_record_cut_across_reads_waits_for_its_end(self):
+        self.handshake()
+        self.client.send(b"NOP\n")
+        arrived = client_bytes(self.client)
+        self.assertEqual(self.layer.receive(arrived[:7]), b"")
+        self.assertEqual(self.layer.receive(arrived[7:]), b"NOP\n")
+
+    def test_a_flush_is_encrypted_at_once_in_one_piece(self):
+        self.handshake()
+        data = bytes(range(256)) * 1000  # several records
+        sealed = self.layer.encrypt(data)
+        self.assertEqual(self.wire.written, [], "the caller writes it")
+        self.assertEqual(decrypt(self.client, sealed), data)
+
+    def test_close_notify_ends_the_session_for_the_client(self):
+        self.handshake()
+        self.client.bio_write(self.layer.close_notify())
+        with self.assertRaises(SSL.ZeroReturnError):
+            self.client.recv(100)
+
+    def test_the_client_s_close_notify_after_its_last_command(self):
+        self.handshake()
+        self.client.send(b"CLS\n")
+        self.client.shutdown()
+        self.assertEqual(self.layer.receive(client_bytes(self.client)), b"CLS\n")
+        self.assertTrue(self.layer.peer_closed)
+        self.assertEqual(self.layer.receive(b"more"), b"")
+
+    def test_garbage_is_a_failure_with_its_alert(self):
+        self.handshake()
+        self.assertEqual(self.layer.receive(b"\x17\x03\x03\x00\x05hello"), b"")
+        self.assertIsInstance(self.layer.failure, SSL.Error)
+        self.assertTrue(self.wire.take(), "the alert")
+        self.assertEqual(self.layer.encrypt(b"x"), b"")
+        self.assertEqual(self.layer.close_notify(), b"")
+
+    def test_a_refused_handshake_is_a_failure_with_its_alert(self):
+        self.assertEqual(self.layer.receive(b"\x16\x03\x01\x00\x05hello"), b"")
+        self.assertIsInstance(self.layer.failure, SSL.Error)
+        self.assertEqual(self.done, [])
+        self.assertTrue(self.wire.take(), "the alert")
+
+    def test_a_session_that_cannot_encrypt_drops_its_connection(self):
+        self.handshake()
+        self.layer.ssl.shutdown()  # no more application data may be written
+        self.assertEqual(self.layer.encrypt(b"OK"), b"")
+        self.assertIsInstance(self.layer.failure, SSL.Error)
+        self.assertTrue(self.wire.aborted)
