@@ -208,10 +208,8 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
         tls = self.tls
         assert tls is not None
         if tls.failure is not None:  # its alert is sent: the connection ends
-            self.closed = self._halted = self.responses.closed = True
             self.output.discard()
-            self.transport.unregisterProducer()
-            self.transport.loseConnection()
+            self._close()  # (no close_notify after a failure)
             return
         if data:
             self._feed(data)
