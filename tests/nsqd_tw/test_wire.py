@@ -1,8 +1,9 @@
 import struct
+import zlib
 
 from twisted.trial import unittest
 
-from nsq_wire import commands, lookupd, message, v1
+from nsq_wire import commands, compression, lookupd, message, v1
 from nsq_wire.commands import encode_command, mpub
 from nsq_wire.errors import ClientError, FatalClientError, NSQError
 from nsq_wire.frames import FRAME_TYPE_RESPONSE, FrameReader, pack_frame
@@ -110,6 +111,32 @@ class ClientCodecTests(unittest.TestCase):
     def test_join_host_port(self) -> None:
         self.assertEqual(join_host_port("::1", 4150), "[::1]:4150")
         self.assertEqual(join_host_port("127.0.0.1", "80"), "127.0.0.1:80")
+
+
+class DeflateCodecTests(unittest.TestCase):
+    """IDENTIFY deflate: raw DEFLATE, every flush decodable at once, whichever zlib compresses."""
+
+    def test_compressed_with_zlib_ng_when_installed(self) -> None:
+        from zlib_ng import zlib_ng
+
+        self.assertIs(compression._deflate_with, zlib_ng)
+
+    def test_each_flush_inflates_at_once_with_either_zlib(self) -> None:
+        from zlib_ng import zlib_ng
+
+        flushes = [pack_frame(2, b"%d" % i * 40) * 50 for i in range(5)]
+        for deflate_with in (zlib_ng, zlib):
+            for level in (1, 6, 9):
+                codec = compression.DeflateCodec(level, deflate_with)
+                inflate = zlib.decompressobj(-zlib.MAX_WBITS)  # as a client's flate reader
+                for data in flushes:
+                    self.assertEqual(inflate.decompress(codec.encode(data)), data, (deflate_with, level))
+
+    def test_decodes_what_a_client_deflates(self) -> None:
+        codec = compression.DeflateCodec(6)
+        c = zlib.compressobj(6, zlib.DEFLATED, -15)
+        wire = c.compress(b"FIN 0123456789abcdef\n" * 10) + c.flush(zlib.Z_SYNC_FLUSH)
+        self.assertEqual(b"".join(codec.decode(wire)), b"FIN 0123456789abcdef\n" * 10)
 
 
 class NameTests(unittest.TestCase):
