@@ -225,6 +225,7 @@ def decode_into(make: Callable[[bytes, bytes, int, int], T], data: bytes | memor
     m=MessageFields,
     raw=bytes,
     p=cython.p_uchar,
+    q=cython.p_char,
     ts=cython.ulonglong,
     i=cython.int,
     hl=cython.Py_ssize_t,
@@ -263,8 +264,9 @@ def decode_fields(m: MessageFields, data: bytes | memoryview) -> bool:
         m.id = raw[io:hl]
         m.body = raw[hl:]
     else:
-        m.id = PyBytes_FromStringAndSize(cython.cast(cython.p_char, p + io), hl - io)
-        m.body = PyBytes_FromStringAndSize(cython.cast(cython.p_char, p + hl), n - hl)
+        q = cython.cast(cython.p_char, p)
+        m.id = PyBytes_FromStringAndSize(q + io, hl - io)
+        m.body = PyBytes_FromStringAndSize(q + hl, n - hl)
     return True
 
 
