@@ -18,11 +18,17 @@ import zlib
 from collections.abc import Iterator
 from types import ModuleType
 
-_deflate_with: ModuleType
-try:
-    from zlib_ng import zlib_ng as _deflate_with
-except ImportError:  # pragma: no cover - zlib-ng is a dependency; a build without it still works
-    _deflate_with = zlib
+
+def deflater() -> ModuleType:
+    """The zlib module that compresses: zlib-ng's, else zlib. Imported when a
+    client first negotiates deflate (zlib-ng's package takes ~15 ms to import:
+    not at every start)."""
+    try:
+        from zlib_ng import zlib_ng
+    except ImportError:  # pragma: no cover - zlib-ng is a dependency; a build without it still works
+        return zlib
+    return zlib_ng
+
 
 DECODE_SLICE = 1 << 20
 
@@ -79,9 +85,11 @@ class SnappyCodec:
 class DeflateCodec:
     name = "deflate"
 
-    def __init__(self, level: int, deflate_with: ModuleType = _deflate_with) -> None:
-        """``deflate_with``: the zlib module that compresses (zlib-ng's, or zlib)."""
+    def __init__(self, level: int, deflate_with: ModuleType | None = None) -> None:
+        """``deflate_with``: the zlib module that compresses (default: :func:`deflater`'s)."""
         self.level = level
+        if deflate_with is None:
+            deflate_with = deflater()
         self._compressor = deflate_with.compressobj(level, deflate_with.DEFLATED, -deflate_with.MAX_WBITS)
         self._sync_flush = deflate_with.Z_SYNC_FLUSH
         self._decompressor = zlib.decompressobj(-zlib.MAX_WBITS)

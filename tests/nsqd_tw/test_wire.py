@@ -119,7 +119,19 @@ class DeflateCodecTests(unittest.TestCase):
     def test_compressed_with_zlib_ng_when_installed(self) -> None:
         from zlib_ng import zlib_ng
 
-        self.assertIs(compression._deflate_with, zlib_ng)
+        self.assertIs(compression.deflater(), zlib_ng)
+
+    def test_zlib_ng_is_imported_by_the_first_deflate_not_at_start(self) -> None:
+        """Its package takes ~15 ms to import: nsqd's start does not pay for it."""
+        import subprocess
+        import sys
+
+        check = (
+            "import sys, nsqd_tw.tcp.connection, nsq_wire.compression as c; "
+            "before = 'zlib_ng' in sys.modules; c.DeflateCodec(6); print(before, 'zlib_ng' in sys.modules)"
+        )
+        out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True, timeout=120)
+        self.assertEqual(out.stdout.split(), ["False", "True"])
 
     def test_each_flush_inflates_at_once_with_either_zlib(self) -> None:
         from zlib_ng import zlib_ng
