@@ -246,27 +246,24 @@ def decode_fields(m: MessageFields, data: bytes | memoryview) -> bool:
     if type(data) is bytes:
         raw = data
         n = len(raw)
-        p = raw
+        q = cython.cast(cython.p_char, raw)
     elif type(data) is memoryview:
         # a view of bytes, as read_views makes: one dimension, contiguous
-        p = cython.cast(cython.p_uchar, PyMemoryView_GET_BUFFER(data).buf)
+        q = cython.cast(cython.p_char, PyMemoryView_GET_BUFFER(data).buf)
         n = PyMemoryView_GET_BUFFER(data).len
     else:
         return False
     if n < hl:
         raise ValueError(f"invalid message buffer size ({n})")
+    p = cython.cast(cython.p_uchar, q)
     ts = 0
     for i in range(8):
         ts = (ts << 8) | p[i]
     m.timestamp = cython.cast(cython.longlong, ts)
     m.attempts = (p[8] << 8) | p[9]
-    if type(data) is bytes:
-        m.id = raw[io:hl]
-        m.body = raw[hl:]
-    else:
-        q = cython.cast(cython.p_char, p)
-        m.id = PyBytes_FromStringAndSize(q + io, hl - io)
-        m.body = PyBytes_FromStringAndSize(q + hl, n - hl)
+    # made from the pointer: a slice of typed bytes still makes a slice object
+    m.id = PyBytes_FromStringAndSize(q + io, hl - io)
+    m.body = PyBytes_FromStringAndSize(q + hl, n - hl)
     return True
 
 

@@ -12,6 +12,9 @@ try:
 except ModuleNotFoundError:
     from nsq_wire import cython_shim as cython
 
+if cython.compiled:  # what the compiled FIN run takes its IDs with
+    from cython.cimports.cpython.bytes import PyBytes_FromStringAndSize  # type: ignore
+
 # bufio.Reader size Go nsqd reads command lines with: a longer line kills
 # the connection without an error frame.
 MAX_LINE_LENGTH = 16 * 1024
@@ -91,6 +94,22 @@ def _fin_run_end(raw: bytes, pos: int) -> int:
     return end
 
 
+@cython.locals(b=bytes, q=cython.p_char, at=cython.Py_ssize_t, end=cython.Py_ssize_t, line=cython.Py_ssize_t)
+def _fin_ids(raw: bytes, pos: int, end: int) -> list[bytes]:
+    """The IDs of the FIN lines from ``pos`` to ``end`` (of :data:`_FIN_RUN`'s match)."""
+    if not cython.compiled or type(raw) is not bytes:
+        return [raw[at : at + 16] for at in range(pos + 4, end, _FIN_LINE)]
+    b = raw
+    q = cython.cast(cython.p_char, b)
+    line = _FIN_LINE
+    out = []
+    at = pos + 4
+    while at < end:
+        out.append(PyBytes_FromStringAndSize(q + at, 16))  # not a slice: no slice object each
+        at += line
+    return out
+
+
 class V2Parser:
     """An incremental parser for the commands a V2 client sends.
 
@@ -145,7 +164,7 @@ class V2Parser:
                 return []
             end = run.end()
         self._pos = end
-        return [buf[at : at + 16] for at in range(pos + 4, end, _FIN_LINE)]
+        return _fin_ids(buf, pos, end)
 
     def buffered(self) -> int:
         return len(self._buf) - self._pos + self._parts_len

@@ -224,7 +224,7 @@ class ParserTests(unittest.TestCase):
         _FIN_RUN: the two agree on every shape, at any offset."""
         import random
 
-        from nsq_wire.parser import _FIN_RUN, _fin_run_end
+        from nsq_wire.parser import _FIN_RUN, _fin_ids, _fin_run_end
 
         rng = random.Random(39)
         pieces = [b"FIN 0123456789abcdef\n", b"FIN 0123456789abcde\r\n", b"FIN 0123456789 abcde\n", b"FIN 01\n"]
@@ -235,7 +235,9 @@ class ParserTests(unittest.TestCase):
             data = data[: rng.randrange(len(data) + 1)]
             for pos in {0, rng.randrange(len(data) + 1)}:
                 run = _FIN_RUN.match(data, pos)
-                self.assertEqual(_fin_run_end(data, pos), run.end() if run else pos, (data, pos))
+                end = run.end() if run else pos
+                self.assertEqual(_fin_run_end(data, pos), end, (data, pos))
+                self.assertEqual(_fin_ids(data, pos, end), [data[at + 4 : at + 20] for at in range(pos, end, 21)])
 
     def test_take_fins_cut_by_the_read(self) -> None:
         data = b"FIN 0123456789abcdef\n" * 3
