@@ -19,8 +19,9 @@ try:
 except ModuleNotFoundError:
     from nsq_wire import cython_shim as cython
 
-if cython.compiled:  # the C API that the compiled frames() writes a burst with
+if cython.compiled:  # the C API that the compiled frames() writes a burst with (and decode_fields reads a view)
     from cython.cimports.cpython.bytes import PyBytes_AS_STRING, PyBytes_FromStringAndSize  # type: ignore
+    from cython.cimports.cpython.memoryview import PyMemoryView_GET_BUFFER  # type: ignore
     from cython.cimports.libc.string import memcpy  # type: ignore
 
 MSG_ID_LENGTH = 16
@@ -210,35 +211,59 @@ def decode(data: bytes) -> tuple[bytes, bytes, int, int]:
     return msg_id, data[MESSAGE_HEADER_LENGTH:], timestamp, attempts
 
 
-def decode_into(make: Callable[[bytes, bytes, int, int], T], data: bytes) -> T:
-    """:func:`decode` straight into ``make(id, body, timestamp, attempts)`` (nsqd's Message)."""
+def decode_into(make: Callable[[bytes, bytes, int, int], T], data: bytes | memoryview) -> T:
+    """:func:`decode` straight into ``make(id, body, timestamp, attempts)`` (nsqd's Message);
+    ``data`` may be a view of a disk queue's read buffer (the body is copied out of it)."""
     if len(data) < MESSAGE_HEADER_LENGTH:
         raise ValueError(f"invalid message buffer size ({len(data)})")
     timestamp, attempts, msg_id = _HEADER.unpack_from(data)
-    return make(msg_id, data[MESSAGE_HEADER_LENGTH:], timestamp, attempts)
+    body = data[MESSAGE_HEADER_LENGTH:]
+    return make(msg_id, body if type(body) is not memoryview else body.tobytes(), timestamp, attempts)
 
 
-@cython.locals(m=MessageFields, raw=bytes, p=cython.p_uchar, ts=cython.ulonglong, i=cython.int, hl=cython.Py_ssize_t)
-def decode_fields(m: MessageFields, data: bytes) -> bool:
+@cython.locals(
+    m=MessageFields,
+    raw=bytes,
+    p=cython.p_uchar,
+    q=cython.p_char,
+    ts=cython.ulonglong,
+    i=cython.int,
+    hl=cython.Py_ssize_t,
+    n=cython.Py_ssize_t,
+    io=cython.Py_ssize_t,
+)
+def decode_fields(m: MessageFields, data: bytes | memoryview) -> bool:
     """Compiled (setup.py): :func:`decode` into the fields of ``m``, a message just made,
-    with the header read in place; False, and ``m`` untouched, when ``data`` is not
-    exact bytes (a ``CutRecord``, a bytearray) or not compiled: use :func:`decode_into`.
-    Once per message delivered: struct's tuple and the Python ints in it cost more than
-    the rest of the message."""
-    if not cython.compiled or type(data) is not bytes:
+    with the header read in place; False, and ``m`` untouched, when ``data`` is neither
+    exact bytes nor a memoryview (a ``CutRecord``, a bytearray) or not compiled: use
+    :func:`decode_into`. Once per message delivered: struct's tuple and the Python ints
+    in it cost more than the rest of the message. A memoryview (a record in a disk
+    queue's read buffer, :meth:`~nsqd_tw.storage.diskqueue_read.DiskQueueReading.read_views`)
+    is read where it lies: the body is the one copy made."""
+    if not cython.compiled:
         return False
-    hl = MESSAGE_HEADER_LENGTH
-    raw = data
-    if len(raw) < hl:
-        raise ValueError(f"invalid message buffer size ({len(raw)})")
-    p = raw
+    hl, io = MESSAGE_HEADER_LENGTH, ID_OFFSET  # (C integers)
+    if type(data) is bytes:
+        raw = data
+        n = len(raw)
+        q = cython.cast(cython.p_char, raw)
+    elif type(data) is memoryview:
+        # a view of bytes, as read_views makes: one dimension, contiguous
+        q = cython.cast(cython.p_char, PyMemoryView_GET_BUFFER(data).buf)
+        n = PyMemoryView_GET_BUFFER(data).len
+    else:
+        return False
+    if n < hl:
+        raise ValueError(f"invalid message buffer size ({n})")
+    p = cython.cast(cython.p_uchar, q)
     ts = 0
     for i in range(8):
         ts = (ts << 8) | p[i]
     m.timestamp = cython.cast(cython.longlong, ts)
     m.attempts = (p[8] << 8) | p[9]
-    m.id = raw[ID_OFFSET:hl]
-    m.body = raw[hl:]
+    # made from the pointer: a slice of typed bytes still makes a slice object
+    m.id = PyBytes_FromStringAndSize(q + io, hl - io)
+    m.body = PyBytes_FromStringAndSize(q + hl, n - hl)
     return True
 
 

@@ -7,6 +7,14 @@ import struct
 
 from nsq_wire.errors import FatalClientError
 
+try:
+    import cython
+except ModuleNotFoundError:
+    from nsq_wire import cython_shim as cython
+
+if cython.compiled:  # what the compiled FIN run takes its IDs with
+    from cython.cimports.cpython.bytes import PyBytes_FromStringAndSize  # type: ignore
+
 # bufio.Reader size Go nsqd reads command lines with: a longer line kills
 # the connection without an error frame.
 MAX_LINE_LENGTH = 16 * 1024
@@ -58,6 +66,50 @@ _FIN_LINE = 21  # b"FIN " + a 16-byte message ID + b"\n"
 _FIN_RUN = re.compile(rb"(?:FIN [^ \r\n]{16}\n)+")  # what next() would parse as FIN ID, and nothing else
 
 
+@cython.locals(
+    raw=bytes,
+    p=cython.p_uchar,
+    n=cython.Py_ssize_t,
+    end=cython.Py_ssize_t,
+    j=cython.Py_ssize_t,
+    c=cython.uchar,
+    line=cython.Py_ssize_t,
+)
+def _fin_run_end(raw: bytes, pos: int) -> int:
+    """Compiled: where :data:`_FIN_RUN` matched at ``pos`` ends (``pos`` when it does not
+    match), read in one C loop: a consumer's read is mostly FIN lines, and the regular
+    expression cost ~5% of nsqd's time in a consume."""
+    n = len(raw)
+    p = raw
+    end = pos
+    line = _FIN_LINE
+    while end + line <= n:
+        if p[end] != 70 or p[end + 1] != 73 or p[end + 2] != 78 or p[end + 3] != 32 or p[end + 20] != 10:
+            break  # not b"FIN " ... b"\n"
+        for j in range(end + 4, end + 20):
+            c = p[j]
+            if c == 32 or c == 13 or c == 10:  # a space, CR or LF in the ID: another shape
+                return end
+        end += line
+    return end
+
+
+@cython.locals(b=bytes, q=cython.p_char, at=cython.Py_ssize_t, end=cython.Py_ssize_t, line=cython.Py_ssize_t)
+def _fin_ids(raw: bytes, pos: int, end: int) -> list[bytes]:
+    """The IDs of the FIN lines from ``pos`` to ``end`` (of :data:`_FIN_RUN`'s match)."""
+    if not cython.compiled or type(raw) is not bytes:
+        return [raw[at : at + 16] for at in range(pos + 4, end, _FIN_LINE)]
+    b = raw
+    q = cython.cast(cython.p_char, b)
+    line = _FIN_LINE
+    out = []
+    at = pos + 4
+    while at < end:
+        out.append(PyBytes_FromStringAndSize(q + at, 16))  # not a slice: no slice object each
+        at += line
+    return out
+
+
 class V2Parser:
     """An incremental parser for the commands a V2 client sends.
 
@@ -101,13 +153,18 @@ class V2Parser:
         if self._state != _LINE:
             return []
         pos = self._pos
-        run = _FIN_RUN.match(self._buf, pos)
-        if run is None:
-            return []
         buf = self._buf
-        end = run.end()
+        if cython.compiled and type(buf) is bytes:
+            end = _fin_run_end(buf, pos)
+            if end == pos:
+                return []
+        else:
+            run = _FIN_RUN.match(buf, pos)
+            if run is None:
+                return []
+            end = run.end()
         self._pos = end
-        return [buf[at : at + 16] for at in range(pos + 4, end, _FIN_LINE)]
+        return _fin_ids(buf, pos, end)
 
     def buffered(self) -> int:
         return len(self._buf) - self._pos + self._parts_len

@@ -172,7 +172,7 @@ class ChannelQueue(MessageQueue):
             burst = self._take_memory(n)
             if len(burst) & 1:  # as many turns as _next would have taken
                 self._take_backend = not self._take_backend
-        elif (read_many := getattr(backend, "read_many", None)) is not None:
+        elif (read_many := getattr(backend, "read_views", None) or getattr(backend, "read_many", None)) is not None:
             self._take_both(burst, n, read_many)
         else:  # a backend without read_many (an embedder's): one at a time
             next_ = self._next

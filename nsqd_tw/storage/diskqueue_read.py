@@ -32,6 +32,11 @@ except ModuleNotFoundError:
     from nsq_wire import cython_shim as cython
 
 
+# read_views: a record this large (past the allocator of small objects, where a
+# copy also costs a malloc and a free) comes out as a view of the read buffer
+VIEW_FROM = 512
+
+
 class Ref:
     """Where a record read in acknowledged mode lives, its size, whether it is
     done, the ID of its message if a deliver-at time is held for it, and if a
@@ -146,10 +151,13 @@ class DiskQueueReading:
                 continue
             return data, ref
 
-    def read_many(self, n: int) -> list[tuple[bytes, Ref | None]]:
+    def read_many(self, n: int, views: bool = False) -> list[tuple[bytes, Ref | None]]:
         """Up to ``n`` of the next records, as :meth:`read` gives them one by one.
         Records the read-ahead buffer already holds come out in one pass (not in
-        acknowledged mode, and not while deliver-at times are kept)."""
+        acknowledged mode, and not while deliver-at times are kept).
+
+        ``views``: those of :data:`VIEW_FROM` bytes or more come out as memoryviews
+        of the buffer, not copied out of it (:meth:`read_views`)."""
         out: list[tuple[bytes, Ref | None]] = []
         read = self.read
         while len(out) < n:
@@ -158,8 +166,15 @@ class DiskQueueReading:
                 break
             out.append(item)
             if not self.acked and not self.deferred.at and not self.deferred.held and len(out) < n:
-                self._read_buffered(out, n)
+                self._read_buffered(out, n, views)
         return out
+
+    def read_views(self, n: int) -> list[tuple[bytes | memoryview, Ref | None]]:
+        """:meth:`read_many` for a reader that decodes each record at once (a
+        channel's messages): a large record in the read-ahead buffer is a view of
+        it, and the message's body is the one copy made of it. A view holds the
+        whole buffer: it must not be kept."""
+        return self.read_many(n, True)  # type: ignore[return-value]
 
     # compiled: the loop's arithmetic in C, the buffer (os.pread's bytes) sliced directly
     @cython.locals(
@@ -174,10 +189,12 @@ class DiskQueueReading:
         taken=cython.Py_ssize_t,
         size_total=cython.Py_ssize_t,
         want=cython.Py_ssize_t,
+        view_from=cython.Py_ssize_t,
     )
-    def _read_buffered(self, out: list[tuple[bytes, Ref | None]], n: int) -> None:
+    def _read_buffered(self, out: list[tuple[bytes, Ref | None]], n: int, views: bool = False) -> None:
         """:meth:`read`'s loop for the records wholly in the reader's buffer, with
-        the same checks; it stops at the first record it cannot take from there."""
+        the same checks; it stops at the first record it cannot take from there.
+        ``views``: records of :data:`VIEW_FROM` bytes or more as views of the buffer."""
         r = self._reader
         if r.fd is None or r.num != self.read_file_num:
             return
@@ -192,12 +209,14 @@ class DiskQueueReading:
         taken = 0
         size_total = 0
         want = n - len(out)
+        view_from = VIEW_FROM if views else hi + 1
+        view: Any = memoryview(buf) if views else None
         while taken < want and pos + 4 <= end:
             (size,) = unpack(buf, pos - start)
             if size < lo or size > hi or pos + 4 + size > end:
                 break  # read() looks at it (an error, or more to read first)
             i = pos - start + 4
-            out.append((buf[i : i + size], None))
+            out.append((buf[i : i + size] if size < view_from else view[i : i + size], None))
             pos += 4 + size
             size_total += 4 + size
             taken += 1

@@ -22,7 +22,7 @@ from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import LoopingCall
 from zope.interface import implementer
 
-from nsq_service.listen import write_now
+from nsq_service.listen import write_now, write_pieces_now
 from nsq_wire.compression import DeflateCodec, SnappyCodec
 from nsq_wire.frames import FRAME_TYPE_RESPONSE, HEARTBEAT, pack_frame
 
@@ -126,23 +126,21 @@ class Output:
         self._len = 0
 
     def flush(self) -> None:
+        """What is buffered, onto the wire now (:func:`~nsq_service.listen.write_pieces_now`):
+        at the end of the turn, or when the output buffer is full (Go's bufio.Writer)."""
         self._flush_pending = False
         if self._buf and not self.held:
             if self.codec is None and self.tls is None:
-                self.transport.writeSequence(self._buf)
+                buf = self._buf
+                self._buf = []
+                write_pieces_now(self.transport, buf)
             else:
-                self.transport.write(self._encode())
-            self._buf = []
+                data = self._encode()
+                self._buf = []
+                write_now(self.transport, data)
             self._len = 0
 
-    def flush_now(self) -> None:
-        """Flush, and put it on the wire at once (an answer that was waiting)."""
-        self._flush_pending = False
-        if self._buf and not self.held:
-            data = b"".join(self._buf) if self.codec is None and self.tls is None else self._encode()
-            self._buf = []
-            self._len = 0
-            write_now(self.transport, data)
+    flush_now = flush  # an answer that was waiting (flush puts everything on the wire at once)
 
     def _encode(self) -> bytes:
         """The buffered frames through the codec and TLS."""

@@ -615,6 +615,28 @@ class ReadManyTests(Base):
             q.done(ref)
         self.assertEqual(q.queued_bytes, 0)
 
+    def test_read_views_gives_large_buffered_records_as_views(self) -> None:
+        from nsqd_tw.storage.diskqueue_read import VIEW_FROM
+
+        q = self.queue()
+        small, large = record(0), record(1, VIEW_FROM)
+        q.put_many([small, large, small, large, large])
+        batch = q.read_views(5)
+        self.assertEqual([bytes(d) for d, _ in batch], [small, large, small, large, large])
+        # the first comes from read(), one record at a time; the rest from the buffer
+        self.assertEqual([type(d) for d, _ in batch], [bytes, memoryview, bytes, memoryview, memoryview])
+        got = [Message.decode(d) for d, _ in batch]
+        self.assertEqual([(type(m.id), type(m.body)) for m in got], [(bytes, bytes)] * 5)
+        self.assertEqual([m.encode() for m in got], [small, large, small, large, large])
+        self.assertEqual((q.depth(), q.queued_bytes), (0, 0))
+
+    def test_read_many_copies_every_record(self) -> None:
+        from nsqd_tw.storage.diskqueue_read import VIEW_FROM
+
+        q = self.queue()
+        q.put_many([record(i, VIEW_FROM) for i in range(4)])
+        self.assertEqual([type(d) for d, _ in q.read_many(4)], [bytes] * 4)
+
     def test_counts_for_the_sync(self) -> None:
         q = self.queue(sync_every=10)
         q.put_many([record(i) for i in range(25)])

@@ -206,6 +206,55 @@ class WriteNowTests(_Loopback):
         self.assertEqual(wrapper.transport.calls, ["doWrite"])
 
 
+class WritePiecesNowTests(_Loopback):
+    """write_pieces_now: a flush's frames in one sendmsg, never lost or reordered."""
+
+    @defer.inlineCallbacks
+    def test_sent_from_the_call_in_one_sendmsg(self) -> Any:
+        transport, client = yield self.connect()
+        registered: list[bool] = []
+        self.patch(transport, "startWriting", lambda: registered.append(True))
+        calls: list[int] = []
+        sock = transport.socket
+
+        class Counting:
+            def sendmsg(self, pieces: list[bytes]) -> int:
+                calls.append(len(pieces))
+                return sock.sendmsg(pieces)
+
+        self.patch(transport, "socket", Counting())
+        listen.write_pieces_now(transport, [b"one ", b"two ", b"three"])
+        self.assertEqual((calls, registered), ([3], []))
+        got = yield self.receive(client, 13)
+        self.assertEqual(got, b"one two three")
+
+    @defer.inlineCallbacks
+    def test_what_the_socket_does_not_take_waits_in_the_transport(self) -> Any:
+        transport, client = yield self.connect()
+        pieces = [bytes([i]) * 1_000_000 for i in range(16)]  # 16 MB: more than a socket buffer holds
+        listen.write_pieces_now(transport, pieces)
+        self.assertIn(transport, reactor.getWriters())
+        listen.write_pieces_now(transport, [b"af", b"ter"])  # behind what waits, not before it
+        got = yield self.receive(client, 16_000_005)
+        self.assertEqual(got, b"".join(pieces) + b"after")
+
+    @defer.inlineCallbacks
+    def test_written_after_what_the_transport_holds(self) -> Any:
+        transport, client = yield self.connect()
+        transport.write(b"first ")
+        listen.write_pieces_now(transport, [b"sec", b"ond"])
+        got = yield self.receive(client, 12)
+        self.assertEqual(got, b"first second")
+
+    @defer.inlineCallbacks
+    def test_more_pieces_than_one_sendmsg_takes_are_joined(self) -> Any:
+        transport, client = yield self.connect()
+        pieces = [b"%04d" % i for i in range(listen.SENDMSG_PIECES * 3)]
+        listen.write_pieces_now(transport, pieces)
+        got = yield self.receive(client, 4 * len(pieces))
+        self.assertEqual(got, b"".join(pieces))
+
+
 class ReadNowTests(_Loopback):
     """read_now: what has arrived on a plain TCP connection, read from the call."""
 

@@ -27,6 +27,16 @@ class MessageTests(unittest.TestCase):
         made = records(ids, bodies, -5)  # a negative timestamp wraps as Go's uint64
         self.assertEqual(made, [Message(i, b, -5).encode() for i, b in zip(ids, bodies, strict=True)])
 
+    def test_decode_a_view_of_a_read_buffer(self) -> None:
+        """A disk queue's read_views hands records as memoryviews: the message holds bytes."""
+        m = Message(b"0123456789abcdef", b"\x00\xffbody" * 200, 1_700_000_000_000_000_001, attempts=7)
+        buf = b"xx" + m.encode() + b"yy"
+        d = Message.decode(memoryview(buf)[2:-2])
+        self.assertEqual((d.id, d.body, d.timestamp, d.attempts), (m.id, m.body, m.timestamp, m.attempts))
+        self.assertEqual((type(d.id), type(d.body)), (bytes, bytes))
+        e = self.assertRaises(ValueError, Message.decode, memoryview(buf)[:25])
+        self.assertEqual(str(e), "invalid message buffer size (25)")
+
     def test_decode_too_short(self) -> None:
         e = self.assertRaises(ValueError, Message.decode, b"x" * 25)
         self.assertEqual(str(e), "invalid message buffer size (25)")

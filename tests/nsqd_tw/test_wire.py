@@ -1,8 +1,9 @@
 import struct
+import zlib
 
 from twisted.trial import unittest
 
-from nsq_wire import commands, lookupd, message, v1
+from nsq_wire import commands, compression, lookupd, message, v1
 from nsq_wire.commands import encode_command, mpub
 from nsq_wire.errors import ClientError, FatalClientError, NSQError
 from nsq_wire.frames import FRAME_TYPE_RESPONSE, FrameReader, pack_frame
@@ -112,6 +113,44 @@ class ClientCodecTests(unittest.TestCase):
         self.assertEqual(join_host_port("127.0.0.1", "80"), "127.0.0.1:80")
 
 
+class DeflateCodecTests(unittest.TestCase):
+    """IDENTIFY deflate: raw DEFLATE, every flush decodable at once, whichever zlib compresses."""
+
+    def test_compressed_with_zlib_ng_when_installed(self) -> None:
+        from zlib_ng import zlib_ng
+
+        self.assertIs(compression.deflater(), zlib_ng)
+
+    def test_zlib_ng_is_imported_by_the_first_deflate_not_at_start(self) -> None:
+        """Its package takes ~15 ms to import: nsqd's start does not pay for it."""
+        import subprocess
+        import sys
+
+        check = (
+            "import sys, nsqd_tw.tcp.connection, nsq_wire.compression as c; "
+            "before = 'zlib_ng' in sys.modules; c.DeflateCodec(6); print(before, 'zlib_ng' in sys.modules)"
+        )
+        out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True, timeout=120)
+        self.assertEqual(out.stdout.split(), ["False", "True"])
+
+    def test_each_flush_inflates_at_once_with_either_zlib(self) -> None:
+        from zlib_ng import zlib_ng
+
+        flushes = [pack_frame(2, b"%d" % i * 40) * 50 for i in range(5)]
+        for deflate_with in (zlib_ng, zlib):
+            for level in (1, 6, 9):
+                codec = compression.DeflateCodec(level, deflate_with)
+                inflate = zlib.decompressobj(-zlib.MAX_WBITS)  # as a client's flate reader
+                for data in flushes:
+                    self.assertEqual(inflate.decompress(codec.encode(data)), data, (deflate_with, level))
+
+    def test_decodes_what_a_client_deflates(self) -> None:
+        codec = compression.DeflateCodec(6)
+        c = zlib.compressobj(6, zlib.DEFLATED, -15)
+        wire = c.compress(b"FIN 0123456789abcdef\n" * 10) + c.flush(zlib.Z_SYNC_FLUSH)
+        self.assertEqual(b"".join(codec.decode(wire)), b"FIN 0123456789abcdef\n" * 10)
+
+
 class NameTests(unittest.TestCase):
     def test_valid(self) -> None:
         for name in ["a", "test_topic", "a.b-c_d", "x" * 64, "foo#ephemeral", "x" * 54 + "#ephemeral"]:
@@ -179,6 +218,26 @@ class ParserTests(unittest.TestCase):
             p.feed(data)
             self.assertEqual(p.take_fins(), [], data)
             self.assertEqual(p.next().params, params, data)  # type: ignore[union-attr]
+
+    def test_the_fin_loop_ends_where_the_regular_expression_does(self) -> None:
+        """take_fins compiled reads the FIN run with a C loop (_fin_run_end), else with
+        _FIN_RUN: the two agree on every shape, at any offset."""
+        import random
+
+        from nsq_wire.parser import _FIN_RUN, _fin_ids, _fin_run_end
+
+        rng = random.Random(39)
+        pieces = [b"FIN 0123456789abcdef\n", b"FIN 0123456789abcde\r\n", b"FIN 0123456789 abcde\n", b"FIN 01\n"]
+        pieces += [b"RDY 5\n", b"FIN 0123456789abcdefX\n", b"FIN\t0123456789abcdef\n", b"fin 0123456789abcdef\n"]
+        pieces += [b"FIN 0123456789abcde\n\n", b"FIN 0123456789abcdef", bytes(range(256))]
+        for _ in range(2000):
+            data = b"".join(rng.choice(pieces[:1] * 6 + pieces) for _ in range(rng.randrange(1, 8)))
+            data = data[: rng.randrange(len(data) + 1)]
+            for pos in {0, rng.randrange(len(data) + 1)}:
+                run = _FIN_RUN.match(data, pos)
+                end = run.end() if run else pos
+                self.assertEqual(_fin_run_end(data, pos), end, (data, pos))
+                self.assertEqual(_fin_ids(data, pos, end), [data[at + 4 : at + 20] for at in range(pos, end, 21)])
 
     def test_take_fins_cut_by_the_read(self) -> None:
         data = b"FIN 0123456789abcdef\n" * 3
