@@ -102,6 +102,11 @@ def _plain_tcp(transport: Any) -> bool:
     return getattr(transport, "TLS", True) is False and transport.connected and not transport.disconnecting
 
 
+def _nothing_unsent(transport: Any) -> bool:
+    """Nothing of a TCP transport's waits unsent: a write from here overtakes nothing."""
+    return not transport._tempDataBuffer and len(transport.dataBuffer) == transport.offset
+
+
 def read_now(transport: Any) -> bytes | None:
     """What has arrived on a plain TCP ``transport``, read now rather than when
     the reactor next polls (an answer to take in before other work); None when
@@ -124,11 +129,7 @@ def write_now(transport: Any, data: bytes) -> None:
     registering it with the reactor for one write and unregistering it after
     (two ``epoll_ctl`` calls each time). What the socket does not take, and any
     error, is left to the transport as a write is."""
-    if (
-        _plain_tcp(transport)
-        and not transport._tempDataBuffer  # nothing waits unsent: nothing to overtake
-        and len(transport.dataBuffer) == transport.offset
-    ):
+    if _plain_tcp(transport) and _nothing_unsent(transport):
         try:
             sent = transport.socket.send(data)
         except OSError:
@@ -153,12 +154,7 @@ def write_pieces_now(transport: Any, pieces: list[bytes]) -> None:
     if len(pieces) == 1:
         write_now(transport, pieces[0])
         return
-    if (
-        len(pieces) > SENDMSG_PIECES
-        or not _plain_tcp(transport)
-        or transport._tempDataBuffer
-        or len(transport.dataBuffer) != transport.offset
-    ):
+    if len(pieces) > SENDMSG_PIECES or not (_plain_tcp(transport) and _nothing_unsent(transport)):
         write_now(transport, b"".join(pieces))
         return
     try:

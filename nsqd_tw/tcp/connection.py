@@ -86,7 +86,7 @@ class CommandConnection(protocol.Protocol, TimeoutMixin):
             lambda ft, data: me.output.frame(ft, data),
             lambda err: me._fatal(err),
             lambda: me._close(),
-            lambda: me.output.flush_now(),
+            lambda: me.output.flush(),
         )
         self.upgrade = Upgrade(me)
         self.parser: V2Parser | None = None

@@ -140,8 +140,6 @@ class Output:
                 write_now(self.transport, data)
             self._len = 0
 
-    flush_now = flush  # an answer that was waiting (flush puts everything on the wire at once)
-
     def _encode(self) -> bytes:
         """The buffered frames through the codec and TLS."""
         data = b"".join(self._buf)

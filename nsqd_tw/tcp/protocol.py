@@ -467,4 +467,4 @@ class V2Factory(protocol.ServerFactory):
         self._flush_call = None
         queue, self._flush_queue = self._flush_queue, []
         for output in queue:
-            output.flush_now()
+            output.flush()

@@ -93,7 +93,7 @@ class Upgrade:
             if features.tls_v1:
                 conn.output.flush()
                 return self._start_tls()
-            conn.output.flush_now()  # on the wire now, in a write of its own
+            conn.output.flush()  # on the wire now, in a write of its own
             return self._answer_alone()
 
         def compress(_: Any) -> None:
