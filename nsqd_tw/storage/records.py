@@ -11,7 +11,7 @@ import errno
 import os
 import struct
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 try:
     import cython
@@ -21,9 +21,6 @@ except ModuleNotFoundError:
 if cython.compiled:  # the C API framed() writes a batch with
     from cython.cimports.cpython.bytes import PyBytes_AS_STRING, PyBytes_FromStringAndSize  # type: ignore
     from cython.cimports.libc.string import memcpy  # type: ignore
-
-if TYPE_CHECKING:
-    from nsqd_tw.storage.layout import QueueFiles
 
 READ_CHUNK = 1 << 20
 # a record's size in the data file, before it: 4 bytes, big-endian (go-diskqueue's int32)
@@ -149,12 +146,22 @@ class RecordReader:
             self._buf = b""
 
 
+class WrittenFiles(Protocol):
+    """What a :class:`RecordWriter` needs of its queue's files (a
+    :class:`~nsqd_tw.storage.layout.QueueFiles`, which imports this module)."""
+
+    name: str
+    log: Any
+
+    def data_file(self, num: int) -> str: ...
+
+
 class RecordWriter:
     """The data file being written, opened (created if need be) when a write goes
     to another number; the file it replaces is handed to ``retire`` (the next
     sync fsyncs and closes it)."""
 
-    def __init__(self, files: QueueFiles, retire: Callable[[int], None]) -> None:
+    def __init__(self, files: WrittenFiles, retire: Callable[[int], None]) -> None:
         self.files = files
         self._retire = retire
         self.fd: int | None = None
