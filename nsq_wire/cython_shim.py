@@ -25,6 +25,7 @@ bint = bool
 int = int
 longlong = int
 Py_ssize_t = int
+uint = int
 ulonglong = int
 double = float
 uchar = int

@@ -78,10 +78,24 @@ def _records(ids: list[bytes], bodies: list[bytes], timestamp: int) -> list[byte
     return [header + i + b for i, b in zip(ids, bodies, strict=True)]
 
 
+def records(ids: list[bytes], bodies: list[bytes], timestamp: int) -> list[bytes]:
+    """The records of messages published together: one timestamp, no attempts yet."""
+    if not cython.compiled or type(ids) is not list:
+        return _records(ids, bodies, timestamp)
+    return numbered_records([(b"", ids)], bodies, timestamp)  # one run: the whole IDs as suffixes
+
+
+def _ids_of(runs: Sequence[tuple[bytes, Sequence[bytes]]]) -> list[bytes]:
+    return [prefix + suffix for prefix, suffixes in runs for suffix in suffixes]
+
+
 @cython.locals(
     k=cython.Py_ssize_t,
+    j=cython.Py_ssize_t,
+    m=cython.Py_ssize_t,
     count=cython.Py_ssize_t,
     n=cython.Py_ssize_t,
+    pl=cython.Py_ssize_t,
     hl=cython.Py_ssize_t,
     idl=cython.Py_ssize_t,
     io=cython.Py_ssize_t,
@@ -89,36 +103,55 @@ def _records(ids: list[bytes], bodies: list[bytes], timestamp: int) -> list[byte
     hp=cython.p_char,
     out=list,
     head=bytes,
-    i=bytes,
+    prefix=bytes,
+    suffix=bytes,
     b=bytes,
     r=bytes,
 )
-def records(ids: list[bytes], bodies: list[bytes], timestamp: int) -> list[bytes]:
-    """The records of messages published together: one timestamp, no attempts yet."""
-    if not cython.compiled or type(ids) is not list or type(bodies) is not list:
-        return _records(ids, bodies, timestamp)
-    # compiled: each record made at its size and written with one copy of its body
-    # (not header + ID, then + body); other shapes take the pure path
+def numbered_records(runs: list[tuple[bytes, list[bytes]]], bodies: list[bytes], timestamp: int) -> list[bytes]:
+    """:func:`records` with the IDs given in runs: a run ``(prefix, suffixes)`` is
+    the IDs ``prefix + suffix``, a suffix each (a GUID factory's batch: one prefix
+    per clock tick). Compiled, no ID is made as an object of its own: each is
+    written into its record from its two parts, and each record is made at its
+    size with one copy of its body (not header + ID, then + body)."""
+    if not cython.compiled or type(runs) is not list or type(bodies) is not list:
+        return _records(_ids_of(runs), bodies, timestamp)
     hl, idl, io = MESSAGE_HEADER_LENGTH, MSG_ID_LENGTH, ID_OFFSET  # (C constants)
-    count = len(ids)
-    if len(bodies) != count:
-        return _records(ids, bodies, timestamp)
+    count = 0
+    for run in runs:  # every shape checked first: anything else takes the pure path
+        if type(run) is not tuple or len(run) != 2 or type(run[0]) is not bytes or type(run[1]) is not list:
+            return _records(_ids_of(runs), bodies, timestamp)
+        pl = len(run[0])
+        for o in run[1]:
+            if type(o) is not bytes or pl + len(o) != idl:
+                return _records(_ids_of(runs), bodies, timestamp)
+        count += len(run[1])
+    if count != len(bodies):
+        return _records(_ids_of(runs), bodies, timestamp)
     for k in range(count):
-        o, q = ids[k], bodies[k]
-        if type(o) is not bytes or type(q) is not bytes or len(o) != idl:
-            return _records(ids, bodies, timestamp)
+        if type(bodies[k]) is not bytes:
+            return _records(_ids_of(runs), bodies, timestamp)
     head = _ENCODE_HEADER.pack(timestamp & _U64, 0)
     hp = PyBytes_AS_STRING(head)
     out = []
-    for k in range(count):
-        i, b = ids[k], bodies[k]
-        n = len(b)
-        r = PyBytes_FromStringAndSize(cython.NULL, hl + n)
-        p = PyBytes_AS_STRING(r)
-        memcpy(p, hp, io)
-        memcpy(p + io, PyBytes_AS_STRING(i), idl)
-        memcpy(p + hl, PyBytes_AS_STRING(b), n)
-        out.append(r)
+    k = 0
+    for run in runs:
+        prefix = run[0]
+        pl = len(prefix)
+        suffixes = run[1]
+        m = len(suffixes)
+        for j in range(m):
+            suffix = suffixes[j]
+            b = bodies[k]
+            k += 1
+            n = len(b)
+            r = PyBytes_FromStringAndSize(cython.NULL, hl + n)
+            p = PyBytes_AS_STRING(r)
+            memcpy(p, hp, io)
+            memcpy(p + io, PyBytes_AS_STRING(prefix), pl)
+            memcpy(p + io + pl, PyBytes_AS_STRING(suffix), idl - pl)
+            memcpy(p + hl, PyBytes_AS_STRING(b), n)
+            out.append(r)
     return out
 
 

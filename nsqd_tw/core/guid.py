@@ -51,11 +51,17 @@ class GUIDFactory:
 
     def new_ids(self, n: int) -> list[bytes]:
         """``n`` consecutive IDs in one call (for MPUB)."""
+        return [prefix + suffix for prefix, suffixes in self.new_id_runs(n) for suffix in suffixes]
+
+    def new_id_runs(self, n: int) -> list[tuple[bytes, list[bytes]]]:
+        """:meth:`new_ids` as runs ``(prefix, suffixes)``: the IDs are each prefix
+        followed by each of its suffixes (the last 3 hex digits, the sequence),
+        none made yet (nsq_wire.message.numbered_records writes them into records)."""
         ts = self._now_ts()
         if ts > self._last_ts:
             self._last_ts = ts
             self._sequence = -1
-        ids: list[bytes] = []
+        runs: list[tuple[bytes, list[bytes]]] = []
         node = self.node_id << NODE_ID_SHIFT
         while n:
             room = SEQUENCE_MASK - self._sequence
@@ -67,8 +73,7 @@ class GUIDFactory:
             base = ((self._last_ts - TWEPOCH) << TIMESTAMP_SHIFT) | node
             start = self._sequence + 1
             # the sequence is the last 3 hex digits: the rest is the same for the batch
-            prefix = b"%013x" % (base >> SEQUENCE_BITS)
-            ids.extend([prefix + s for s in _SEQUENCE_HEX[start : start + take]])
+            runs.append((b"%013x" % (base >> SEQUENCE_BITS), _SEQUENCE_HEX[start : start + take]))
             self._sequence += take
             n -= take
-        return ids
+        return runs

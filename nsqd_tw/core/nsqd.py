@@ -27,7 +27,7 @@ from twisted.internet.interfaces import IReactorTime
 from nsq_service.limits import RateLimitedLog
 from nsq_service.log import LogGate
 from nsq_service.options import StartError
-from nsq_wire.message import records
+from nsq_wire.message import numbered_records
 from nsq_wire.names import is_valid_channel_name, is_valid_topic_name
 from nsq_wire.version import version_string
 from nsqd_tw.core.channel import Channel
@@ -256,15 +256,14 @@ class NSQD(Hooks, service.Service):
         if shipper is not None:
             refuse_unshipped(shipper)
         ts = self.now_ns()
-        ids = self.guid.new_ids(len(bodies))
         items: list[Item]
         if delay:
-            deferred = list(map(Message, ids, bodies, [ts] * len(bodies)))
+            deferred = list(map(Message, self.guid.new_ids(len(bodies)), bodies, [ts] * len(bodies)))
             for msg in deferred:
                 msg.deferred = delay
             items = list(deferred)
-        else:
-            items = list(records(ids, bodies, ts))  # queued as they will be stored: no Message yet
+        else:  # queued as they will be stored: no Message yet (nor an ID object)
+            items = numbered_records(self.guid.new_id_runs(len(bodies)), bodies, ts)
         topic.put_items(items, sum(map(len, bodies)))
         if shipper is not None and not topic.ephemeral:
             return shipped(shipper, topic, items, self.syncer.commit if self.durable else None)

@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import os
 import re
-import struct
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from nsq_wire.message import ID_OFFSET, MSG_ID_LENGTH, TIMESTAMP
 from nsqd_tw.storage.files import read_regular
+from nsqd_tw.storage.records import RECORD_SIZE, framed
 
-RECORD_SIZE = struct.Struct(">i")
 _META_RE = re.compile(rb"^(-?\d+)\n(-?\d+),(-?\d+)\n(-?\d+),(-?\d+)\n?")
 _ID_RE = re.compile(rb"[0-9a-f]{16}")
 _DATA_INFIX = ".diskqueue."
@@ -54,29 +53,6 @@ class Meta(NamedTuple):
         return b"%d\n%d,%d\n%d,%d\n" % self
 
 
-class SizePrefixes(dict[int, bytes]):
-    """Record size -> its 4-byte prefix, made once per size (a lookup costs half a
-    pack); at most 4,096 sizes kept, then it starts over."""
-
-    def __missing__(self, size: int) -> bytes:
-        if len(self) >= 4096:
-            self.clear()
-        prefix = self[size] = RECORD_SIZE.pack(size)
-        return prefix
-
-
-_prefixes = SizePrefixes()
-
-
-def framed(records: Sequence[bytes], sizes: Iterable[int] | None = None) -> bytes:
-    """The records as a data file holds them, each after its 4-byte size
-    (``sizes``: theirs, when the caller has them already)."""
-    pieces: list[Any] = [None] * (2 * len(records))
-    pieces[0::2] = map(_prefixes.__getitem__, map(len, records) if sizes is None else sizes)
-    pieces[1::2] = records
-    return b"".join(pieces)
-
-
 @dataclass(frozen=True, slots=True)
 class FramedRecords:
     """Records as a data file holds them (each after its 4-byte size), with their
@@ -93,7 +69,7 @@ class FramedRecords:
     def of(cls, records: Sequence[bytes]) -> FramedRecords:
         """``records``, at least one."""
         sizes = list(map(len, records))
-        return cls(len(records), min(sizes), max(sizes), framed(records, sizes))
+        return cls(len(records), min(sizes), max(sizes), framed(records))
 
     def records(self) -> list[bytes]:
         """The records one by one; ValueError if ``data`` is not ``count``
@@ -119,8 +95,9 @@ def plan_writes(records: Sequence[bytes], file_num: int, pos: int, limit: int) -
     writes, a new file whenever the next record would pass ``limit``."""
     if not records:
         return []
-    if pos + 4 * len(records) + sum(map(len, records)) <= limit or (pos == 0 and len(records) == 1):
-        return [(file_num, pos, framed(records), len(records))]  # the whole batch in this file
+    data = framed(records)
+    if pos + len(data) <= limit or (pos == 0 and len(records) == 1):
+        return [(file_num, pos, data, len(records))]  # the whole batch in this file
     pack = RECORD_SIZE.pack
     chunks: list[Write] = []
     parts: list[bytes] = []

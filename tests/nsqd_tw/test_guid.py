@@ -40,3 +40,14 @@ class GUIDTests(unittest.TestCase):
         self.assertEqual(batch.new_ids(100) + batch.new_ids(8900), one_by_one)
         tick = ((now >> 20) - 1288834974288) << 22 | 1023 << 12
         self.assertEqual(one_by_one[:2], [b"%016x" % tick, b"%016x" % (tick | 1)])
+
+    def test_runs_are_the_ids_a_batch_would_be(self) -> None:
+        """new_id_runs hands the IDs as (prefix, suffixes): a run per clock tick
+        the batch spans, the same IDs new_ids makes."""
+        now = 1_700_000_000_000_000_000
+        runs_f, ids_f = GUIDFactory(9, lambda: now), GUIDFactory(9, lambda: now)
+        for n in (1, 4095, 4097, 9000, 3):  # sequence wraps inside and at the edge of a batch
+            runs = runs_f.new_id_runs(n)
+            self.assertEqual([p + s for p, suffixes in runs for s in suffixes], ids_f.new_ids(n))
+            self.assertTrue(all(len(p) == 13 and all(len(s) == 3 for s in ss) for p, ss in runs))
+        self.assertEqual(runs_f.new_id_runs(0), [])

@@ -9,6 +9,7 @@ from dataclasses import replace
 from twisted.trial import unittest
 
 from nsqd_tw.storage.layout import DataDirectory, FramedRecords, QueueFiles, plan_writes
+from nsqd_tw.storage.records import _framed, framed
 from tests.nsqd_tw.test_diskqueue import Base, number, record
 
 
@@ -33,6 +34,19 @@ class PlanWritesTests(unittest.TestCase):
         big = b"x" * 100
         self.assertEqual([(f, off, n) for f, off, _, n in plan_writes([big], 0, 0, 50)], [(0, 0, 1)])
         self.assertEqual([(f, off, n) for f, off, _, n in plan_writes([big], 0, 10, 50)], [(1, 0, 1)])
+
+
+class FramedTests(unittest.TestCase):
+    def test_each_record_after_its_size(self) -> None:
+        records = [bytes(range(i % 256)) * (1 + i) for i in range(300)] + [b""]
+        want = b"".join(struct.pack(">i", len(r)) + r for r in records)
+        self.assertEqual(framed(records), want)
+        self.assertEqual(_framed(records), want)
+        self.assertEqual(framed([]), b"")
+        # other shapes take the pure path: the same bytes, or the same error
+        self.assertEqual(framed(tuple(records)), want)
+        self.assertEqual(framed([b"ab", bytearray(b"cd")]), struct.pack(">i", 2) + b"ab" + struct.pack(">i", 2) + b"cd")
+        self.assertRaises(TypeError, framed, [b"ab", 5])
 
 
 class RecoveryTests(Base):

@@ -3,7 +3,7 @@ import random
 from twisted.trial import unittest
 
 from nsq_wire.frames import FRAME_TYPE_MESSAGE, FrameReader
-from nsq_wire.message import _frames, _records, decode, frames, records
+from nsq_wire.message import _frames, _records, decode, frames, numbered_records, records
 from nsqd_tw.core.message import Message
 from nsqd_tw.storage.backend import CutRecord
 
@@ -103,6 +103,28 @@ class BurstTests(unittest.TestCase):
         for name in names:
             self.assertEqual(getattr(got, name), getattr(made, name), name)
             self.assertIs(type(getattr(got, name)), type(getattr(made, name)), name)
+
+    def test_numbered_records_are_records_of_the_ids_the_runs_make(self) -> None:
+        runs = [(b"0123456789abc", [b"%03x" % s for s in range(4090, 4096)]), (b"0123456789abd", [b"000", b"001"])]
+        ids = [p + s for p, ss in runs for s in ss]
+        bodies = [bytes(range(i % 256)) * (1 + 30 * i) for i in range(len(ids))]
+        for ts in (0, -1, 2**63 - 1, 1_700_000_000_123_456_789):
+            self.assertEqual(numbered_records(runs, bodies, ts), records(ids, bodies, ts))
+        self.assertEqual(numbered_records([], [], 5), [])
+        # other shapes (the pure path) make the same records, or the same error
+        odd = [
+            ([(b"0123456789", [b"abcdef"])], [b"x"]),  # a prefix of another length
+            ([(b"0123456789abc", (b"000",))], [b"x"]),  # suffixes not a list
+            ([[b"0123456789abc", [b"000"]]], [b"x"]),  # a run not a tuple
+            ([(b"0123456789abc", [b"000"])], [memoryview(b"view")]),
+            (((b"0123456789abc", [b"000"]),), [b"x"]),  # runs not a list
+        ]
+        for r, b in odd:
+            want = records([p + s for p, ss in r for s in ss], b, 7)  # type: ignore[arg-type]
+            self.assertEqual(numbered_records(r, b, 7), want)  # type: ignore[arg-type]
+        self.assertRaises(ValueError, numbered_records, runs, bodies[:3], 7)
+        long_id = [(b"0123456789abc", [b"0000"])]  # 17 bytes: as records() makes it (the pure path)
+        self.assertEqual(numbered_records(long_id, [b"x"], 7), records([b"0123456789abc0000"], [b"x"], 7))
 
     def test_records_are_each_encode(self) -> None:
         ids = [b"%016x" % i for i in range(50)]

@@ -336,6 +336,40 @@ class ParserTests(unittest.TestCase):
             b"MPUB t\n" + s(">IIIcI", 100, 2, 1, b"a", 0), "E_BAD_MESSAGE MPUB invalid message(1) body size 0"
         )
         self.assertFatal(b"MPUB t\n" + s(">III", 100, 2, 1025), "E_BAD_MESSAGE MPUB message too big 1025 > 1024")
+        self.assertFatal(
+            b"MPUB t\n" + s(">IIIcI", 100, 2, 1, b"a", 0xFFFFFFFF), "E_BAD_MESSAGE MPUB invalid message(1) body size -1"
+        )
+
+    def test_mpub_cut_anywhere_by_the_reads(self) -> None:
+        """MPUBs fed in random cuts (the compiled build reads whole pairs in C):
+        the bodies come out whole and in order, and a refused size is refused
+        with its index wherever the reads cut."""
+        import random
+
+        rng = random.Random(45)
+        for _ in range(300):
+            bodies = [bytes([rng.randrange(256)]) * rng.randrange(1, 100) for _ in range(rng.randrange(1, 40))]
+            data = mpub("t", bodies) + b"NOP\n"
+            bad = rng.random() < 0.3
+            if bad:  # a message of a size refused, somewhere in the batch
+                at = rng.randrange(len(bodies))
+                size = rng.choice([0, -7, 1025])
+                # the last message's size and 1-byte body become the refused size
+                data = mpub("t", [*bodies[:at], b"x"])[: -(4 + 1)] + struct.pack(">i", size)
+            p = self.parser()
+            cuts = sorted(rng.sample(range(1, len(data)), min(len(data) - 1, rng.randrange(0, 6))))
+            pieces = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+            cmds: list[Command] = []
+            if bad:
+                with self.assertRaises(FatalClientError) as e:
+                    for piece in pieces:
+                        cmds += parse_all(p, piece)
+                self.assertIn(b"(%d)" % at if size <= 0 else b"too big", str(e.exception).encode())
+                continue
+            for piece in pieces:
+                cmds += parse_all(p, piece)
+            self.assertEqual([c.name for c in cmds], [b"MPUB", b"NOP"])
+            self.assertEqual(cmds[0].bodies, bodies)
 
     def test_a_body_commands_line_comes_out_before_its_size_is_read(self) -> None:
         p = self.parser()
