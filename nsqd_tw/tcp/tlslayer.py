@@ -13,7 +13,6 @@ Twisted's ``startTLS``. What that changes, for a consumer's throughput:
   transport gathers the writes of a turn and encrypts them a turn later, and the
   socket was written a turn after that.
 - The output is the TCP transport's producer itself, as without TLS.
-
 - Once the handshake is done, a read and a flush call OpenSSL through the
   bindings pyOpenSSL itself calls (``SSL_read``, ``SSL_write``, ``BIO_read``),
   on the connection's own ``SSL`` object and memory BIOs: no exception at the
