@@ -172,6 +172,14 @@ class TLSLayerTests(unittest.TestCase):
         self.assertEqual(self.layer.receive(client_bytes(self.client)), b"")
         self.assertTrue(self.wire.written, "the server's answer")
 
+    def test_the_layer_s_benchmark_runs(self):
+        """bench/core_paths.py --tls: its flushes and reads of FINs come out whole."""
+        from bench.core_paths import tls_layer
+
+        encrypt, receive = tls_layer(TLSLayer, self.server_context, rounds=5)
+        self.assertGreater(encrypt, 0)
+        self.assertGreater(receive, 0)
+
 
 class PyOpenSSLTLSLayerTests(TLSLayerTests):
     direct = False
