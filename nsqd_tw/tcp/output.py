@@ -22,7 +22,7 @@ from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import LoopingCall
 from zope.interface import implementer
 
-from nsq_service.listen import write_now, write_pieces_now
+from nsq_service.listen import write_pieces_now
 from nsq_wire.compression import DeflateCodec, SnappyCodec
 from nsq_wire.frames import FRAME_TYPE_RESPONSE, HEARTBEAT, pack_frame
 
@@ -135,13 +135,16 @@ class Output:
                 self._buf = []
                 write_pieces_now(self.transport, buf)
             else:
-                data = self._encode()
+                pieces = self._encode()
                 self._buf = []
-                write_now(self.transport, data)
+                write_pieces_now(self.transport, pieces)
             self._len = 0
 
-    def _encode(self) -> bytes:
-        """The buffered frames through the codec and TLS."""
+    def _encode(self) -> list[bytes]:
+        """The buffered frames through the codec and TLS, as the pieces to send."""
+        if self.codec is None and not self._clear:
+            assert self.tls is not None
+            return self.tls.encrypt_frames(self._buf, self._len)
         data = b"".join(self._buf)
         if self.codec is not None:
             data = self.codec.encode(data)
@@ -149,8 +152,8 @@ class Output:
             data = self._clear + data
             self._clear = b""
         if self.tls is not None:
-            data = self.tls.encrypt(data)
-        return data
+            return self.tls.encrypt_pieces(data)
+        return [data]
 
     def discard(self) -> None:
         self._buf = []
