@@ -137,7 +137,8 @@ class Output:
             else:
                 pieces = self._encode()
                 self._buf = []
-                write_pieces_now(self.transport, pieces)
+                if pieces:  # none once a TLS session failed (its connection is dropped)
+                    write_pieces_now(self.transport, pieces)
             self._len = 0
 
     def _encode(self) -> list[bytes]:
