@@ -119,23 +119,7 @@ def tls_layer(tls_layer_class: Any, server_context: Any, rounds: int = 20_000) -
     encrypted (see the module's doc)."""
     from OpenSSL import SSL
 
-    class Wire:
-        def __init__(self) -> None:
-            self.written: list[bytes] = []
-
-        def write(self, data: bytes) -> None:
-            self.written.append(data)
-
-        def abortConnection(self) -> None:
-            raise AssertionError("the TLS layer dropped the connection")
-
-    def client_bytes() -> bytes:
-        out = []
-        while True:
-            try:
-                out.append(client.bio_read(1 << 16))
-            except SSL.WantReadError:
-                return b"".join(out)
+    from tests.tlsmemory import Wire, client_bytes
 
     wire = Wire()
     layer = tls_layer_class(server_context, wire, lambda: None)
@@ -146,7 +130,7 @@ def tls_layer(tls_layer_class: Any, server_context: Any, rounds: int = 20_000) -
             client.do_handshake()
         except SSL.WantReadError:
             pass
-        layer.receive(client_bytes())
+        layer.receive(client_bytes(client))
         if wire.written:
             client.bio_write(b"".join(wire.written))
             wire.written.clear()
@@ -167,12 +151,14 @@ def tls_layer(tls_layer_class: Any, server_context: Any, rounds: int = 20_000) -
     reads = []
     for _ in range(rounds):
         client.sendall(fins)
-        reads.append(client_bytes())
+        reads.append(client_bytes(client))
     started = time.perf_counter()
     for read in reads:
         if len(layer.receive(read)) != len(fins):
             raise AssertionError("a read of FINs did not come out whole")
     receive = (time.perf_counter() - started) / rounds * 1e6
+    if wire.aborted:
+        raise AssertionError("the TLS layer dropped the connection")
     return encrypt, receive, encrypt_big
 
 

@@ -9,44 +9,7 @@ from nsqd_tw.options import NSQDOptions
 from nsqd_tw.tcp.tlslayer import TLSLayer
 from nsqd_tw.tls import ServerTLS
 from tests.certs import make_certs
-
-
-class Wire:
-    """The TCP transport under the layer: what the layer wrote."""
-
-    def __init__(self) -> None:
-        self.written: list[bytes] = []
-        self.aborted = False
-
-    def abortConnection(self) -> None:
-        self.aborted = True
-
-    def write(self, data: bytes) -> None:
-        self.written.append(data)
-
-    def take(self) -> bytes:
-        data, self.written = b"".join(self.written), []
-        return data
-
-
-def client_bytes(client: SSL.Connection) -> bytes:
-    out = []
-    while True:
-        try:
-            out.append(client.bio_read(1 << 16))
-        except SSL.WantReadError:
-            return b"".join(out)
-
-
-def decrypt(client: SSL.Connection, data: bytes) -> bytes:
-    if data:
-        client.bio_write(data)
-    out = []
-    while True:
-        try:
-            out.append(client.recv(1 << 16))
-        except SSL.WantReadError:
-            return b"".join(out)
+from tests.tlsmemory import Wire, client_bytes, decrypt
 
 
 class TLSLayerTests(unittest.TestCase):
