@@ -22,7 +22,7 @@ from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import LoopingCall
 from zope.interface import implementer
 
-from nsq_service.listen import write_pieces_now
+from nsq_service.listen import write_now, write_pieces_now
 from nsq_wire.compression import DeflateCodec, SnappyCodec
 from nsq_wire.frames import FRAME_TYPE_RESPONSE, HEARTBEAT, pack_frame
 
@@ -135,17 +135,13 @@ class Output:
                 self._buf = []
                 write_pieces_now(self.transport, buf)
             else:
-                pieces = self._encode()
+                data = self._encode()
                 self._buf = []
-                if pieces:  # none once a TLS session failed (its connection is dropped)
-                    write_pieces_now(self.transport, pieces)
+                write_now(self.transport, data)
             self._len = 0
 
-    def _encode(self) -> list[bytes]:
-        """The buffered frames through the codec and TLS, as the pieces to send."""
-        if self.codec is None and not self._clear:
-            assert self.tls is not None
-            return self.tls.encrypt_frames(self._buf, self._len)
+    def _encode(self) -> bytes:
+        """The buffered frames through the codec and TLS."""
         data = b"".join(self._buf)
         if self.codec is not None:
             data = self.codec.encode(data)
@@ -153,8 +149,8 @@ class Output:
             data = self._clear + data
             self._clear = b""
         if self.tls is not None:
-            return self.tls.encrypt_pieces(data)
-        return [data]
+            data = self.tls.encrypt(data)
+        return data
 
     def discard(self) -> None:
         self._buf = []

@@ -9,7 +9,7 @@ Twisted's ``startTLS``. What that changes, for a consumer's throughput:
   its FINs per record it read (16 KiB, ~70 messages of 200 bytes): each piece
   was a round of FIN handling, dispatch and flush of its own.
 - A flush is encrypted when nsqd flushes and goes to the socket from there
-  (:func:`nsq_service.listen.write_pieces_now`, as without TLS). Twisted's TLS
+  (:func:`nsq_service.listen.write_now`, as without TLS). Twisted's TLS
   transport gathers the writes of a turn and encrypts them a turn later, and the
   socket was written a turn after that.
 - The output is the TCP transport's producer itself, as without TLS.
@@ -20,11 +20,6 @@ Twisted's ``startTLS``. What that changes, for a consumer's throughput:
   twice per read of the socket) and no buffer allocated per call. An error, and a
   pyOpenSSL without those attributes, take pyOpenSSL's own methods, which raise
   what they raise.
-- A flush is encrypted 64 KiB at a time, from its frames joined that much at a
-  time, each step's records read out before the next, and sent as those pieces
-  in one ``sendmsg``: a flush to a consumer with a high RDY is half a megabyte,
-  which, encrypted whole, grew the memory BIO to its size and went through three
-  more buffers that size, out of the CPU's cache and faulted in anew each time.
 
 On the wire nothing changes: the same handshake, records and alerts (a failed
 handshake still sends its alert; closing sends ``close_notify``, as Go's
@@ -48,13 +43,9 @@ _READ_SIZE = 1 << 16
 # what the direct path calls (all in every pyOpenSSL that has _lib)
 _CALLS = ("SSL_read", "SSL_write", "SSL_get_error", "SSL_clear_mode", "BIO_read", "BIO_write", "BIO_get_mem_data")
 _DIRECT = _lib is not None and all(hasattr(_lib, name) for name in _CALLS)
-# what a flush is encrypted by at a time (4 records), and the most its records take
-_STEP = 1 << 16
-_OUT_SIZE = 1 << 17
-# the buffers SSL_read decrypts into and a step's records are read out through:
-# calls happen on the reactor thread, and what they hold is copied out before the next
+# the one buffer SSL_read decrypts into and the records are read out through:
+# calls happen on the reactor thread, and what it holds is copied out before the next
 _read_buffer = _ffi.new("char[]", _READ_SIZE) if _DIRECT else None
-_out_buffer = _ffi.new("char[]", _OUT_SIZE) if _DIRECT else None
 # ciphertext beyond the plaintext: a record's header, tag and padding, generously
 _RECORD_OVERHEAD = 64
 _RECORD_SIZE = 1 << 14
@@ -181,22 +172,10 @@ class TLSLayer:
     def encrypt(self, data: bytes) -> bytes:
         """``data`` as TLS records (b"" once the session has failed: a session
         that cannot encrypt drops its connection)."""
-        pieces = self.encrypt_pieces(data)
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
-
-    def encrypt_pieces(self, data: bytes) -> list[bytes]:
-        """:meth:`encrypt` as the pieces to send in one ``sendmsg``, not joined
-        ([] once the session has failed)."""
         if self.failure is not None:
-            return []
+            return b""
         if self._ptr is not None:
-            pieces: list[bytes] = []
-            return pieces if self._seal(data, pieces) else []
-        records = self._encrypt_with_methods(data)
-        return [records] if records else []
-
-    def _encrypt_with_methods(self, data: bytes) -> bytes:
-        """:meth:`encrypt` through pyOpenSSL's methods."""
+            return self._encrypt_direct(data)
         try:
             self.ssl.sendall(data)
         except SSL.Error as e:
@@ -206,35 +185,14 @@ class TLSLayer:
         n = len(data)
         return self._take(n + (n // _RECORD_SIZE + 1) * _RECORD_OVERHEAD)
 
-    def encrypt_frames(self, frames: list[bytes], size: int) -> list[bytes]:
-        """:meth:`encrypt_pieces` of the ``frames`` joined (``size`` bytes in all),
-        without joining them: a flush to a consumer with a high RDY is half a
-        megabyte, and a buffer that size, allocated and freed per flush, is new
-        memory to fault in each time. They are joined about ``_STEP`` bytes at a
-        time (by their mean size) and each group encrypted as it is joined."""
-        if self._ptr is None or len(frames) == 1 or self.failure is not None:
-            return self.encrypt_pieces(frames[0] if len(frames) == 1 else b"".join(frames))
-        per = max(1, _STEP * len(frames) // max(size, 1))
-        pieces: list[bytes] = []
-        for at in range(0, len(frames), per):
-            if not self._seal(b"".join(frames[at : at + per]), pieces):
-                return []
-        return pieces
-
-    def _seal(self, data: bytes, pieces: list[bytes]) -> bool:
-        """``data`` encrypted through the bindings, its records appended to ``pieces``
-        (False: the session failed, the connection is dropped). ``_STEP`` bytes at a
-        time, each step's records read out before the next: encrypted whole, a flush
-        grew the memory BIO to its size (a realloc and a memset of each growth) and
-        was copied on, out of the CPU's cache."""
+    def _encrypt_direct(self, data: bytes) -> bytes:
+        """:meth:`encrypt` through the bindings."""
         ptr = self._ptr
-        bio = self._from_bio
-        buf = _out_buffer
         plain = _ffi.from_buffer(data)
         n = len(data)
         sent = 0
-        while sent < n:
-            wrote = _lib.SSL_write(ptr, plain + sent, min(n - sent, _STEP))
+        while sent < n:  # one call (no partial writes); a loop all the same
+            wrote = _lib.SSL_write(ptr, plain + sent, n - sent)
             if wrote <= 0:
                 try:
                     self.ssl._raise_ssl_error(ptr, wrote)
@@ -242,16 +200,19 @@ class TLSLayer:
                 except SSL.Error as e:
                     self.failure = e
                     self.transport.abortConnection()
-                    return False
+                    return b""
             sent += wrote
-            while True:  # what the step made: less than the buffer holds, but read to the end
-                size = _lib.BIO_read(bio, buf, _OUT_SIZE)
-                if size <= 0:
-                    break
-                pieces.append(_ffi.buffer(buf, size)[:])
-                if size < _OUT_SIZE:
-                    break
-        return True
+        bio = self._from_bio
+        buf = _read_buffer
+        parts = []
+        while True:  # all the memory BIO holds, through the one buffer
+            size = _lib.BIO_read(bio, buf, _READ_SIZE)
+            if size <= 0:
+                break
+            parts.append(_ffi.buffer(buf, size)[:])
+            if size < _READ_SIZE:
+                break
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def close_notify(self) -> bytes:
         """The ``close_notify`` alert ending the session (b"" if it cannot be sent)."""

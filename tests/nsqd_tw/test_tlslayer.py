@@ -92,8 +92,6 @@ class TLSLayerTests(unittest.TestCase):
         self.assertIsInstance(self.layer.failure, SSL.Error)
         self.assertTrue(self.wire.take(), "the alert")
         self.assertEqual(self.layer.encrypt(b"x"), b"")
-        self.assertEqual(self.layer.encrypt_pieces(b"x"), [])
-        self.assertEqual(self.layer.encrypt_frames([b"x", b"y"], 2), [])
         self.assertEqual(self.layer.close_notify(), b"")
 
     def test_a_refused_handshake_is_a_failure_with_its_alert(self):
@@ -105,7 +103,7 @@ class TLSLayerTests(unittest.TestCase):
     def test_a_session_that_cannot_encrypt_drops_its_connection(self):
         self.handshake()
         self.layer.ssl.shutdown()  # no more application data may be written
-        self.assertEqual(self.layer.encrypt_pieces(b"OK"), [])
+        self.assertEqual(self.layer.encrypt(b"OK"), b"")
         self.assertIsInstance(self.layer.failure, SSL.Error)
         self.assertTrue(self.wire.aborted)
 
@@ -115,21 +113,12 @@ class TLSLayerTests(unittest.TestCase):
         data = bytes(range(256)) * 5000  # 1.28 MB: 79 records
         self.assertEqual(decrypt(self.client, self.layer.encrypt(data)), data)
 
-    def test_a_big_flush_comes_out_as_pieces_in_order(self):
-        """What the output sends in one sendmsg: each piece whole records, in order."""
+    def test_a_big_flush(self):
+        """What a consumer with RDY 2500 is sent at once: more than the buffer the
+        records are read out through."""
         self.handshake()
-        data = bytes(range(256)) * 2400  # 614 KB, what a consumer with RDY 2500 is sent at once
-        pieces = self.layer.encrypt_pieces(data)
-        self.assertEqual(self.wire.written, [])
-        if self.direct:
-            self.assertGreater(len(pieces), 1)
-            self.assertTrue(all(len(p) < 1 << 17 for p in pieces))
-        self.assertEqual(b"".join(decrypt(self.client, p) for p in pieces), data)
-        self.assertEqual(self.layer.encrypt_pieces(b""), [])
-        frames = [bytes([n % 256]) * (100 + n % 900) for n in range(1500)]  # 825 KB of frames, sizes vary
-        pieces = self.layer.encrypt_frames(frames, sum(map(len, frames)))
-        self.assertEqual(b"".join(decrypt(self.client, p) for p in pieces), b"".join(frames))
-        self.assertEqual(decrypt(self.client, b"".join(self.layer.encrypt_frames([b"one"], 3))), b"one")
+        data = bytes(range(256)) * 2400  # 614 KB
+        self.assertEqual(decrypt(self.client, self.layer.encrypt(data)), data)
 
     def test_many_records_in_one_read(self):
         """A read of more records than one SSL_read returns."""
