@@ -135,7 +135,7 @@ setup(
         "twisted>=24.7",
         "klein>=24.8",
         "treq>=24.9",
-        "pyopenssl>=24.0",
+        "pyopenssl>=25.2",  # Context.set_tls13_ciphersuites
         "service-identity>=24.1",
         "ddsketch>=3.0",  # end-to-end latency quantiles
         "prometheus-client>=0.20",  # GET /metrics

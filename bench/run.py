@@ -75,6 +75,8 @@ def tool(name: str, address: str, a: argparse.Namespace) -> dict:
     ]
     if name == "bench_writer":
         argv += ["--batch-size", str(a.batch_size)]
+    elif a.rdy:
+        argv += ["--rdy", str(a.rdy)]
     if a.workers:
         argv += ["--workers", str(a.workers)]
     argv += [f"--{f}" for f in ("tls", "snappy", "deflate") if getattr(a, f)]
@@ -130,6 +132,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=200)
     p.add_argument("--runfor", default="10s")
     p.add_argument("--workers", type=int, default=0, help="bench worker processes (default: one per core)")
+    p.add_argument("--rdy", type=int, default=0, help="the reader's RDY count (default: bench_reader's, 2500)")
     p.add_argument("--mem-queue-size", type=int, default=1_000_000)
     p.add_argument("--profile", type=Path, help="directory for py-spy profiles of the server")
     p.add_argument("--native", action="store_true", help="with --profile: C frames too (OpenSSL, zlib, snappy)")

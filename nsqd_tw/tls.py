@@ -27,6 +27,44 @@ from zope.interface import implementer
 from nsq_service.options import ConfigError
 from nsqd_tw.options import NSQDOptions
 
+# The order Go's crypto/tls (1.17 and later, on a CPU with AES instructions) picks
+# a server's suite in, where nsqd 1.3 leaves its tls.Config's CipherSuites unset:
+# TLS 1.3's three, and TLS 1.2's of its defaults that OpenSSL has by these names.
+# OpenSSL's own order put AES-256 first (Go picks AES-128-GCM: /stats and the
+# handshake showed another suite than Go's, and encrypted 14 rounds where Go's 10).
+GO_TLS13_SUITES = b"TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256"
+GO_TLS12_ORDER = (
+    "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "ECDHE-RSA-AES128-GCM-SHA256",
+    "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "ECDHE-RSA-AES256-GCM-SHA384",
+    "ECDHE-ECDSA-CHACHA20-POLY1305",
+    "ECDHE-RSA-CHACHA20-POLY1305",
+    "ECDHE-ECDSA-AES128-SHA",
+    "ECDHE-RSA-AES128-SHA",
+    "ECDHE-ECDSA-AES256-SHA",
+    "ECDHE-RSA-AES256-SHA",
+    "AES128-GCM-SHA256",
+    "AES256-GCM-SHA384",
+    "AES128-SHA",
+    "AES256-SHA",
+    "ECDHE-RSA-DES-CBC3-SHA",
+    "DES-CBC3-SHA",
+)
+# Go puts ChaCha20-Poly1305 first for a client that does not list AES-GCM first;
+# OpenSSL's SSL_OP_PRIORITIZE_CHACHA (not in pyOpenSSL's names; the same bit in
+# OpenSSL 1.1.1 and 3) does for a client that lists ChaCha20 first
+OP_PRIORITIZE_CHACHA = 1 << 21
+
+
+def go_cipher_order(names: list[str]) -> str:
+    """OpenSSL's TLS 1.2 cipher ``names`` (its default list: the same set) as a cipher
+    string in Go's order: Go's choices first, the rest after them in OpenSSL's order."""
+    tls12 = [n for n in names if not n.startswith("TLS_")]
+    first = [n for n in GO_TLS12_ORDER if n in tls12]
+    return ":".join(first + [n for n in tls12 if n not in first])
+
+
 MIN_VERSIONS = {
     "tls1.0": SSL.TLS1_VERSION,
     "tls1.1": SSL.TLS1_1_VERSION,
@@ -45,7 +83,9 @@ class ServerTLS:
         def make() -> SSL.Context:
             ctx = SSL.Context(SSL.TLS_SERVER_METHOD)
             ctx.set_min_proto_version(MIN_VERSIONS[opts.tls_min_version])
-            ctx.set_options(SSL.OP_NO_COMPRESSION | SSL.OP_CIPHER_SERVER_PREFERENCE)
+            ctx.set_options(SSL.OP_NO_COMPRESSION | SSL.OP_CIPHER_SERVER_PREFERENCE | OP_PRIORITIZE_CHACHA)
+            ctx.set_tls13_ciphersuites(GO_TLS13_SUITES)
+            ctx.set_cipher_list(_go_order().encode())
             return ctx
 
         for path in (opts.tls_cert, opts.tls_key, opts.tls_root_ca_file):
@@ -95,6 +135,16 @@ class ClientTLS:
 
     def getContext(self) -> SSL.Context:
         return self.context
+
+
+_GO_ORDER: list[str] = []
+
+
+def _go_order() -> str:
+    """OpenSSL's default TLS 1.2 ciphers in Go's order (worked out once)."""
+    if not _GO_ORDER:
+        _GO_ORDER.append(go_cipher_order(SSL.Connection(SSL.Context(SSL.TLS_SERVER_METHOD)).get_cipher_list()))
+    return _GO_ORDER[0]
 
 
 def with_identity(make: Callable[[], SSL.Context], opts: NSQDOptions, log: Any) -> SSL.Context:

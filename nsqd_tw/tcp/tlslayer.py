@@ -13,6 +13,13 @@ Twisted's ``startTLS``. What that changes, for a consumer's throughput:
   transport gathers the writes of a turn and encrypts them a turn later, and the
   socket was written a turn after that.
 - The output is the TCP transport's producer itself, as without TLS.
+- Once the handshake is done, a read and a flush call OpenSSL through the
+  bindings pyOpenSSL itself calls (``SSL_read``, ``SSL_write``, ``BIO_read``),
+  on the connection's own ``SSL`` object and memory BIOs: no exception at the
+  end of each read (pyOpenSSL raises ``WantReadError`` when a read is used up,
+  twice per read of the socket) and no buffer allocated per call. An error, and a
+  pyOpenSSL without those attributes, take pyOpenSSL's own methods, which raise
+  what they raise.
 
 On the wire nothing changes: the same handshake, records and alerts (a failed
 handshake still sends its alert; closing sends ``close_notify``, as Go's
@@ -26,8 +33,19 @@ from typing import Any
 
 from OpenSSL import SSL
 
+try:  # the cffi bindings pyOpenSSL calls OpenSSL through
+    from OpenSSL.SSL import _ffi, _lib
+except ImportError:  # pragma: no cover - a pyOpenSSL without them: its methods only
+    _ffi = _lib = None
+
 # the most a recv takes from the session at once (a record holds at most 16 KiB)
 _READ_SIZE = 1 << 16
+# what the direct path calls (all in every pyOpenSSL that has _lib)
+_CALLS = ("SSL_read", "SSL_write", "SSL_get_error", "SSL_clear_mode", "BIO_read", "BIO_write", "BIO_get_mem_data")
+_DIRECT = _lib is not None and all(hasattr(_lib, name) for name in _CALLS)
+# the one buffer SSL_read decrypts into and the records are read out through:
+# calls happen on the reactor thread, and what it holds is copied out before the next
+_read_buffer = _ffi.new("char[]", _READ_SIZE) if _DIRECT else None
 # ciphertext beyond the plaintext: a record's header, tag and padding, generously
 _RECORD_OVERHEAD = 64
 _RECORD_SIZE = 1 << 14
@@ -42,9 +60,22 @@ class TLSLayer:
     once, when the handshake completes, before any application bytes are returned.
     """
 
-    __slots__ = ("_handshake_done", "failure", "handshaking", "peer_closed", "ssl", "transport")
+    __slots__ = (
+        "_from_bio",
+        "_handshake_done",
+        "_into_bio",
+        "_ptr",
+        "failure",
+        "handshaking",
+        "peer_closed",
+        "ssl",
+        "transport",
+    )
 
-    def __init__(self, context: Any, transport: Any, handshake_done: Callable[[], None]) -> None:
+    def __init__(
+        self, context: Any, transport: Any, handshake_done: Callable[[], None], direct: bool = _DIRECT
+    ) -> None:
+        """``direct=False``: pyOpenSSL's methods only (the tests run both ways)."""
         self.ssl = SSL.Connection(context, None)
         self.ssl.set_accept_state()
         self.transport = transport
@@ -52,12 +83,23 @@ class TLSLayer:
         self.handshaking = True
         self.failure: BaseException | None = None  # the TLS error that ended the session
         self.peer_closed = False  # the client sent close_notify
+        # the SSL object and its memory BIOs, for the direct path (None: not taken)
+        self._ptr = self._into_bio = self._from_bio = None
+        if direct and all(hasattr(self.ssl, a) for a in ("_ssl", "_into_ssl", "_from_ssl", "_raise_ssl_error")):
+            self._ptr = self.ssl._ssl
+            self._into_bio = self.ssl._into_ssl
+            self._from_bio = self.ssl._from_ssl
+            # pyOpenSSL's contexts allow partial writes (sendall loops over them, one
+            # record each): a write to a memory BIO always completes, in one call
+            _lib.SSL_clear_mode(self._ptr, _lib.SSL_MODE_ENABLE_PARTIAL_WRITE)
 
     def receive(self, data: bytes) -> bytes:
         """The application bytes ``data`` completes (b"" for none). A TLS error
         is kept in :attr:`failure` (its alert is sent) and ends the session."""
         if self.failure is not None or self.peer_closed or not data:
             return b""
+        if self._ptr is not None and not self.handshaking:
+            return self._receive_direct(data)
         ssl = self.ssl
         try:
             ssl.bio_write(data)
@@ -87,11 +129,53 @@ class TLSLayer:
             self._send_pending()  # a read can make output of its own (a key update's answer)
         return got[0] if len(got) == 1 else b"".join(got)
 
+    def _receive_direct(self, data: bytes) -> bytes:
+        """:meth:`receive` after the handshake, through the bindings."""
+        ptr = self._ptr
+        n = len(data)
+        if _lib.BIO_write(self._into_bio, _ffi.from_buffer(data), n) != n:  # a memory BIO takes all
+            self.failure = SSL.Error([("", "", "BIO_write took less than it was given")])
+            self.transport.abortConnection()
+            return b""
+        buf = _read_buffer
+        got = []
+        while True:
+            size = _lib.SSL_read(ptr, buf, _READ_SIZE)
+            if size > 0:
+                got.append(_ffi.buffer(buf, size)[:])
+            elif _lib.SSL_get_error(ptr, size) == _lib.SSL_ERROR_WANT_READ:
+                break
+            else:
+                if not self._failed_direct(size):
+                    break
+                return b""
+        # a read can make output of its own (a key update's answer)
+        if _lib.BIO_get_mem_data(self._from_bio, _ffi.NULL) > 0:
+            self._send_pending()
+        return got[0] if len(got) == 1 else b"".join(got)
+
+    def _failed_direct(self, result: int) -> bool:
+        """What pyOpenSSL makes of a call that returned ``result``: the peer's
+        ``close_notify`` (False: the session ends cleanly) or a failure (True:
+        kept, its alert sent)."""
+        try:
+            self.ssl._raise_ssl_error(self._ptr, result)
+            raise SSL.Error([("", "", f"OpenSSL call returned {result}")])
+        except SSL.ZeroReturnError:
+            self.peer_closed = True
+            return False
+        except SSL.Error as e:
+            self.failure = e
+            self._send_pending()  # the alert
+            return True
+
     def encrypt(self, data: bytes) -> bytes:
         """``data`` as TLS records (b"" once the session has failed: a session
         that cannot encrypt drops its connection)."""
         if self.failure is not None:
             return b""
+        if self._ptr is not None:
+            return self._encrypt_direct(data)
         try:
             self.ssl.sendall(data)
         except SSL.Error as e:
@@ -100,6 +184,35 @@ class TLSLayer:
             return b""
         n = len(data)
         return self._take(n + (n // _RECORD_SIZE + 1) * _RECORD_OVERHEAD)
+
+    def _encrypt_direct(self, data: bytes) -> bytes:
+        """:meth:`encrypt` through the bindings."""
+        ptr = self._ptr
+        plain = _ffi.from_buffer(data)
+        n = len(data)
+        sent = 0
+        while sent < n:  # one call (no partial writes); a loop all the same
+            wrote = _lib.SSL_write(ptr, plain + sent, n - sent)
+            if wrote <= 0:
+                try:
+                    self.ssl._raise_ssl_error(ptr, wrote)
+                    raise SSL.Error([("", "", f"SSL_write returned {wrote}")])
+                except SSL.Error as e:
+                    self.failure = e
+                    self.transport.abortConnection()
+                    return b""
+            sent += wrote
+        bio = self._from_bio
+        buf = _read_buffer
+        parts = []
+        while True:  # all the memory BIO holds, through the one buffer
+            size = _lib.BIO_read(bio, buf, _READ_SIZE)
+            if size <= 0:
+                break
+            parts.append(_ffi.buffer(buf, size)[:])
+            if size < _READ_SIZE:
+                break
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def close_notify(self) -> bytes:
         """The ``close_notify`` alert ending the session (b"" if it cannot be sent)."""

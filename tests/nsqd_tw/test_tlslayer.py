@@ -9,53 +9,21 @@ from nsqd_tw.options import NSQDOptions
 from nsqd_tw.tcp.tlslayer import TLSLayer
 from nsqd_tw.tls import ServerTLS
 from tests.certs import make_certs
-
-
-class Wire:
-    """The TCP transport under the layer: what the layer wrote."""
-
-    def __init__(self) -> None:
-        self.written: list[bytes] = []
-        self.aborted = False
-
-    def abortConnection(self) -> None:
-        self.aborted = True
-
-    def write(self, data: bytes) -> None:
-        self.written.append(data)
-
-    def take(self) -> bytes:
-        data, self.written = b"".join(self.written), []
-        return data
-
-
-def client_bytes(client: SSL.Connection) -> bytes:
-    out = []
-    while True:
-        try:
-            out.append(client.bio_read(1 << 16))
-        except SSL.WantReadError:
-            return b"".join(out)
-
-
-def decrypt(client: SSL.Connection, data: bytes) -> bytes:
-    if data:
-        client.bio_write(data)
-    out = []
-    while True:
-        try:
-            out.append(client.recv(1 << 16))
-        except SSL.WantReadError:
-            return b"".join(out)
+from tests.tlsmemory import Wire, client_bytes, decrypt
 
 
 class TLSLayerTests(unittest.TestCase):
+    # after the handshake, OpenSSL through the bindings pyOpenSSL calls (the
+    # default); PyOpenSSLTLSLayerTests runs the same through pyOpenSSL's methods
+    direct = True
+
     def setUp(self) -> None:
         files = make_certs(self.mktemp())
         self.server_context = ServerTLS(NSQDOptions(tls_cert=files.cert, tls_key=files.key)).getContext()
         self.wire = Wire()
         self.done: list[bool] = []
-        self.layer = TLSLayer(self.server_context, self.wire, lambda: self.done.append(True))
+        self.layer = TLSLayer(self.server_context, self.wire, lambda: self.done.append(True), direct=self.direct)
+        self.assertEqual(self.layer._ptr is not None, self.direct)
         ctx = SSL.Context(SSL.TLS_CLIENT_METHOD)
         self.client = SSL.Connection(ctx, None)
         self.client.set_connect_state()
@@ -138,3 +106,49 @@ class TLSLayerTests(unittest.TestCase):
         self.assertEqual(self.layer.encrypt(b"OK"), b"")
         self.assertIsInstance(self.layer.failure, SSL.Error)
         self.assertTrue(self.wire.aborted)
+
+    def test_a_flush_as_big_as_a_message_can_be(self):
+        """A flush larger than the buffer the records are read out through."""
+        self.handshake()
+        data = bytes(range(256)) * 5000  # 1.28 MB: 79 records
+        self.assertEqual(decrypt(self.client, self.layer.encrypt(data)), data)
+
+    def test_a_big_flush(self):
+        """What a consumer with RDY 2500 is sent at once: more than the buffer the
+        records are read out through."""
+        self.handshake()
+        data = bytes(range(256)) * 2400  # 614 KB
+        self.assertEqual(decrypt(self.client, self.layer.encrypt(data)), data)
+
+    def test_many_records_in_one_read(self):
+        """A read of more records than one SSL_read returns."""
+        self.handshake()
+        for n in range(50):
+            self.client.send(b"x" * 1000 + b"%04d\n" % n)
+        arrived = client_bytes(self.client)
+        self.assertEqual(self.layer.receive(arrived), b"".join(b"x" * 1000 + b"%04d\n" % n for n in range(50)))
+
+    def test_what_a_read_makes_of_its_own_goes_out(self):
+        """A TLS 1.2 client asking to renegotiate: the server's answer is output of
+        a read, written at once."""
+        ctx = SSL.Context(SSL.TLS_CLIENT_METHOD)
+        ctx.set_max_proto_version(SSL.TLS1_2_VERSION)
+        self.client = SSL.Connection(ctx, None)
+        self.client.set_connect_state()
+        self.handshake()
+        self.assertTrue(self.client.renegotiate())
+        with self.assertRaises(SSL.WantReadError):
+            self.client.do_handshake()
+        self.assertEqual(self.layer.receive(client_bytes(self.client)), b"")
+        self.assertTrue(self.wire.written, "the server's answer")
+
+    def test_the_layer_s_benchmark_runs(self):
+        """bench/core_paths.py --tls: its flushes and reads of FINs come out whole."""
+        from bench.core_paths import tls_layer
+
+        times = tls_layer(TLSLayer, self.server_context, rounds=20)
+        self.assertTrue(all(t > 0 for t in times), times)
+
+
+class PyOpenSSLTLSLayerTests(TLSLayerTests):
+    direct = False
