@@ -142,14 +142,15 @@ def tls_layer(tls_layer_class: Any, server_context: Any, rounds: int = 20_000) -
             client.bio_write(b"".join(wire.written))
             wire.written.clear()
     frames = [struct.pack(">ii", 226, 2) + b"m" * 222] * 72
+    encrypt_flush = getattr(layer, "encrypt_view", layer.encrypt)  # what a flush calls (a tree before it: encrypt)
     started = time.perf_counter()
     for _ in range(rounds):
-        layer.encrypt(b"".join(frames))
+        encrypt_flush(b"".join(frames))
     encrypt = (time.perf_counter() - started) / rounds * 1e6
     big = frames * 36
     started = time.perf_counter()
     for _ in range(rounds // 20):
-        layer.encrypt(b"".join(big))
+        encrypt_flush(b"".join(big))
     encrypt_big = (time.perf_counter() - started) / (rounds // 20) * 1e6
     fins = b"".join(b"FIN %016x\n" % n for n in range(72))
     reads = []

@@ -121,8 +121,10 @@ def read_now(transport: Any) -> bytes | None:
         return None
 
 
-def write_now(transport: Any, data: bytes) -> None:
+def write_now(transport: Any, data: bytes | memoryview) -> None:
     """Write ``data`` and put it on the wire now (see :func:`write_through`).
+    ``data`` may be a view of a buffer its caller reuses: what waits in the
+    transport is a copy.
 
     On a plain TCP connection with nothing unsent (the usual case: an answer
     someone waits for) the bytes go straight to the socket from here: no
@@ -135,9 +137,9 @@ def write_now(transport: Any, data: bytes) -> None:
         except OSError:
             sent = 0  # full (EAGAIN), or an error the reactor's write finds and reports
         if sent < len(data):
-            transport.write(data[sent:])
+            transport.write(bytes(data[sent:]))
         return
-    transport.write(data)
+    transport.write(bytes(data))  # (bytes itself, not a copy, for bytes)
     write_through(transport)
 
 

@@ -140,7 +140,7 @@ class Output:
                 write_now(self.transport, data)
             self._len = 0
 
-    def _encode(self) -> bytes:
+    def _encode(self) -> bytes | memoryview:
         """The buffered frames through the codec and TLS."""
         data = b"".join(self._buf)
         if self.codec is not None:
@@ -149,7 +149,7 @@ class Output:
             data = self._clear + data
             self._clear = b""
         if self.tls is not None:
-            data = self.tls.encrypt(data)
+            return self.tls.encrypt_view(data)  # good until the next flush: write_now sends it now
         return data
 
     def discard(self) -> None:

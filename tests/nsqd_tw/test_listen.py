@@ -184,6 +184,20 @@ class WriteNowTests(_Loopback):
         self.assertEqual(got, payload + b"after")
 
     @defer.inlineCallbacks
+    def test_a_view_of_a_reused_buffer_is_copied_where_it_waits(self) -> Any:
+        """The TLS layer hands write_now a view of the buffer it reads every flush's
+        records into: what the socket does not take must not change with it."""
+        transport, client = yield self.connect()
+        buffer = bytearray(bytes(range(256)) * 64_000)  # 16 MB: more than a socket buffer holds
+        payload = bytes(buffer)
+        listen.write_now(transport, memoryview(buffer))
+        self.assertIn(transport, reactor.getWriters())
+        buffer[:] = b"\0" * len(buffer)  # the next flush
+        listen.write_now(transport, memoryview(buffer)[:5])  # behind what waits
+        got = yield self.receive(client, len(payload) + 5)
+        self.assertEqual(got, payload + b"\0" * 5)
+
+    @defer.inlineCallbacks
     def test_written_after_what_the_transport_holds(self) -> Any:
         transport, client = yield self.connect()
         transport.write(b"first ")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 from OpenSSL import SSL
 from twisted.trial import unittest
 
 from nsqd_tw.options import NSQDOptions
+from nsqd_tw.tcp import tlslayer
 from nsqd_tw.tcp.tlslayer import TLSLayer
 from nsqd_tw.tls import ServerTLS
 from tests.certs import make_certs
@@ -149,6 +152,44 @@ class TLSLayerTests(unittest.TestCase):
         times = tls_layer(TLSLayer, self.server_context, rounds=20)
         self.assertTrue(all(t > 0 for t in times), times)
 
+    def test_flushes_one_after_another_through_the_kept_buffer(self):
+        """A view is good until the next flush: smaller, then bigger than the
+        buffer kept, then smaller again, each decrypts whole."""
+        self.handshake()
+        for size in (1000, 300_000, 700_000, 50, 16_384):
+            data = bytes([size % 251]) * size
+            self.assertEqual(decrypt(self.client, bytes(self.layer.encrypt_view(data))), data)
+
+    def test_a_flush_allocates_nothing_its_size(self):
+        """A consumer with RDY 2500 is sent ~600 KB at a time: its records were read
+        out into fresh objects that size, four times the cost of encrypting them."""
+        self.handshake()
+        data = bytes(range(256)) * 2400  # 614 KB
+        decrypt(self.client, bytes(self.layer.encrypt_view(data)))  # the first grows the buffer
+        tracemalloc.start()
+        self.addCleanup(tracemalloc.stop)
+        before = tracemalloc.get_traced_memory()[0]
+        sealed = self.layer.encrypt_view(data)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        self.assertLess(peak - before, 64 * 1024)
+        self.assertEqual(decrypt(self.client, bytes(sealed)), data)
+
+    def test_a_huge_flush_does_not_stay_in_memory(self):
+        self.handshake()
+        data = bytes(range(256)) * (5 << 12)  # 5 MiB: over what is kept between flushes
+        self.assertEqual(decrypt(self.client, bytes(self.layer.encrypt_view(data))), data)
+        self.assertLessEqual(len(tlslayer._out_buffer), tlslayer._OUT_KEEP)
+        self.assertEqual(decrypt(self.client, bytes(self.layer.encrypt_view(b"after"))), b"after")
+
 
 class PyOpenSSLTLSLayerTests(TLSLayerTests):
     direct = False
+
+    def test_a_flush_allocates_nothing_its_size(self):
+        """pyOpenSSL's methods return fresh bytes for each flush (the kept buffer
+        is the bindings' path only)."""
+        self.handshake()
+        sealed = self.layer.encrypt_view(b"OK" * 100)
+        self.assertIs(type(sealed), bytes)
+        self.assertEqual(decrypt(self.client, sealed), b"OK" * 100)
