@@ -222,10 +222,12 @@ class TLSLayer:
         bio = self._from_bio
         size = _lib.BIO_get_mem_data(bio, _ffi.NULL)  # all the records, in the memory BIO
         out = _out_buffer
-        if size > len(out):
-            out = bytearray(1 << (size - 1).bit_length())  # (a view of the old one may live on)
-            if len(out) <= _OUT_KEEP:
-                _out_buffer = out
+        if size > len(out):  # a new one (a view of the old one may live on)
+            grown = 1 << (size - 1).bit_length()
+            if grown <= _OUT_KEEP:
+                out = _out_buffer = bytearray(grown)
+            else:  # this flush's own, its size
+                out = bytearray(size)
         got = _lib.BIO_read(bio, _ffi.from_buffer(out), size) if size > 0 else 0
         return memoryview(out)[: max(got, 0)]
 
