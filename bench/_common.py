@@ -136,19 +136,15 @@ class TLSSocket:
         while True:
             try:
                 data = self.tls.read(self._RECORD)
-            except ssl.SSLWantReadError:
-                data = None
+            except ssl.SSLWantReadError:  # the records that arrived are used up
+                if parts or not self._fill(n):
+                    break
+                continue
             except ssl.SSLZeroReturnError:
                 break
-            if data:
-                parts.append(data)
-                continue
-            if data is not None:  # b"": the peer's close_notify
+            if not data:  # the peer's close_notify
                 break
-            if parts:
-                break
-            if not self._fill(n):
-                break
+            parts.append(data)
         self._flush()  # a read can make output of its own (a key update's answer)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 

@@ -54,7 +54,7 @@ _RECORD_SIZE = 1 << 14
 # the buffer a flush's records are read out into (:meth:`TLSLayer.encrypt_view`),
 # kept between flushes up to this size; a bigger flush gets one of its own
 _OUT_KEEP = 1 << 22
-_out_buffer = bytearray(1 << 16)
+_out_buffer = bytearray()  # grown by the first flush
 
 
 class TLSLayer:
