@@ -105,6 +105,9 @@ class TLSSocket:
         self._in = ssl.MemoryBIO()
         self._out = ssl.MemoryBIO()
         self.tls = ctx.wrap_bio(self._in, self._out, server_side=False, server_hostname=server_hostname)
+        # what one read of the socket brings, and the plaintext its records hold: kept between reads
+        self._raw = bytearray()
+        self._plain = bytearray()
         while True:
             try:
                 self.tls.do_handshake()
@@ -121,10 +124,12 @@ class TLSSocket:
             self.sock.sendall(data)
 
     def _fill(self, n: int) -> bool:
-        raw = self.sock.recv(n)
-        if not raw:
+        if len(self._raw) < n:
+            self._raw = bytearray(n)
+        got = self.sock.recv_into(self._raw, n)
+        if not got:
             return False
-        self._in.write(raw)
+        self._in.write(memoryview(self._raw)[:got])
         return True
 
     def sendall(self, data: bytes) -> None:
@@ -132,21 +137,24 @@ class TLSSocket:
         self._flush()
 
     def recv(self, n: int) -> bytes:
-        parts = []
+        plain = self._plain
+        pos = 0
         while True:
+            if len(plain) - pos < self._RECORD:  # room for one more record
+                plain = self._plain = plain + bytearray(max(len(plain), n, self._RECORD))
             try:
-                data = self.tls.read(self._RECORD)
+                got = self.tls.read(self._RECORD, memoryview(plain)[pos:])
             except ssl.SSLWantReadError:  # the records that arrived are used up
-                if parts or not self._fill(n):
+                if pos or not self._fill(n):
                     break
                 continue
             except ssl.SSLZeroReturnError:
                 break
-            if not data:  # the peer's close_notify
+            if not got:  # the peer's close_notify
                 break
-            parts.append(data)
+            pos += got
         self._flush()  # a read can make output of its own (a key update's answer)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        return bytes(plain[:pos])
 
     def settimeout(self, t: float | None) -> None:
         self.sock.settimeout(t)

@@ -31,6 +31,30 @@ from _common import connect, server_env  # noqa: E402
 
 from nsq_wire.commands import encode_command  # noqa: E402
 
+FEATURE_FLAGS = ("tls", "snappy", "deflate")
+
+
+def rows_of(a: argparse.Namespace) -> dict[str, argparse.Namespace]:
+    """The rows ``--rows`` asks for, each the flags of its clients: the plain row
+    first, then one per feature; without ``--rows`` one row, unnamed, as asked."""
+    if not a.rows:
+        return {"": a}
+    features = [f for f in a.rows.split(",") if f]
+    if set(features) - set(FEATURE_FLAGS) or any(getattr(a, f) for f in FEATURE_FLAGS):
+        raise ValueError(f"--rows takes {', '.join(FEATURE_FLAGS)} (and not with --tls, --snappy or --deflate)")
+    rows = {"plain": argparse.Namespace(**{**vars(a), **dict.fromkeys(FEATURE_FLAGS, False)})}
+    for f in features:
+        rows[f] = argparse.Namespace(**{**vars(rows["plain"]), f: True})
+    return rows
+
+
+def against_plain(results: dict[tuple[str, str, str], list[float]], row: str, server: str, tool: str) -> list[float]:
+    """Round by round, ``row``'s ours/``server`` ratio over the plain row's in the
+    same round: what a drift of the machine between rounds does to both cancels."""
+    ours, theirs = results[row, "ours", tool], results[row, server, tool]
+    plain_ours, plain_theirs = results["plain", "ours", tool], results["plain", server, tool]
+    return [(o / t) / (po / pt) for o, t, po, pt in zip(ours, theirs, plain_ours, plain_theirs, strict=True)]
+
 
 def launch(extra: list[str], exe: str | None = None) -> tuple[subprocess.Popen, str]:
     """nsqd (``exe``, else the one next to this Python) on loopback ports."""
@@ -79,7 +103,7 @@ def tool(name: str, address: str, a: argparse.Namespace) -> dict:
         argv += ["--rdy", str(a.rdy)]
     if a.workers:
         argv += ["--workers", str(a.workers)]
-    argv += [f"--{f}" for f in ("tls", "snappy", "deflate") if getattr(a, f)]
+    argv += [f"--{f}" for f in FEATURE_FLAGS if getattr(a, f)]
     out = subprocess.run(argv, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -146,6 +170,13 @@ def main() -> None:
         metavar="NAME=PATH",
         help="another nsqd (Go's) run with the same flags and clients, interleaved with ours",
     )
+    p.add_argument(
+        "--rows",
+        default="",
+        metavar="FEATURES",
+        help="the plain row and these feature rows (a comma list of tls, snappy, deflate) interleaved "
+        "in one run, each feature row's ratio to the others' set against the plain row's, round by round",
+    )
     p.add_argument("nsqd_args", nargs="*", help="extra nsqd flags (after --)")
     a = p.parse_args()
 
@@ -153,9 +184,13 @@ def main() -> None:
     for spec in a.server:
         name, _, path = spec.partition("=")
         servers[name] = path
+    try:
+        rows = rows_of(a)
+    except ValueError as e:
+        p.error(str(e))
     data = tempfile.mkdtemp(prefix="nsq-bench-")
     extra = []
-    if a.tls:
+    if any(row.tls for row in rows.values()):
         from tests.certs import make_certs
 
         files = make_certs(os.path.join(data, "certs"))
@@ -173,48 +208,69 @@ def main() -> None:
             s.close()
         runfor = float(a.runfor.rstrip("s"))
         tools = ("bench_writer", "bench_reader")
-        results: dict[tuple[str, str], list[float]] = {(server, t): [] for server in servers for t in tools}
+        results: dict[tuple[str, str, str], list[float]] = {
+            (row, server, t): [] for row in rows for server in servers for t in tools
+        }
         for run in range(a.runs):
-            # interleaved: each server in turn, in another order each run
-            order = list(servers)[run % len(servers) :] + list(servers)[: run % len(servers)]
-            for server in order:
-                proc, address = procs[server]
-                for name in tools:
-                    spy = None
-                    if a.profile:
-                        a.profile.mkdir(parents=True, exist_ok=True)
-                        spy = profile(proc.pid, max(1, runfor - 1), a.profile / f"{server}-{name}-{run}.txt", a.native)
-                    r = tool(name, address, a)
-                    if spy is not None:
-                        spy.wait()
-                    results[server, name].append(r["msg_per_s"])
+            for row, flags_of_row in rows.items():
+                # interleaved: each server in turn, in another order each run
+                order = list(servers)[run % len(servers) :] + list(servers)[: run % len(servers)]
+                for server in order:
+                    proc, address = procs[server]
+                    for name in tools:
+                        spy = None
+                        if a.profile:
+                            a.profile.mkdir(parents=True, exist_ok=True)
+                            out = a.profile / f"{server}-{row + '-' if row else ''}{name}-{run}.txt"
+                            spy = profile(proc.pid, max(1, runfor - 1), out, a.native)
+                        r = tool(name, address, flags_of_row)
+                        if spy is not None:
+                            spy.wait()
+                        results[row, server, name].append(r["msg_per_s"])
+                        print(
+                            f"run {run + 1} {row + ' ' if row else ''}{server} {name}: "
+                            f"{r['msg_per_s']:,.0f} msg/s  {r['mb_per_s']:.1f} MB/s",
+                            flush=True,
+                        )
+        for row in rows:
+            print(f"\n{row} row:" if row else "")
+            for name in tools:
+                label = "publish" if name == "bench_writer" else "consume"
+                for server in servers:
+                    values = results[row, server, name]
+                    who = "" if len(servers) == 1 else f"{server} "
                     print(
-                        f"run {run + 1} {server} {name}: {r['msg_per_s']:,.0f} msg/s  {r['mb_per_s']:.1f} MB/s",
-                        flush=True,
+                        f"{who}{label}: median {statistics.median(values):,.0f} msg/s over {len(values)} runs "
+                        f"({', '.join(f'{v:,.0f}' for v in values)})"
                     )
-        print()
-        for name in tools:
-            label = "publish" if name == "bench_writer" else "consume"
-            for server in servers:
-                values = results[server, name]
-                who = "" if len(servers) == 1 else f"{server} "
-                print(
-                    f"{who}{label}: median {statistics.median(values):,.0f} msg/s over {len(values)} runs "
-                    f"({', '.join(f'{v:,.0f}' for v in values)})"
-                )
+                for server in list(servers)[1:]:
+                    ours, theirs = results[row, "ours", name], results[row, server, name]
+                    ratio = statistics.median(ours) / statistics.median(theirs)
+                    print(f"{label}: ours/{server} {ratio:.2f}")
+        if len(rows) > 1 and len(servers) > 1:
+            print()
+        for row in list(rows)[1:]:
             for server in list(servers)[1:]:
-                ratio = statistics.median(results["ours", name]) / statistics.median(results[server, name])
-                print(f"{label}: ours/{server} {ratio:.2f}")
-        if a.profile:
-            for server in servers:
                 for name in tools:
-                    for run in range(a.runs):
-                        f = a.profile / f"{server}-{name}-{run}.txt"
-                        if f.exists():
-                            print(f"\n{server} self time during {name} run {run + 1}:")
-                            for func, pct in summarize(f):
-                                print(f"  {pct:5.1f}%  {func}")
-                            break
+                    label = "publish" if name == "bench_writer" else "consume"
+                    med = statistics.median
+                    rows_ratio = (med(results[row, "ours", name]) / med(results[row, server, name])) / (
+                        med(results["plain", "ours", name]) / med(results["plain", server, name])
+                    )
+                    each = against_plain(results, row, server, name)
+                    print(
+                        f"{row} {label}: ours/{server} over the plain row's {rows_ratio:.2f} (of the medians); "
+                        f"round by round {', '.join(f'{v:.2f}' for v in each)}, median {med(each):.2f}"
+                    )
+        if a.profile:
+            for row, server, name in results:
+                for run in range(a.runs):
+                    f = a.profile / f"{server}-{row + '-' if row else ''}{name}-{run}.txt"
+                    if f.exists():
+                        print(f"\n{server} self time during {row + ' ' if row else ''}{name} run {run + 1}:")
+                        for func, pct in summarize(f):
+                            print(f"  {pct:5.1f}%  {func}")
+                        break
     finally:
         for proc, _ in procs.values():
             proc.send_signal(signal.SIGTERM)

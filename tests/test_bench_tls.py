@@ -70,6 +70,24 @@ class BenchTLSSocketTests(unittest.TestCase):
         self.server_sends(*records)  # all in the socket before the client reads
         self.assertEqual(self.client.recv(1 << 18), b"".join(records))
 
+    def test_reads_bigger_and_smaller_than_the_kept_buffers_come_back_whole(self):
+        # the plaintext and ciphertext buffers are kept between reads and grow: what
+        # one recv returned is not overwritten by the next
+        first = [bytes([i]) * (1 << 14) for i in range(20)]  # 320 KiB: more than one read takes
+        for p in first:
+            self.server.write(p)
+        # more than the socket pair holds: sent while the client reads
+        t = threading.Thread(target=self.peer.sendall, args=(self.s_out.read(),))
+        t.start()
+        self.addCleanup(t.join)
+        got = []
+        while sum(map(len, got)) < 20 << 14:
+            got.append(self.client.recv(1 << 18))
+        self.assertEqual(b"".join(got), b"".join(first))
+        self.server_sends(b"second")
+        self.assertEqual(self.client.recv(1 << 10), b"second")
+        self.assertEqual(b"".join(got), b"".join(first))
+
     def test_a_record_split_across_reads_waits_for_its_rest(self):
         self.server.write(b"x" * 1000)
         wire = self.s_out.read()
