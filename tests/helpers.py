@@ -38,11 +38,12 @@ def make_nsqd(backend_factory: Any = memory_backend_factory, clock: Any = None, 
     nsqd = NSQD(NSQDOptions(**kwargs), clock, backend_factory, run_blocking=run_inline)
     # a TTL sweep's slice stops at a count, never because the machine is busy
     # (its time bound has tests of its own)
-    nsqd.expiry.stopwatch = _standing_still
+    nsqd.expiry.stopwatch = standing_still
     return nsqd
 
 
-def _standing_still() -> float:
+def standing_still() -> float:
+    """A stopwatch that never runs (see :attr:`ExpirySweep.stopwatch`)."""
     return 0.0
 
 

@@ -12,7 +12,7 @@ from twisted.trial import unittest
 from nsq_wire.frames import FRAME_TYPE_RESPONSE
 from nsqd_tw.core import expiry
 from nsqd_tw.core.settings import parse_settings
-from tests.helpers import FakeClient, make_nsqd
+from tests.helpers import FakeClient, make_nsqd, standing_still
 
 
 class Base(unittest.TestCase):
@@ -34,7 +34,7 @@ class RateTests(Base):
         self.patch(expiry, "BURST", 100)
         self.patch(expiry, "SLICE", 50)
         self.nsqd.expiry = expiry.ExpirySweep(self.nsqd)  # made with the rates above
-        self.nsqd.expiry.stopwatch = lambda: 0.0  # (as make_nsqd's: counts alone)
+        self.nsqd.expiry.stopwatch = standing_still  # as make_nsqd does: counts alone
 
     def scan(self, after: float) -> None:
         self.clock.advance(after)
