@@ -179,9 +179,41 @@ class TLSLayerTests(unittest.TestCase):
         self.handshake()
         data = bytes(range(256)) * (5 << 12)  # 5 MiB: over what is kept between flushes
         sealed = self.layer.encrypt_view(data)
-        self.assertEqual(len(getattr(sealed, "obj", sealed)), len(sealed), "a buffer its own size")
+        own = getattr(sealed, "obj", sealed)
+        self.assertIsNot(own, tlslayer._out_buffer)
+        self.assertLess(len(own), len(sealed) * 1.01, "a buffer its own size")
         self.assertEqual(decrypt(self.client, bytes(sealed)), data)
         self.assertLessEqual(len(tlslayer._out_buffer), tlslayer._OUT_KEEP)
+        self.assertEqual(decrypt(self.client, bytes(self.layer.encrypt_view(b"after"))), b"after")
+
+    def test_a_flush_of_many_pieces_is_the_records_of_one_write(self):
+        """Encrypted a piece at a time, a flush is still full records, as one
+        SSL_write of it all makes them: only the last is short."""
+        self.handshake()
+        data = bytes(range(256)) * 2400  # 614 KB: ten pieces and some
+        sealed = bytes(self.layer.encrypt_view(data))
+        lengths = []
+        pos = 0
+        while pos < len(sealed):
+            self.assertEqual(sealed[pos], 23, "application data")
+            size = int.from_bytes(sealed[pos + 3 : pos + 5], "big")
+            lengths.append(size)
+            pos += 5 + size
+        self.assertEqual(pos, len(sealed))
+        self.assertEqual(len(lengths), -(-len(data) // tlslayer._RECORD_SIZE))
+        self.assertEqual(len(set(lengths[:-1])), 1, "full records but the last")
+        self.assertLess(lengths[-1], lengths[0])
+        self.assertEqual(decrypt(self.client, sealed), data)
+
+    def test_records_bigger_than_reckoned_still_come_out_whole(self):
+        """A cipher whose records carry more than :data:`_RECORD_OVERHEAD` (TLS
+        1.2's CBC with its MAC and padding) outgrows the buffer the flush was
+        given: it grows, and nothing is lost."""
+        self.handshake()
+        self.patch(tlslayer, "_RECORD_OVERHEAD", 0)
+        self.patch(tlslayer, "_out_buffer", bytearray())
+        data = bytes(range(256)) * 1024  # 256 KiB: a buffer exactly its size, too small for its records
+        self.assertEqual(decrypt(self.client, bytes(self.layer.encrypt_view(data))), data)
         self.assertEqual(decrypt(self.client, bytes(self.layer.encrypt_view(b"after"))), b"after")
 
 
