@@ -218,6 +218,13 @@ def read_frame(s: socket.socket, buf: bytearray) -> tuple[int, bytes]:
         buf += chunk
 
 
+def process_cpu(pid: int) -> float:
+    """A process's CPU time so far (user + system), seconds, from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def expect_ok(s: socket.socket, buf: bytearray | None = None) -> None:
     ft, data = read_frame(s, bytearray() if buf is None else buf)
     if ft != 0 or data != b"OK":

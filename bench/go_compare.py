@@ -43,7 +43,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import server_env
+from _common import process_cpu, server_env
 
 from nsq_wire import commands
 from nsq_wire.frames import FRAME_TYPE_MESSAGE, MAGIC_V2, FrameReader
@@ -111,9 +111,7 @@ class Server:
 
     def cpu(self) -> float:
         """The server's CPU time so far (user + system), seconds, from /proc."""
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu(self.proc.pid)
 
     def stop(self) -> None:
         self.proc.terminate()

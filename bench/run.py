@@ -27,7 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from _common import connect, server_env  # noqa: E402
+from _common import connect, process_cpu, server_env  # noqa: E402
 
 from nsq_wire.commands import encode_command  # noqa: E402
 
@@ -83,6 +83,12 @@ def launch(extra: list[str], exe: str | None = None) -> tuple[subprocess.Popen, 
 
     threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # type: ignore[union-attr]
     return proc, address
+
+
+def row_cost(cpu: dict[tuple[str, str, str], list[float]], row: str, server: str, tool: str) -> float:
+    """What a feature row costs ``server`` beyond the plain row, µs of CPU a message:
+    the median of the rounds' differences (each round's rows run back to back)."""
+    return statistics.median(f - p for f, p in zip(cpu[row, server, tool], cpu["plain", server, tool], strict=True))
 
 
 def tool(name: str, address: str, a: argparse.Namespace) -> dict:
@@ -211,6 +217,7 @@ def main() -> None:
         results: dict[tuple[str, str, str], list[float]] = {
             (row, server, t): [] for row in rows for server in servers for t in tools
         }
+        cpu: dict[tuple[str, str, str], list[float]] = {key: [] for key in results}
         for run in range(a.runs):
             for row, flags_of_row in rows.items():
                 # interleaved: each server in turn, in another order each run
@@ -223,13 +230,17 @@ def main() -> None:
                             a.profile.mkdir(parents=True, exist_ok=True)
                             out = a.profile / f"{server}-{row + '-' if row else ''}{name}-{run}.txt"
                             spy = profile(proc.pid, max(1, runfor - 1), out, a.native)
+                        cpu0 = process_cpu(proc.pid)
                         r = tool(name, address, flags_of_row)
+                        # the server's CPU per message, µs (what the clients' share of the box does not move)
+                        used = (process_cpu(proc.pid) - cpu0) * 1e6 / max(r["messages"], 1)
                         if spy is not None:
                             spy.wait()
                         results[row, server, name].append(r["msg_per_s"])
+                        cpu[row, server, name].append(used)
                         print(
                             f"run {run + 1} {row + ' ' if row else ''}{server} {name}: "
-                            f"{r['msg_per_s']:,.0f} msg/s  {r['mb_per_s']:.1f} MB/s",
+                            f"{r['msg_per_s']:,.0f} msg/s  {r['mb_per_s']:.1f} MB/s  server {used:.2f} µs CPU/msg",
                             flush=True,
                         )
         for row in rows:
@@ -241,7 +252,8 @@ def main() -> None:
                     who = "" if len(servers) == 1 else f"{server} "
                     print(
                         f"{who}{label}: median {statistics.median(values):,.0f} msg/s over {len(values)} runs "
-                        f"({', '.join(f'{v:,.0f}' for v in values)})"
+                        f"({', '.join(f'{v:,.0f}' for v in values)}); server "
+                        f"{statistics.median(cpu[row, server, name]):.2f} µs CPU/msg"
                     )
                 for server in list(servers)[1:]:
                     ours, theirs = results[row, "ours", name], results[row, server, name]
@@ -262,6 +274,11 @@ def main() -> None:
                         f"{row} {label}: ours/{server} over the plain row's {rows_ratio:.2f} (of the medians); "
                         f"round by round {', '.join(f'{v:.2f}' for v in each)}, median {med(each):.2f}"
                     )
+        for row in list(rows)[1:]:
+            for name in tools:
+                label = "publish" if name == "bench_writer" else "consume"
+                costs = ", ".join(f"{server} {row_cost(cpu, row, server, name):+.2f}" for server in servers)
+                print(f"{row} {label}: the server's µs CPU/msg over the plain row's (median round by round): {costs}")
         if a.profile:
             for row, server, name in results:
                 for run in range(a.runs):

@@ -51,3 +51,10 @@ class RowsTests(unittest.TestCase):
         }
         # round 1: 1.8 / 2.0; round 2: 1.0 / 1.0
         self.assertEqual([round(v, 6) for v in run.against_plain(results, "tls", "go", "r")], [0.9, 1.0])
+
+    def test_a_row_s_cost_is_the_median_of_each_round_s_difference(self):
+        cpu = {
+            ("plain", "ours", "r"): [0.8, 0.9, 1.2],
+            ("tls", "ours", "r"): [0.9, 1.1, 1.25],
+        }
+        self.assertAlmostEqual(run.row_cost(cpu, "tls", "ours", "r"), 0.1)
