@@ -240,7 +240,7 @@ class TLSLayer:
             sent += wrote
             size = _lib.BIO_get_mem_data(bio, _ffi.NULL)  # this piece's records
             if filled + size > len(out):  # more overhead than reckoned (TLS 1.2's CBC)
-                out = bytearray(out[:filled]) + bytearray(max(size, n - sent + size))
+                out = out[:filled] + bytearray(size + n - sent)  # this piece and the rest's plaintext
                 into = _ffi.from_buffer(out)
             got = _lib.BIO_read(bio, into + filled, size) if size > 0 else 0
             filled += max(got, 0)
