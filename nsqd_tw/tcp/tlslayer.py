@@ -61,6 +61,11 @@ _OUT_KEEP = 1 << 22
 _out_buffer = bytearray()  # grown by the first flush
 
 
+def _sealed_size(n: int) -> int:
+    """What ``n`` bytes of plaintext come to as records, reckoned generously."""
+    return n + (n // _RECORD_SIZE + 1) * _RECORD_OVERHEAD
+
+
 class TLSLayer:
     """One connection's TLS session (nsqd is the server side).
 
@@ -202,8 +207,7 @@ class TLSLayer:
             self.failure = e
             self.transport.abortConnection()
             return b""
-        n = len(data)
-        return self._take(n + (n // _RECORD_SIZE + 1) * _RECORD_OVERHEAD)
+        return self._take(_sealed_size(len(data)))
 
     def _encrypt_direct(self, data: bytes) -> bytes | memoryview:
         """:meth:`encrypt` through the bindings, a piece of the flush at a time
@@ -217,7 +221,7 @@ class TLSLayer:
         bio = self._from_bio
         plain = _ffi.from_buffer(data)
         n = len(data)
-        need = n + (n // _RECORD_SIZE + 1) * _RECORD_OVERHEAD
+        need = _sealed_size(n)
         out = _out_buffer
         if need > len(out):  # a new one (a view of the old one may live on)
             grown = 1 << (need - 1).bit_length()
