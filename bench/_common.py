@@ -225,6 +225,22 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def process_sleeps(pid: int) -> int:
+    """How often a process's threads have waited for something (their voluntary
+    context switches so far, from /proc): a single-threaded server's reactor
+    sleeping with nothing to do, so per message it shows a pipeline that stalls."""
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            text = status.read_text()
+        except OSError:  # a thread that ended meanwhile
+            continue
+        for line in text.splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                total += int(line.split()[1])
+    return total
+
+
 def expect_ok(s: socket.socket, buf: bytearray | None = None) -> None:
     ft, data = read_frame(s, bytearray() if buf is None else buf)
     if ft != 0 or data != b"OK":

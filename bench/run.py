@@ -27,7 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from _common import connect, process_cpu, server_env  # noqa: E402
+from _common import connect, process_cpu, process_sleeps, server_env  # noqa: E402
 
 from nsq_wire.commands import encode_command  # noqa: E402
 
@@ -230,17 +230,20 @@ def main() -> None:
                             a.profile.mkdir(parents=True, exist_ok=True)
                             out = a.profile / f"{server}-{row + '-' if row else ''}{name}-{run}.txt"
                             spy = profile(proc.pid, max(1, runfor - 1), out, a.native)
-                        cpu0 = process_cpu(proc.pid)
+                        cpu0, sleeps0 = process_cpu(proc.pid), process_sleeps(proc.pid)
                         r = tool(name, address, flags_of_row)
                         # the server's CPU per message, µs (what the clients' share of the box does not move)
                         used = (process_cpu(proc.pid) - cpu0) * 1e6 / max(r["messages"], 1)
+                        # how often its threads waited, a thousand messages (a reactor idle for want of FINs)
+                        waited = (process_sleeps(proc.pid) - sleeps0) * 1e3 / max(r["messages"], 1)
                         if spy is not None:
                             spy.wait()
                         results[row, server, name].append(r["msg_per_s"])
                         cpu[row, server, name].append(used)
                         print(
                             f"run {run + 1} {row + ' ' if row else ''}{server} {name}: "
-                            f"{r['msg_per_s']:,.0f} msg/s  {r['mb_per_s']:.1f} MB/s  server {used:.2f} µs CPU/msg",
+                            f"{r['msg_per_s']:,.0f} msg/s  {r['mb_per_s']:.1f} MB/s  server {used:.2f} µs CPU/msg, "
+                            f"{waited:.2f} waits/1k msgs",
                             flush=True,
                         )
         for row in rows:

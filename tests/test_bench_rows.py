@@ -4,13 +4,16 @@ feature row's ratio to another server set against the plain row's."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from pathlib import Path
 
 from twisted.trial import unittest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
+import _common
 import run
 
 
@@ -58,3 +61,17 @@ class RowsTests(unittest.TestCase):
             ("tls", "ours", "r"): [0.9, 1.1, 1.25],
         }
         self.assertAlmostEqual(run.row_cost(cpu, "tls", "ours", "r"), 0.1)
+
+
+class ProcessSleepsTests(unittest.TestCase):
+    """``_common.process_sleeps``: how often a server's threads waited (run.py's waits/1k msgs)."""
+
+    def test_a_thread_that_sleeps_is_counted(self):
+        before = _common.process_sleeps(os.getpid())
+        time.sleep(0.001)  # what is measured: a nanosleep always gives up the CPU
+        self.assertGreater(_common.process_sleeps(os.getpid()), before)
+
+    def test_every_thread_counts(self):
+        status = Path(f"/proc/{os.getpid()}/status").read_text()
+        own = int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+        self.assertGreaterEqual(_common.process_sleeps(os.getpid()), own)
